@@ -1,0 +1,270 @@
+// Connections, listeners and the data path shared by both backends.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <rdmx/error.hpp>
+#include <rdmx/memory.hpp>
+#include <rdmx/uri.hpp>
+
+struct rdma_cm_id;
+struct ibv_qp;
+struct ibv_pd;
+struct ibv_cq;
+struct ibv_context;
+
+namespace rdmx {
+
+/// Operation of a work request or completion.
+enum class opcode : std::uint8_t {
+    send,           ///< two-sided send (consumes a posted receive at the peer)
+    write,          ///< one-sided RDMA write
+    write_with_imm, ///< RDMA write that also consumes a receive at the peer, carrying `imm`
+    read,           ///< one-sided RDMA read
+    recv,           ///< receive completion of a send
+    recv_with_imm,  ///< receive completion of a write_with_imm (byte_len = bytes written)
+    unknown,        ///< error completions: verbs leaves the opcode undefined, so both backends say unknown
+};
+const char* to_string(opcode op) noexcept;
+
+/// Send-queue flags (a bit set).
+enum class send_flags : std::uint32_t {
+    none = 0,
+    signaled = 1u << 0,    ///< produce a completion for this request
+    fence = 1u << 1,       ///< start only after all earlier reads on this connection completed
+    inline_data = 1u << 2, ///< copy the payload into the request (size <= limits().max_inline)
+    solicited = 1u << 3,   ///< wake a peer waiting with request_notify(solicited_only)
+};
+constexpr send_flags operator|(send_flags a, send_flags b) noexcept
+{
+    return static_cast<send_flags>(static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b));
+}
+constexpr bool has(send_flags set, send_flags f) noexcept
+{
+    return (static_cast<std::uint32_t>(set) & static_cast<std::uint32_t>(f)) != 0;
+}
+
+/// One scatter/gather element: a range of a registered region.
+struct sge {
+    const memory_region* region = nullptr;
+    std::size_t offset = 0;
+    std::size_t length = 0;
+};
+
+/// A send-queue work request. `local` must stay valid only during `post()`; the memory it
+/// names must stay untouched until the completion (or a later signalled one) is polled.
+struct work_request {
+    rdmx::opcode opcode = opcode::send;
+    std::uint64_t wr_id = 0;
+    std::span<const sge> local;
+    remote_buffer remote{};         ///< write / read: where at the peer (addr is absolute)
+    send_flags flags = send_flags::signaled;
+    std::uint32_t imm = 0;          ///< write_with_imm only
+};
+
+/// A receive-queue work request.
+struct recv_request {
+    std::uint64_t wr_id = 0;
+    std::span<const sge> local;
+};
+
+/// One completion, polled into a caller-supplied array.
+struct completion {
+    std::uint64_t wr_id = 0;
+    rdmx::opcode opcode = opcode::unknown;
+    std::error_code status;       ///< empty on success; an rdmx::errc otherwise
+    std::uint32_t byte_len = 0;   ///< recv / recv_with_imm / read: bytes transferred
+    std::uint32_t imm = 0;        ///< valid when with_imm
+    bool with_imm = false;
+};
+
+/// Queue sizes and protocol knobs of one connection. Requests beyond the device's limits
+/// are clamped; the values in effect are in `connection::limits()`.
+struct connection_options {
+    std::uint32_t send_queue_depth = 128;
+    std::uint32_t recv_queue_depth = 128;
+    std::uint32_t max_send_sge = 4;
+    std::uint32_t max_recv_sge = 4;
+    std::uint32_t max_inline = 64;
+    /// Outstanding RDMA reads per direction (verbs: initiator_depth/responder_resources).
+    std::uint32_t max_rd_atomic = 16;
+    /// Transport retries before errc::transport_retry_exceeded (verbs retry_count, 0..7).
+    std::uint8_t retry_count = 7;
+    /// Receiver-not-ready retries before errc::rnr_retry_exceeded (0..7, 7 = forever).
+    std::uint8_t rnr_retry_count = 7;
+    /// Bound on each connection-management step (resolve, connect, accept).
+    std::chrono::milliseconds timeout{5000};
+};
+
+/// Limits in effect for a connection (after clamping to the device).
+struct connection_limits {
+    std::uint32_t send_queue_depth = 0;
+    std::uint32_t recv_queue_depth = 0;
+    std::uint32_t max_send_sge = 0;
+    std::uint32_t max_recv_sge = 0;
+    std::uint32_t max_inline = 0;
+    std::uint32_t max_rd_atomic = 0;
+};
+
+/// Handles for low-level control on the verbs backend; all null on TCP.
+struct native_handles {
+    rdma_cm_id* cm_id = nullptr;
+    ibv_qp* qp = nullptr;
+    ibv_pd* pd = nullptr;
+    ibv_cq* cq = nullptr;
+};
+
+enum class connection_state : std::uint8_t {
+    idle,           ///< created, nothing resolved yet
+    addr_resolved,  ///< rdma_resolve_addr done
+    route_resolved, ///< rdma_resolve_route done
+    connecting,     ///< connect/accept sent, waiting for ESTABLISHED
+    established,
+    disconnected,   ///< either side disconnected; posted work is flushed
+    error,          ///< failed; posted work is flushed
+};
+const char* to_string(connection_state s) noexcept;
+
+/// An RC connection. Not movable: its queue pair has posted work that refers to it.
+/// Data-path calls are noexcept and thread-compatible (one thread posts and polls).
+class connection {
+public:
+    virtual ~connection() = default;
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+
+    virtual rdmx::backend backend() const noexcept = 0;
+    virtual connection_state state() const noexcept = 0;
+    virtual const connection_limits& limits() const noexcept = 0;
+    /// Private data the peer sent with its accept (client side) or connect (server side).
+    virtual std::span<const std::byte> peer_private_data() const noexcept = 0;
+
+    /// Posts a list of send-queue requests with one doorbell. Validates every request
+    /// first (regions, bounds, access, sge count, inline size): on a validation error
+    /// nothing is posted. `would_block` means the send queue is full; `*posted` (if given)
+    /// says how many were posted before it.
+    virtual std::error_code post(std::span<const work_request> wrs,
+                                 std::size_t* posted = nullptr) noexcept = 0;
+    virtual std::error_code post_recv(std::span<const recv_request> wrs,
+                                      std::size_t* posted = nullptr) noexcept = 0;
+
+    // Convenience wrappers over post() for single requests.
+    std::error_code post_send(std::span<const sge> local, std::uint64_t wr_id,
+                              send_flags flags = send_flags::signaled) noexcept;
+    std::error_code post_write(std::span<const sge> local, const remote_buffer& remote,
+                               std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept;
+    std::error_code post_write_imm(std::span<const sge> local, const remote_buffer& remote,
+                                   std::uint32_t imm, std::uint64_t wr_id,
+                                   send_flags flags = send_flags::signaled) noexcept;
+    std::error_code post_read(std::span<const sge> local, const remote_buffer& remote,
+                              std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept;
+    std::error_code post_recv(std::span<const sge> local, std::uint64_t wr_id) noexcept;
+
+    /// Moves up to out.size() completions into `out`; returns how many (never allocates).
+    virtual std::size_t poll(std::span<completion> out) noexcept = 0;
+
+    // Event mode: wait for completion_fd() to become readable, then ack_notify().
+    /// A file descriptor that becomes readable after request_notify() when a completion arrives.
+    virtual int completion_fd() const noexcept = 0;
+    /// Arms the notification (ibv_req_notify_cq). Poll again after arming to close the race.
+    virtual std::error_code request_notify(bool solicited_only = false) noexcept = 0;
+    /// Consumes a notification (ibv_get_cq_event + ibv_ack_cq_events); no-op if none is pending.
+    virtual std::error_code ack_notify() noexcept = 0;
+
+    /// Event-mode helper: polls; if nothing is there, arms, re-polls, and sleeps on
+    /// completion_fd() up to `timeout`. Returns the number polled (0 on timeout).
+    std::size_t wait(std::span<completion> out, std::chrono::milliseconds timeout) noexcept;
+
+    /// Disconnects; all posted work completes with errc::flushed. Idempotent.
+    virtual void disconnect() noexcept = 0;
+
+    virtual native_handles native() const noexcept { return {}; }
+
+protected:
+    connection() = default;
+};
+
+/// An incoming connection request, taken from a listener.
+class connection_request {
+public:
+    virtual ~connection_request() = default;
+    /// Private data sent by the connecting peer.
+    virtual std::span<const std::byte> private_data() const noexcept = 0;
+    /// Accepts; waits (bounded by opts.timeout) until established. Throws rdmx::error.
+    virtual std::unique_ptr<connection> accept(const connection_options& opts = {},
+                                               std::span<const std::byte> private_data = {}) = 0;
+    /// Rejects; the peer's connect fails with errc::rejected carrying `private_data`.
+    virtual void reject(std::span<const std::byte> private_data = {}) = 0;
+};
+
+class listener {
+public:
+    virtual ~listener() = default;
+    /// Waits up to `timeout` for a connection request; nullptr on timeout.
+    virtual std::unique_ptr<connection_request> get_request(std::chrono::milliseconds timeout) = 0;
+    /// The port actually bound (useful after listening on port 0).
+    virtual std::uint16_t port() const noexcept = 0;
+    virtual rdmx::backend backend() const noexcept = 0;
+};
+
+/// Limits of the device (verbs: ibv_query_device; TCP: rdmx's own).
+struct device_limits {
+    std::string device_name;      ///< "rxe0", "mlx5_0", or "tcp"
+    std::uint32_t max_qp_wr = 0;
+    std::uint32_t max_sge = 0;
+    std::uint32_t max_inline = 0; ///< probed by creating a QP, never hard-coded
+    std::uint32_t max_qp_rd_atom = 0;
+    std::uint32_t max_qp_init_rd_atom = 0;
+    std::uint64_t max_mr_size = 0;
+    std::uint32_t max_msg_size = 0;
+};
+
+/// Limits of private data on connect / accept / reject (those of rdma_cm over RC).
+inline constexpr std::size_t max_connect_private_data = 56;
+inline constexpr std::size_t max_accept_private_data = 196;
+inline constexpr std::size_t max_reject_private_data = 148;
+
+/// A protection domain on one device (verbs) or one TCP progress engine: registers
+/// memory, listens and connects. Regions and connections must not outlive it.
+class domain {
+public:
+    /// Opens the domain that serves `address`: rdma:// needs an RDMA device (throws
+    /// errc::no_device otherwise), tcp:// always works, auto:// (or no scheme) picks verbs
+    /// when the address maps to an RDMA device and TCP otherwise; backend() says which.
+    static std::unique_ptr<domain> open(std::string_view address,
+                                        std::chrono::milliseconds timeout = std::chrono::seconds(2));
+
+    virtual ~domain() = default;
+    domain(const domain&) = delete;
+    domain& operator=(const domain&) = delete;
+
+    virtual rdmx::backend backend() const noexcept = 0;
+    virtual const device_limits& limits() const noexcept = 0;
+
+    /// Registers [addr, addr + length) with the given rights. Throws rdmx::error.
+    virtual std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
+                                                           rdmx::access rights) = 0;
+    /// Listens on host:port of `address` (port 0: any free port, see listener::port()).
+    virtual std::unique_ptr<listener> listen(std::string_view address, int backlog = 64) = 0;
+    /// Connects, bounded by opts.timeout per step. Throws rdmx::error: connection_refused,
+    /// rejected (with the peer's private data), unreachable, timed_out.
+    virtual std::unique_ptr<connection> connect(std::string_view address,
+                                                const connection_options& opts = {},
+                                                std::span<const std::byte> private_data = {}) = 0;
+
+    virtual ibv_context* native_context() const noexcept { return nullptr; }
+    virtual ibv_pd* native_pd() const noexcept { return nullptr; }
+
+protected:
+    domain() = default;
+};
+
+} // namespace rdmx

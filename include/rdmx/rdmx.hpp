@@ -1,0 +1,8 @@
+// Umbrella header: the whole public API of rdmx.
+#pragma once
+
+#include <rdmx/config.hpp>
+#include <rdmx/connection.hpp>
+#include <rdmx/error.hpp>
+#include <rdmx/memory.hpp>
+#include <rdmx/uri.hpp>

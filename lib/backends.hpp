@@ -1,0 +1,19 @@
+// Internal: how domain::open reaches each backend. The verbs entry point is defined in
+// verbs/ when the rdma feature is on, and in lib/no_verbs.cpp when it is off.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include <rdmx/connection.hpp>
+
+namespace rdmx::detail {
+
+std::unique_ptr<domain> open_tcp_domain();
+
+/// Opens the verbs domain of the device that `address` maps to. With `required` false,
+/// returns nullptr (instead of throwing errc::no_device) when no RDMA device serves it.
+std::unique_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
+                                          bool required);
+
+} // namespace rdmx::detail
