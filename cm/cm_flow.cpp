@@ -1,0 +1,225 @@
+// The rdma_cm connection flow, written out step by step:
+//   client: rdma_create_id -> rdma_resolve_addr -> ADDR_RESOLVED -> rdma_resolve_route ->
+//           ROUTE_RESOLVED -> rdma_create_qp -> rdma_connect -> ESTABLISHED | REJECTED | ...
+//   server: rdma_create_id -> rdma_bind_addr -> rdma_listen -> CONNECT_REQUEST ->
+//           rdma_migrate_id -> rdma_create_qp -> rdma_accept -> ESTABLISHED   (or rdma_reject)
+// Every step is bounded by connection_options::timeout.
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "cm/event_loop.hpp"
+#include "verbs/verbs_connection.hpp"
+#include "verbs/verbs_domain.hpp"
+
+namespace rdmx::verbs {
+namespace {
+
+[[noreturn]] void throw_cm(const char* verb, const uri& u)
+{
+    int err = errno;
+    throw error(std::error_code(err, std::system_category()), std::string(verb) + " " + u.to_string());
+}
+
+void set_state(cm::cm_state& st, connection_state s)
+{
+    std::lock_guard lock(st.mutex);
+    st.state = s;
+}
+
+} // namespace
+
+void verbs_connection::connect(const uri& address, std::span<const std::byte> private_data)
+{
+    const int step_ms = static_cast<int>(opts_.timeout.count());
+    sockaddr_storage dst{};
+    resolve_sockaddr(address, dst, false);
+
+    rdma_cm_id* raw = nullptr;
+    if (rdma_create_id(domain_.events().channel(), &raw, this, RDMA_PS_TCP))
+        throw_cm("rdma_create_id", address);
+    id_.reset(raw);
+    domain_.events().attach(raw, &cm_);
+
+    if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&dst), step_ms))
+        throw_cm("rdma_resolve_addr", address);
+    cm::event_loop::wait_for(cm_, connection_state::addr_resolved, "rdma_resolve_addr", opts_.timeout);
+    if (raw->verbs != domain_.native_context())
+        throw error(make_error_code(errc::invalid_argument),
+                    "rdma_resolve_addr " + address.to_string() + ": reached through another device than this domain's");
+
+    if (rdma_resolve_route(raw, step_ms))
+        throw_cm("rdma_resolve_route", address);
+    cm::event_loop::wait_for(cm_, connection_state::route_resolved, "rdma_resolve_route", opts_.timeout);
+
+    create_qp();
+    rdma_conn_param param = conn_param(private_data);
+    set_state(cm_, connection_state::connecting);
+    if (rdma_connect(raw, &param))
+        throw_cm("rdma_connect", address);
+    cm::event_loop::wait_for(cm_, connection_state::established, "rdma_connect", opts_.timeout);
+    std::lock_guard lock(cm_.mutex);
+    peer_private_ = cm_.private_data;
+}
+
+void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
+                              std::span<const std::byte> private_data,
+                              std::vector<std::byte> peer_private_data)
+{
+    if (id->verbs != domain_.native_context())
+        throw_error(errc::invalid_argument, "rdma_accept: request arrived on another device than this domain's");
+    id_ = std::move(id);
+    id_->context = this;
+    peer_private_ = std::move(peer_private_data);
+    // Attach before migrating, so that no event of the id finds the loop unprepared.
+    domain_.events().attach(id_.get(), &cm_);
+    if (rdma_migrate_id(id_.get(), domain_.events().channel()))
+        throw_errno(errno, "rdma_migrate_id");
+    create_qp();
+    rdma_conn_param param = conn_param(private_data);
+    // Never promise more reads than the initiator asked for, nor accept more than we allow.
+    param.responder_resources = std::min(param.responder_resources, request.initiator_depth);
+    param.initiator_depth = std::min(param.initiator_depth, request.responder_resources);
+    set_state(cm_, connection_state::connecting);
+    if (rdma_accept(id_.get(), &param))
+        throw_errno(errno, "rdma_accept");
+    cm::event_loop::wait_for(cm_, connection_state::established, "rdma_accept", opts_.timeout);
+}
+
+namespace {
+
+class verbs_request final : public connection_request {
+public:
+    verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param)
+        : domain_(dom), id_(std::move(id)), param_(param)
+    {
+        auto* p = static_cast<const std::byte*>(param.private_data);
+        if (p)
+            private_.assign(p, p + param.private_data_len);
+        param_.private_data = nullptr;
+        param_.private_data_len = 0;
+    }
+    ~verbs_request() override
+    {
+        // Dropped without an answer: tell the peer now rather than let it time out.
+        if (id_)
+            rdma_reject(id_.get(), nullptr, 0);
+    }
+
+    std::span<const std::byte> private_data() const noexcept override { return private_; }
+
+    std::unique_ptr<connection> accept(const connection_options& opts,
+                                       std::span<const std::byte> private_data) override
+    {
+        if (!id_)
+            throw_error(errc::invalid_argument, "rdma_accept: request already answered");
+        if (private_data.size() > max_accept_private_data)
+            throw_error(errc::invalid_argument, "rdma_accept: private data over 196 bytes");
+        auto c = std::make_unique<verbs_connection>(domain_, opts);
+        c->accept(std::move(id_), param_, private_data, std::move(private_));
+        return c;
+    }
+
+    void reject(std::span<const std::byte> private_data) override
+    {
+        if (!id_)
+            throw_error(errc::invalid_argument, "rdma_reject: request already answered");
+        if (private_data.size() > max_reject_private_data)
+            throw_error(errc::invalid_argument, "rdma_reject: private data over 148 bytes");
+        if (rdma_reject(id_.get(), private_data.empty() ? nullptr : private_data.data(),
+                        static_cast<std::uint8_t>(private_data.size())))
+            throw_errno(errno, "rdma_reject");
+        id_.reset();
+    }
+
+private:
+    verbs_domain& domain_;
+    cm_id_ptr id_;
+    rdma_conn_param param_;
+    std::vector<std::byte> private_;
+};
+
+class verbs_listener final : public listener {
+public:
+    verbs_listener(verbs_domain& dom, const uri& u, int backlog) : domain_(dom)
+    {
+        channel_.reset(rdma_create_event_channel());
+        if (!channel_)
+            throw_cm("rdma_create_event_channel", u);
+        rdma_cm_id* raw = nullptr;
+        if (rdma_create_id(channel_.get(), &raw, nullptr, RDMA_PS_TCP))
+            throw_cm("rdma_create_id", u);
+        id_.reset(raw);
+        sockaddr_storage sa{};
+        resolve_sockaddr(u, sa, true);
+        if (rdma_bind_addr(raw, reinterpret_cast<sockaddr*>(&sa)))
+            throw_cm("rdma_bind_addr", u);
+        if (raw->verbs && raw->verbs != dom.native_context())
+            throw error(make_error_code(errc::invalid_argument),
+                        "rdma_bind_addr " + u.to_string() + ": address belongs to another device than this domain's");
+        if (rdma_listen(raw, backlog))
+            throw_cm("rdma_listen", u);
+        port_ = ntohs(rdma_get_src_port(raw));
+    }
+
+    std::unique_ptr<connection_request> get_request(std::chrono::milliseconds timeout) override
+    {
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (;;) {
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                deadline - std::chrono::steady_clock::now());
+            pollfd pfd{channel_->fd, POLLIN, 0};
+            int rc = ::poll(&pfd, 1, std::max<int>(0, static_cast<int>(left.count())));
+            if (rc < 0 && errno == EINTR)
+                continue;
+            if (rc < 0)
+                throw_errno(errno, "poll(rdma_cm listen channel)");
+            if (rc == 0)
+                return nullptr;
+            rdma_cm_event* ev = nullptr;
+            if (rdma_get_cm_event(channel_.get(), &ev))
+                throw_errno(errno, "rdma_get_cm_event");
+            switch (ev->event) {
+            case RDMA_CM_EVENT_CONNECT_REQUEST: {
+                // The request's private data lives in the event: copy it before the ack.
+                cm_id_ptr child(ev->id);
+                rdma_conn_param param = ev->param.conn;
+                auto req = std::make_unique<verbs_request>(domain_, std::move(child), param);
+                rdma_ack_cm_event(ev);
+                return req;
+            }
+            case RDMA_CM_EVENT_DEVICE_REMOVAL: {
+                rdma_ack_cm_event(ev);
+                throw_error(errc::no_device, "rdma_listen: RDMA_CM_EVENT_DEVICE_REMOVAL");
+            }
+            default:
+                // Events of children that were rejected or never accepted (e.g. a late
+                // DISCONNECTED) and ADDR_CHANGE of the listening id: nothing to do.
+                rdma_ack_cm_event(ev);
+                break;
+            }
+        }
+    }
+
+    std::uint16_t port() const noexcept override { return port_; }
+    rdmx::backend backend() const noexcept override { return backend::verbs; }
+
+private:
+    verbs_domain& domain_;
+    event_channel_ptr channel_; ///< destroyed after id_ (declared first)
+    cm_id_ptr id_;
+    std::uint16_t port_ = 0;
+};
+
+} // namespace
+
+std::unique_ptr<listener> verbs_domain::listen(std::string_view address, int backlog)
+{
+    uri u = uri::parse(address);
+    if (u.scheme == scheme::tcp)
+        throw_error(errc::invalid_argument, "listen: tcp:// address on a verbs domain");
+    return std::make_unique<verbs_listener>(*this, u, backlog);
+}
+
+} // namespace rdmx::verbs

@@ -1,0 +1,187 @@
+#include "cm/event_loop.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace rdmx::cm {
+namespace {
+// IB CM reject reasons (IBTA table 112) that rdma_cm reports as the REJECTED status.
+// Every other reason, IB_CM_REJ_CONSUMER_DEFINED (28, rdma_reject) first of all, is a rejection.
+constexpr int ib_rej_invalid_service_id = 8; // nobody listens on that port
+} // namespace
+
+const char* event_name(rdma_cm_event_type t) noexcept
+{
+    // rdma_event_str() exists, but ours is noexcept and never returns null.
+    const char* s = rdma_event_str(t);
+    return s ? s : "RDMA_CM_EVENT_?";
+}
+
+std::error_code event_error(const rdma_cm_event& ev) noexcept
+{
+    switch (ev.event) {
+    case RDMA_CM_EVENT_REJECTED:
+        if (ev.status == ib_rej_invalid_service_id || ev.status == -ECONNREFUSED)
+            return errc::connection_refused;
+        return errc::rejected;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+        return ev.status == -ETIMEDOUT ? errc::timed_out : errc::unreachable;
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+        return ev.status == -ETIMEDOUT ? errc::timed_out : errc::unreachable;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return errc::no_device;
+    default: return errc::disconnected;
+    }
+}
+
+event_loop::event_loop() : channel_(rdma_create_event_channel())
+{
+    if (!channel_)
+        throw_errno(errno, "rdma_create_event_channel");
+    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0)
+        throw_errno(errno, "eventfd");
+    thread_ = std::thread([this] { run(); });
+}
+
+event_loop::~event_loop()
+{
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+    thread_.join();
+    ::close(wake_fd_);
+}
+
+void event_loop::attach(rdma_cm_id* id, cm_state* state)
+{
+    std::lock_guard lock(mutex_);
+    ids_[id] = state;
+}
+
+void event_loop::detach(rdma_cm_id* id)
+{
+    std::lock_guard lock(mutex_);
+    ids_.erase(id);
+}
+
+void event_loop::run() noexcept
+{
+    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    for (;;) {
+        if (::poll(fds, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            std::fprintf(stderr, "rdmx: cm event loop: poll: %s\n", std::strerror(errno));
+            return;
+        }
+        if (fds[1].revents)
+            return;
+        rdma_cm_event* ev = nullptr;
+        if (rdma_get_cm_event(channel_.get(), &ev) != 0)
+            continue;
+        {
+            std::lock_guard lock(mutex_);
+            if (auto it = ids_.find(ev->id); it != ids_.end())
+                handle(*ev, *it->second);
+            // else: the id was detached (its connection is being destroyed); acking below
+            // lets rdma_destroy_id return.
+        }
+        rdma_ack_cm_event(ev);
+    }
+}
+
+void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
+{
+    std::lock_guard lock(st.mutex);
+    auto fail = [&] {
+        st.error = event_error(ev);
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "%s (status %d%s%s)", event_name(ev.event), ev.status,
+                      ev.status < 0 ? ": " : "", ev.status < 0 ? std::strerror(-ev.status) : "");
+        st.what = buf;
+        st.state = connection_state::error;
+    };
+    auto copy_private = [&] {
+        auto* p = static_cast<const std::byte*>(ev.param.conn.private_data);
+        st.private_data.assign(p, p + (p ? ev.param.conn.private_data_len : 0));
+    };
+    switch (ev.event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: st.state = connection_state::addr_resolved; break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: st.state = connection_state::route_resolved; break;
+    case RDMA_CM_EVENT_ESTABLISHED:
+        // On the client this carries the accept's private data; on the server it is empty.
+        if (ev.param.conn.private_data_len && st.private_data.empty())
+            copy_private();
+        st.state = connection_state::established;
+        break;
+    case RDMA_CM_EVENT_REJECTED:
+        copy_private();
+        fail();
+        break;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+        fail();
+        break;
+    case RDMA_CM_EVENT_DISCONNECTED:
+        // The peer left. rdma_disconnect moves our QP to the error state, which flushes every
+        // posted work request with IBV_WC_WR_FLUSH_ERR: nothing waits forever.
+        rdma_disconnect(ev.id);
+        if (st.state == connection_state::established || st.state == connection_state::connecting)
+            st.state = connection_state::disconnected;
+        break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        rdma_disconnect(ev.id);
+        fail();
+        break;
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+        // The QP left timewait and could be reused; rdmx never reuses QPs.
+        break;
+    case RDMA_CM_EVENT_ADDR_CHANGE:
+        // The netdev's address changed; the established connection is unaffected until the
+        // peer becomes unreachable, which then surfaces as transport retries exceeded.
+        break;
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+        // Only listening ids get requests, and those live on the listener's own channel.
+        break;
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+        // Only delivered for ids without a QP; every rdmx id has one (librdmacm then sends
+        // the RTU itself and reports ESTABLISHED).
+        break;
+    case RDMA_CM_EVENT_MULTICAST_JOIN:
+    case RDMA_CM_EVENT_MULTICAST_ERROR:
+        // rdmx does not join multicast groups (RC only).
+        break;
+    default:
+        // Event types newer than this code: nothing to do, but say so once.
+        std::fprintf(stderr, "rdmx: ignoring unexpected rdma_cm event %s\n", event_name(ev.event));
+        break;
+    }
+    st.changed.notify_all();
+}
+
+void event_loop::wait_for(cm_state& st, connection_state target, const char* verb,
+                          std::chrono::milliseconds timeout)
+{
+    std::unique_lock lock(st.mutex);
+    bool done = st.changed.wait_for(lock, timeout, [&] {
+        return st.state == target || st.state == connection_state::error ||
+               st.state == connection_state::disconnected;
+    });
+    if (!done)
+        throw error(make_error_code(errc::timed_out),
+                    std::string(verb) + ": no answer within " + std::to_string(timeout.count()) + " ms");
+    if (st.state == connection_state::error)
+        throw error(st.error, std::string(verb) + ": " + st.what, st.private_data);
+    if (st.state != target)
+        throw error(make_error_code(errc::disconnected), std::string(verb) + ": peer disconnected");
+}
+
+} // namespace rdmx::cm

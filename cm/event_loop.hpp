@@ -1,0 +1,71 @@
+// The rdma_cm event flow of a verbs domain. One event channel and one thread per domain
+// receive the events of every connecting and connected cm_id; a switch over
+// rdma_cm_event_type turns each into a state change of that connection (rping's pattern),
+// and the thread that called connect()/accept() waits on that state with a deadline.
+#pragma once
+
+#include <rdma/rdma_cma.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <rdmx/connection.hpp>
+
+#include "verbs/handles.hpp"
+
+namespace rdmx::cm {
+
+/// Connection-management state of one cm_id, written by the event thread.
+struct cm_state {
+    std::mutex mutex;
+    std::condition_variable changed;
+    connection_state state = connection_state::idle;
+    std::error_code error;               ///< set with state == error
+    std::string what;                    ///< the event and status that caused `error`
+    std::vector<std::byte> private_data; ///< from ESTABLISHED (accept) or REJECTED
+};
+
+/// "RDMA_CM_EVENT_REJECTED" etc.
+const char* event_name(rdma_cm_event_type t) noexcept;
+
+/// Maps a failure event (and its status) to an rdmx code.
+std::error_code event_error(const rdma_cm_event& ev) noexcept;
+
+class event_loop {
+public:
+    event_loop();
+    ~event_loop();
+    event_loop(const event_loop&) = delete;
+    event_loop& operator=(const event_loop&) = delete;
+
+    rdma_event_channel* channel() const noexcept { return channel_.get(); }
+
+    /// Routes events of `id` to `state` (call before the first rdma_cm call on the id).
+    void attach(rdma_cm_id* id, cm_state* state);
+    /// Stops routing; waits for a handler running on `id` to finish. Events that arrive
+    /// afterwards are acknowledged and dropped, so rdma_destroy_id cannot block forever.
+    void detach(rdma_cm_id* id);
+
+    /// Waits until `st` reaches `target` (true), fails (throws rdmx::error naming `verb`
+    /// and the event), or `timeout` passes (throws errc::timed_out).
+    static void wait_for(cm_state& st, connection_state target, const char* verb,
+                         std::chrono::milliseconds timeout);
+
+private:
+    void run() noexcept;
+    void handle(rdma_cm_event& ev, cm_state& st) noexcept;
+
+    verbs::event_channel_ptr channel_;
+    int wake_fd_ = -1; ///< eventfd that tells run() to stop
+    std::mutex mutex_; ///< guards ids_ and serialises handlers with detach()
+    std::unordered_map<rdma_cm_id*, cm_state*> ids_;
+    std::thread thread_; ///< last: started after everything it uses exists
+};
+
+} // namespace rdmx::cm

@@ -1,0 +1,63 @@
+// A verbs RC connection: cm_id, CQ with its completion channel, QP. Set-up (this file's
+// .cpp and cm/cm_flow.cpp) is separate from the data path (verbs_datapath.cpp), as in eRPC.
+#pragma once
+
+#include <rdmx/connection.hpp>
+
+#include "cm/event_loop.hpp"
+#include "verbs/handles.hpp"
+
+namespace rdmx::verbs {
+
+class verbs_domain;
+
+/// Requests per ibv_post_send call when converting a post list, and SGEs per request; both
+/// bound the stack arrays of the data path (no allocation per operation).
+inline constexpr std::size_t post_batch = 16;
+inline constexpr std::uint32_t max_sge_per_wr = 32;
+inline constexpr int poll_batch = 32;
+
+class verbs_connection final : public connection {
+public:
+    verbs_connection(verbs_domain& dom, const connection_options& opts);
+    ~verbs_connection() override;
+
+    /// Client side: resolve, route, QP, rdma_connect; waits for ESTABLISHED.
+    void connect(const uri& address, std::span<const std::byte> private_data);
+    /// Server side: takes over `id` (from a CONNECT_REQUEST), QP, rdma_accept; waits.
+    void accept(cm_id_ptr id, const rdma_conn_param& request, std::span<const std::byte> private_data,
+                std::vector<std::byte> peer_private_data);
+
+    rdmx::backend backend() const noexcept override { return backend::verbs; }
+    connection_state state() const noexcept override;
+    const connection_limits& limits() const noexcept override { return limits_; }
+    std::span<const std::byte> peer_private_data() const noexcept override { return peer_private_; }
+
+    std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept override;
+    std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept override;
+    std::size_t poll(std::span<completion> out) noexcept override;
+    int completion_fd() const noexcept override { return channel_->fd; }
+    std::error_code request_notify(bool solicited_only) noexcept override;
+    std::error_code ack_notify() noexcept override;
+    void disconnect() noexcept override;
+    native_handles native() const noexcept override;
+
+private:
+    void create_qp();
+    rdma_conn_param conn_param(std::span<const std::byte> private_data) const noexcept;
+
+    verbs_domain& domain_;
+    connection_options opts_;
+    connection_limits limits_;
+    std::vector<std::byte> peer_private_;
+    mutable cm::cm_state cm_;
+    // Destruction order matters and is done by hand in the destructor: detach from the
+    // event loop, destroy the QP (rdma_destroy_qp), then the CQ, then its channel, then
+    // the cm_id (which waits for its events to be acknowledged).
+    comp_channel_ptr channel_;
+    cq_ptr cq_;
+    cm_id_ptr id_;
+    ibv_qp* qp_ = nullptr; ///< owned by id_ (rdma_create_qp / rdma_destroy_qp)
+};
+
+} // namespace rdmx::verbs

@@ -1,0 +1,222 @@
+// The verbs data path: post lists, polling, notification. noexcept, no allocation: work
+// requests and SGEs are built in fixed stack arrays and handed to the provider in batches.
+#include <arpa/inet.h>
+
+#include <cerrno>
+
+#include "validate.hpp"
+#include "verbs/verbs_connection.hpp"
+#include "verbs/verbs_domain.hpp"
+
+namespace rdmx::verbs {
+namespace {
+
+std::error_code post_errno(int rc) noexcept
+{
+    // ENOMEM from ibv_post_* means the queue is full: try again after polling.
+    if (rc == ENOMEM)
+        return errc::would_block;
+    if (rc == EINVAL)
+        return errc::invalid_argument;
+    return {rc, std::system_category()};
+}
+
+ibv_wr_opcode to_ibv(opcode op) noexcept
+{
+    switch (op) {
+    case opcode::write: return IBV_WR_RDMA_WRITE;
+    case opcode::write_with_imm: return IBV_WR_RDMA_WRITE_WITH_IMM;
+    case opcode::read: return IBV_WR_RDMA_READ;
+    default: return IBV_WR_SEND;
+    }
+}
+
+unsigned to_ibv(send_flags f) noexcept
+{
+    unsigned out = 0;
+    if (has(f, send_flags::signaled))
+        out |= IBV_SEND_SIGNALED;
+    if (has(f, send_flags::fence))
+        out |= IBV_SEND_FENCE;
+    if (has(f, send_flags::inline_data))
+        out |= IBV_SEND_INLINE;
+    if (has(f, send_flags::solicited))
+        out |= IBV_SEND_SOLICITED;
+    return out;
+}
+
+std::error_code to_error(ibv_wc_status s) noexcept
+{
+    switch (s) {
+    case IBV_WC_SUCCESS: return {};
+    case IBV_WC_REM_ACCESS_ERR: return errc::remote_access;
+    case IBV_WC_WR_FLUSH_ERR: return errc::flushed;
+    case IBV_WC_RNR_RETRY_EXC_ERR: return errc::rnr_retry_exceeded;
+    case IBV_WC_RETRY_EXC_ERR: return errc::transport_retry_exceeded;
+    case IBV_WC_REM_INV_REQ_ERR: return errc::remote_invalid_request;
+    case IBV_WC_REM_OP_ERR: return errc::remote_operation;
+    case IBV_WC_LOC_LEN_ERR: return errc::local_length;
+    case IBV_WC_LOC_PROT_ERR: return errc::local_protection;
+    case IBV_WC_LOC_QP_OP_ERR: return errc::local_qp_operation;
+    case IBV_WC_BAD_RESP_ERR: return errc::bad_response;
+    default: return errc::completion_error;
+    }
+}
+
+opcode from_ibv(ibv_wc_opcode op) noexcept
+{
+    switch (op) {
+    case IBV_WC_SEND: return opcode::send;
+    case IBV_WC_RDMA_WRITE: return opcode::write;
+    case IBV_WC_RDMA_READ: return opcode::read;
+    case IBV_WC_RECV: return opcode::recv;
+    case IBV_WC_RECV_RDMA_WITH_IMM: return opcode::recv_with_imm;
+    default: return opcode::unknown;
+    }
+}
+
+void fill_sges(std::span<const sge> in, ibv_sge* out) noexcept
+{
+    for (std::size_t i = 0; i < in.size(); ++i) {
+        out[i].addr = reinterpret_cast<std::uintptr_t>(in[i].region->data() + in[i].offset);
+        out[i].length = static_cast<std::uint32_t>(in[i].length);
+        out[i].lkey = in[i].region->local_key();
+    }
+}
+
+} // namespace
+
+std::error_code verbs_connection::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
+{
+    if (posted)
+        *posted = 0;
+    if (qp_ == nullptr)
+        return errc::not_connected;
+    // Validate the whole list first: a bad request must not leave half a list posted.
+    for (const work_request& wr : wrs) {
+        std::uint64_t total = 0;
+        if (auto ec = detail::check_send(wr, &domain_, backend::verbs, limits_, total))
+            return ec;
+    }
+    ibv_send_wr w[post_batch];
+    ibv_sge s[post_batch][max_sge_per_wr];
+    std::size_t done = 0;
+    while (done < wrs.size()) {
+        std::size_t n = std::min(post_batch, wrs.size() - done);
+        for (std::size_t i = 0; i < n; ++i) {
+            const work_request& wr = wrs[done + i];
+            fill_sges(wr.local, s[i]);
+            w[i] = {};
+            w[i].wr_id = wr.wr_id;
+            w[i].next = i + 1 < n ? &w[i + 1] : nullptr;
+            w[i].sg_list = s[i];
+            w[i].num_sge = static_cast<int>(wr.local.size());
+            w[i].opcode = to_ibv(wr.opcode);
+            w[i].send_flags = to_ibv(wr.flags);
+            if (wr.opcode == opcode::write_with_imm)
+                w[i].imm_data = htonl(wr.imm);
+            if (wr.opcode != opcode::send) {
+                w[i].wr.rdma.remote_addr = wr.remote.addr;
+                w[i].wr.rdma.rkey = static_cast<std::uint32_t>(wr.remote.key);
+            }
+        }
+        ibv_send_wr* bad = nullptr;
+        int rc = ibv_post_send(qp_, w, &bad);
+        if (rc) {
+            done += static_cast<std::size_t>(bad - w);
+            if (posted)
+                *posted = done;
+            return post_errno(rc);
+        }
+        done += n;
+    }
+    if (posted)
+        *posted = done;
+    return {};
+}
+
+std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
+{
+    if (posted)
+        *posted = 0;
+    if (qp_ == nullptr)
+        return errc::not_connected;
+    for (const recv_request& wr : wrs) {
+        std::uint64_t total = 0;
+        if (auto ec = detail::check_recv(wr, &domain_, limits_, total))
+            return ec;
+    }
+    ibv_recv_wr w[post_batch];
+    ibv_sge s[post_batch][max_sge_per_wr];
+    std::size_t done = 0;
+    while (done < wrs.size()) {
+        std::size_t n = std::min(post_batch, wrs.size() - done);
+        for (std::size_t i = 0; i < n; ++i) {
+            const recv_request& wr = wrs[done + i];
+            fill_sges(wr.local, s[i]);
+            w[i] = {};
+            w[i].wr_id = wr.wr_id;
+            w[i].next = i + 1 < n ? &w[i + 1] : nullptr;
+            w[i].sg_list = s[i];
+            w[i].num_sge = static_cast<int>(wr.local.size());
+        }
+        ibv_recv_wr* bad = nullptr;
+        int rc = ibv_post_recv(qp_, w, &bad);
+        if (rc) {
+            done += static_cast<std::size_t>(bad - w);
+            if (posted)
+                *posted = done;
+            return post_errno(rc);
+        }
+        done += n;
+    }
+    if (posted)
+        *posted = done;
+    return {};
+}
+
+std::size_t verbs_connection::poll(std::span<completion> out) noexcept
+{
+    ibv_wc wc[poll_batch];
+    std::size_t n = 0;
+    while (n < out.size()) {
+        int want = static_cast<int>(std::min<std::size_t>(poll_batch, out.size() - n));
+        int got = ibv_poll_cq(cq_.get(), want, wc);
+        if (got <= 0)
+            break;
+        for (int i = 0; i < got; ++i) {
+            completion& c = out[n++];
+            c.wr_id = wc[i].wr_id;
+            c.status = to_error(wc[i].status);
+            // The opcode is undefined in error completions (ibv_poll_cq(3)).
+            c.opcode = c.status ? opcode::unknown : from_ibv(wc[i].opcode);
+            c.byte_len = wc[i].byte_len;
+            c.with_imm = !c.status && (wc[i].wc_flags & IBV_WC_WITH_IMM);
+            c.imm = c.with_imm ? ntohl(wc[i].imm_data) : 0;
+        }
+        if (got < want)
+            break;
+    }
+    return n;
+}
+
+std::error_code verbs_connection::request_notify(bool solicited_only) noexcept
+{
+    if (int rc = ibv_req_notify_cq(cq_.get(), solicited_only ? 1 : 0))
+        return {rc, std::system_category()};
+    return {};
+}
+
+std::error_code verbs_connection::ack_notify() noexcept
+{
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    // The channel fd is non-blocking: EAGAIN simply means no event is pending.
+    if (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0)
+        ibv_ack_cq_events(cq, 1);
+    else if (errno != EAGAIN)
+        return {errno, std::system_category()};
+    return {};
+}
+
+} // namespace rdmx::verbs
