@@ -1,0 +1,977 @@
+// The TCP connection engine. docs/wire-format.md states the protocol; this file keeps the
+// verbs RC promises on top of it: in-order completions, acknowledged sends and writes,
+// RNR with go-back-N, fences, and revocable remote access.
+#include "tcp/tcp_connection.hpp"
+
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <boost/asio/post.hpp>
+
+#include "validate.hpp"
+
+namespace rdmx::tcp
+{
+namespace
+{
+
+// Stands in for memory that was deregistered while a frame from it was partly sent: the
+// frame must still be completed on the wire, but that memory may no longer be read.
+alignas(64) const std::byte zero_page[64 * 1024] = {};
+
+rdmx::opcode completion_opcode(rdmx::opcode op) noexcept
+{
+    // As verbs: a write_with_imm completes at the initiator as an RDMA write.
+    return op == opcode::write_with_imm ? opcode::write : op;
+}
+
+std::error_code nak_status(nak_code c) noexcept
+{
+    switch (c) {
+    case nak_code::rnr: return errc::rnr_retry_exceeded;
+    case nak_code::remote_access: return errc::remote_access;
+    case nak_code::invalid_request: return errc::remote_invalid_request;
+    case nak_code::remote_operation: return errc::remote_operation;
+    }
+    return errc::bad_response;
+}
+
+} // namespace
+
+conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& lim, std::uint8_t rnr_retry,
+                       std::uint32_t peer_max_rd)
+    : dom_(dom), lim_(lim), rnr_limit_(rnr_retry > 7 ? 7 : rnr_retry),
+      max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))), fd_(fd.get()),
+      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
+      sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
+      sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), rq_(lim.recv_queue_depth),
+      rq_segs_(std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
+      cq_(std::size_t{lim.send_queue_depth} + lim.recv_queue_depth),
+      // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
+      // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
+      resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io())
+{
+    if (!efd_)
+        throw_errno(errno, "eventfd");
+}
+
+conn_state::~conn_state() = default;
+
+void conn_state::start()
+{
+    asio::post(dom_.io(), [self = shared_from_this()] {
+        std::lock_guard lk(self->mu_);
+        self->rx_run();
+    });
+}
+
+bool conn_state::on_engine() const noexcept
+{
+    return dom_.io().get_executor().running_in_this_thread();
+}
+
+// ---------------------------------------------------------------------------------------
+// Application side
+
+std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
+{
+    if (posted)
+        *posted = 0;
+    std::lock_guard lk(mu_);
+    for (const auto& wr : wrs) {
+        std::uint64_t total = 0;
+        if (auto ec = detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total))
+            return ec;
+    }
+    if (state() != connection_state::established) {
+        // As on an errored QP: the requests are accepted and complete as flushed.
+        for (const auto& wr : wrs)
+            push_cq({.wr_id = wr.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+        if (posted)
+            *posted = wrs.size();
+        return {};
+    }
+    std::size_t i = 0;
+    for (; i < wrs.size(); ++i) {
+        if (sq_tail_ - sq_head_ == lim_.send_queue_depth)
+            break;
+        const work_request& wr = wrs[i];
+        sq_entry& e = sq_at(sq_tail_);
+        e.wr_id = wr.wr_id;
+        e.op = wr.opcode;
+        e.signaled = has(wr.flags, send_flags::signaled);
+        e.fenced = has(wr.flags, send_flags::fence);
+        e.solicited = has(wr.flags, send_flags::solicited);
+        e.imm = wr.imm;
+        e.remote_addr = wr.remote.addr;
+        e.remote_key = wr.remote.key;
+        seg* segs = sq_segs(sq_tail_);
+        std::uint64_t total = 0;
+        e.nseg = 0;
+        if (has(wr.flags, send_flags::inline_data)) {
+            // Copied now, into the slot's own buffer: the caller may reuse its buffer at once.
+            std::byte* buf = sq_inline_.data() + (sq_tail_ % lim_.send_queue_depth) * lim_.max_inline;
+            for (const sge& s : wr.local) {
+                std::memcpy(buf + total, s.region->data() + s.offset, s.length);
+                total += s.length;
+            }
+            segs[e.nseg++] = {nullptr, 0, buf, total};
+        } else {
+            for (const sge& s : wr.local) {
+                if (s.length == 0)
+                    continue;
+                segs[e.nseg++] = region_seg(*s.region, s.offset, s.length);
+                total += s.length;
+            }
+        }
+        e.length = static_cast<std::uint32_t>(total);
+        ++sq_tail_;
+    }
+    if (posted)
+        *posted = i;
+    pump();
+    if (i < wrs.size())
+        return errc::would_block;
+    return {};
+}
+
+std::error_code conn_state::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
+{
+    if (posted)
+        *posted = 0;
+    std::lock_guard lk(mu_);
+    for (const auto& wr : wrs) {
+        std::uint64_t total = 0;
+        if (auto ec = detail::check_recv(wr, dom_.owner(), lim_, total))
+            return ec;
+    }
+    if (state() != connection_state::established) {
+        for (const auto& wr : wrs)
+            push_cq({.wr_id = wr.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+        if (posted)
+            *posted = wrs.size();
+        return {};
+    }
+    std::size_t i = 0;
+    for (; i < wrs.size(); ++i) {
+        if (rq_tail_ - rq_head_ == lim_.recv_queue_depth)
+            break;
+        rq_entry& e = rq_at(rq_tail_);
+        seg* segs = rq_segs(rq_tail_);
+        e.wr_id = wrs[i].wr_id;
+        e.length = 0;
+        e.nseg = 0;
+        for (const sge& s : wrs[i].local) {
+            if (s.length == 0)
+                continue;
+            segs[e.nseg++] = region_seg(*s.region, s.offset, s.length);
+            e.length += s.length;
+        }
+        ++rq_tail_;
+    }
+    if (posted)
+        *posted = i;
+    return i < wrs.size() ? make_error_code(errc::would_block) : std::error_code{};
+}
+
+std::size_t conn_state::poll(std::span<completion> out) noexcept
+{
+    std::lock_guard lk(mu_);
+    std::size_t n = std::min(out.size(), cq_count_);
+    for (std::size_t i = 0; i < n; ++i) {
+        out[i] = cq_[cq_head_];
+        cq_head_ = (cq_head_ + 1) % cq_.size();
+    }
+    cq_count_ -= n;
+    return n;
+}
+
+std::error_code conn_state::request_notify(bool solicited_only) noexcept
+{
+    std::lock_guard lk(mu_);
+    notify_armed_ = solicited_only ? 2 : 1;
+    return {};
+}
+
+std::error_code conn_state::ack_notify() noexcept
+{
+    std::uint64_t v;
+    if (::read(efd_.get(), &v, sizeof v) < 0 && errno != EAGAIN)
+        return {errno, std::system_category()};
+    return {};
+}
+
+void conn_state::disconnect() noexcept
+{
+    std::lock_guard lk(mu_);
+    fail(connection_state::disconnected);
+    pump();
+}
+
+void conn_state::close() noexcept
+{
+    {
+        std::lock_guard lk(mu_);
+        fail(connection_state::disconnected);
+        pump();
+        closed_ = true;
+    }
+    // The descriptor belongs to the engine thread; closing it there also cancels the waits.
+    asio::post(dom_.io(), [self = shared_from_this()] {
+        std::lock_guard lk(self->mu_);
+        boost::system::error_code ignored;
+        self->rnr_timer_.cancel();
+        self->desc_.close(ignored);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Completions and failure
+
+void conn_state::push_cq(const completion& c, bool solicited) noexcept
+{
+    if (cq_count_ == cq_.size()) {
+        // CQ overrun is fatal on verbs too. The completion that did not fit is lost; the
+        // flush that follows cannot add more (the ring is full), which is what verbs does.
+        if (state() == connection_state::established) {
+            std::fprintf(stderr, "rdmx tcp: completion ring overrun (never polled?); connection to error\n");
+            fail(connection_state::error);
+        }
+        return;
+    }
+    cq_[(cq_head_ + cq_count_) % cq_.size()] = c;
+    ++cq_count_;
+    bool is_recv = c.opcode == opcode::recv || c.opcode == opcode::recv_with_imm;
+    if (notify_armed_ == 1 || (notify_armed_ == 2 && (c.status || (is_recv && solicited)))) {
+        notify_armed_ = 0;
+        std::uint64_t one = 1;
+        // Only fails if the counter would overflow, which cannot happen with one per arm.
+        [[maybe_unused]] auto r = ::write(efd_.get(), &one, sizeof one);
+    }
+}
+
+void conn_state::complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept
+{
+    sq_entry e = sq_at(sq_head_);
+    ++sq_head_;
+    if (e.op == opcode::read && reads_in_flight_ > 0)
+        --reads_in_flight_;
+    if (status || e.signaled)
+        push_cq({.wr_id = e.wr_id,
+                 .opcode = status ? opcode::unknown : completion_opcode(e.op),
+                 .status = status,
+                 .byte_len = byte_len});
+}
+
+void conn_state::complete_rq_head(const completion& c, bool solicited) noexcept
+{
+    ++rq_head_;
+    push_cq(c, solicited);
+}
+
+void conn_state::fail(connection_state to) noexcept
+{
+    if (state() != connection_state::established)
+        return;
+    state_.store(to, std::memory_order_release);
+    // Everything outstanding completes as flushed, signalled or not (as verbs does for
+    // errors). The engine touches none of that memory afterwards: the receive side only
+    // drains, and the transmit side finishes at most the frame already on the wire.
+    while (sq_head_ < sq_tail_) {
+        sq_entry& e = sq_at(sq_head_++);
+        push_cq({.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+    }
+    tx_next_ = sq_tail_;
+    reads_in_flight_ = 0;
+    while (rq_head_ < rq_tail_) {
+        rq_entry& e = rq_at(rq_head_++);
+        push_cq({.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+    }
+}
+
+void conn_state::push_response(const response& r) noexcept
+{
+    // Space was checked before the request's header was consumed (rx_step), and every
+    // request produces at most one response.
+    if (resp_tail_ - resp_head_ == resp_.size())
+        return;
+    resp_at(resp_tail_++) = r;
+}
+
+void conn_state::push_ack(std::uint64_t seq) noexcept
+{
+    // ACKs are cumulative: extend the last one unless it already started on the wire.
+    if (resp_tail_ > resp_head_) {
+        std::uint64_t last = resp_tail_ - 1;
+        bool started = last == resp_head_ && cur_.kind == frame_kind::response;
+        if (!started && resp_at(last).op == frame_op::ack) {
+            resp_at(last).seq = seq;
+            return;
+        }
+    }
+    push_response({.op = frame_op::ack, .code = nak_code::rnr, .seq = seq, .data = {}});
+}
+
+void conn_state::target_fail(nak_code code, std::uint64_t seq) noexcept
+{
+    // As rxe and real HCAs: a class C responder error moves the responder's QP to error
+    // too. The NAK is still sent (before our FIN) so that the initiator learns why.
+    push_response({.op = frame_op::nak, .code = code, .seq = seq, .data = {}});
+    fail(connection_state::error);
+}
+
+void conn_state::protocol_violation(const char* why, bool blame_head) noexcept
+{
+    if (!violation_logged_) {
+        violation_logged_ = true;
+        std::fprintf(stderr, "rdmx tcp: closing connection: peer violated the wire protocol (%s)\n", why);
+    }
+    if (blame_head && state() == connection_state::established && sq_head_ < tx_next_)
+        complete_sq_head(errc::bad_response, 0);
+    fail(connection_state::error);
+    // A peer that sends garbage gets no more of our attention: stop reading and writing.
+    rx_done_ = true;
+    tx_done_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+}
+
+void conn_state::peer_gone() noexcept
+{
+    rx_done_ = true;
+    fail(connection_state::disconnected);
+}
+
+// ---------------------------------------------------------------------------------------
+// Transmit: one pump, run under mu_ by whichever thread has something to send
+
+void conn_state::add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std::uint64_t skip) noexcept
+{
+    std::byte* hdr = b.headers[b.nitems];
+    frame_header h;
+    const seg* segs = nullptr;
+    std::uint32_t nseg = 0;
+    if (kind == frame_kind::request) {
+        const sq_entry& e = sq_at(pos);
+        h.seq = pos;
+        h.length = e.length;
+        switch (e.op) {
+        case opcode::send: h.op = frame_op::send; break;
+        case opcode::write: h.op = frame_op::write; break;
+        case opcode::write_with_imm: h.op = frame_op::write_imm; break;
+        default: h.op = frame_op::read_req; break;
+        }
+        if (h.op != frame_op::send) {
+            h.addr = e.remote_addr;
+            h.key = e.remote_key;
+        }
+        if (h.op == frame_op::write_imm)
+            h.imm = e.imm;
+        if (e.solicited && (h.op == frame_op::send || h.op == frame_op::write_imm))
+            h.flags = flag_solicited;
+        if (h.op != frame_op::read_req) {
+            segs = sq_segs(pos);
+            nseg = e.nseg;
+        }
+    } else {
+        const response& r = resp_at(pos);
+        h.op = r.op;
+        h.seq = r.seq;
+        if (r.op == frame_op::nak)
+            h.status = static_cast<std::uint32_t>(r.code);
+        if (r.op == frame_op::read_resp) {
+            h.length = static_cast<std::uint32_t>(r.data.len);
+            segs = &r.data;
+            nseg = 1;
+        }
+    }
+    h.encode(hdr);
+
+    tx_item& it = b.items[b.nitems++];
+    it = {.kind = kind,
+          .pos = pos,
+          .skip = skip,
+          .added = 0,
+          .total = frame_header::wire_size + h.payload_length(),
+          .was_current = skip > 0};
+    std::uint64_t off = skip; // position within the frame where this batch starts
+    std::uint64_t at = 0;     // start of the current piece within the frame
+    auto add = [&](std::byte* p, std::uint64_t len, region_state* st, std::uint64_t tag) {
+        if (b.closed || len == 0)
+            return;
+        if (off >= at + len) {
+            at += len;
+            return;
+        }
+        if (b.niov == max_iov) {
+            b.closed = true;
+            return;
+        }
+        std::uint64_t from = off - at;
+        std::uint64_t n = len - from;
+        void* base = p + from;
+        if (st) {
+            if (pin(st, tag)) {
+                b.pinned[b.npinned++] = st;
+            } else {
+                base = const_cast<std::byte*>(zero_page);
+                n = std::min<std::uint64_t>(n, sizeof zero_page);
+            }
+        }
+        b.iov[b.niov++] = {base, static_cast<std::size_t>(n)};
+        it.added += n;
+        off += n;
+        at += len;
+        if (off < at) // the piece was cut short: the rest comes in a later batch
+            b.closed = true;
+    };
+    add(hdr, frame_header::wire_size, nullptr, 0);
+    for (std::uint32_t i = 0; i < nseg && h.payload_length() > 0; ++i)
+        add(segs[i].ptr, segs[i].len, segs[i].st, segs[i].tag);
+    if (skip + it.added < it.total)
+        b.closed = true;
+}
+
+void conn_state::pump() noexcept
+{
+    if (closed_ || tx_done_ || write_armed_ || in_pump_)
+        return;
+    in_pump_ = true;
+    // Bounded work per call: post() must stay short on the application thread, and the
+    // engine must not starve its other connections behind one large transfer. What is left
+    // continues on the engine once the socket is writable (at once, if it is).
+    std::uint64_t budget = on_engine() ? engine_tx_budget : app_tx_budget;
+    for (;;) {
+        if (budget == 0) {
+            arm_write();
+            break;
+        }
+        tx_batch& b = batch_;
+        b.niov = b.nitems = b.npinned = 0;
+        b.closed = false;
+        if (cur_.kind != frame_kind::none)
+            add_frame(b, cur_.kind, cur_.pos, cur_.skip);
+        // Responses first: they free the peer's resources, and are bounded in number.
+        std::uint64_t r = resp_head_ + (cur_.kind == frame_kind::response ? 1 : 0);
+        while (!b.closed && b.nitems < max_batch_frames && r < resp_tail_)
+            add_frame(b, frame_kind::response, r++, 0);
+        if (state() == connection_state::established && !rnr_active_) {
+            std::uint64_t q = tx_next_;
+            std::uint32_t reads = reads_in_flight_;
+            while (!b.closed && b.nitems < max_batch_frames && q < sq_tail_) {
+                const sq_entry& e = sq_at(q);
+                // Fence: this request waits until every earlier read has completed, so
+                // that e.g. a write cannot overtake the read of the same bytes.
+                if (e.fenced && reads > 0)
+                    break;
+                // The peer serves at most max_rd_out_ reads at once (its responder resources).
+                if (e.op == opcode::read && reads >= max_rd_out_)
+                    break;
+                add_frame(b, frame_kind::request, q, 0);
+                if (e.op == opcode::read)
+                    ++reads;
+                ++q;
+            }
+        }
+        if (b.nitems == 0) {
+            maybe_shutdown();
+            break;
+        }
+        msghdr mh{};
+        mh.msg_iov = b.iov;
+        mh.msg_iovlen = static_cast<std::size_t>(b.niov);
+        ssize_t n = ::sendmsg(fd_, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        int err = errno;
+        for (int i = 0; i < b.npinned; ++i)
+            unpin(b.pinned[i]);
+        if (n < 0) {
+            if (err == EINTR)
+                continue;
+            if (err == EAGAIN || err == EWOULDBLOCK) {
+                arm_write();
+                break;
+            }
+            // EPIPE, ECONNRESET: the peer is gone.
+            tx_done_ = true;
+            peer_gone();
+            break;
+        }
+        advance(b, static_cast<std::uint64_t>(n));
+        budget -= std::min(budget, static_cast<std::uint64_t>(n));
+    }
+    in_pump_ = false;
+}
+
+void conn_state::advance(tx_batch& b, std::uint64_t sent) noexcept
+{
+    for (int i = 0; i < b.nitems; ++i) {
+        tx_item& it = b.items[i];
+        if (sent == 0 && !it.was_current)
+            return; // not started: it will be offered again
+        std::uint64_t take = std::min(sent, it.added);
+        sent -= take;
+        if (!it.was_current && it.kind == frame_kind::request) {
+            // Started: from now on it is in flight, and counts against fence / rd limits.
+            ++tx_next_;
+            if (sq_at(it.pos).op == opcode::read)
+                ++reads_in_flight_;
+        }
+        std::uint64_t done = it.skip + take;
+        if (done < it.total) {
+            cur_ = it;
+            cur_.skip = done;
+            cur_.was_current = true;
+            return;
+        }
+        cur_ = {};
+        if (it.kind == frame_kind::response) {
+            ++resp_head_;
+            if (rx_stalled_)
+                resume_rx();
+        }
+    }
+}
+
+void conn_state::maybe_shutdown() noexcept
+{
+    // After a disconnect or error: once the frame on the wire and the responses owed
+    // (a NAK saying why, above all) are out, send FIN so the peer notices.
+    if (state() == connection_state::established || tx_done_ || cur_.kind != frame_kind::none ||
+        resp_head_ != resp_tail_)
+        return;
+    tx_done_ = true;
+    ::shutdown(fd_, SHUT_WR);
+}
+
+void conn_state::arm_write() noexcept
+{
+    write_armed_ = true;
+    auto wait = [](const std::shared_ptr<conn_state>& self) {
+        self->desc_.async_wait(asio::posix::stream_descriptor::wait_write,
+                               [self](const boost::system::error_code&) {
+                                   std::lock_guard lk(self->mu_);
+                                   self->write_armed_ = false;
+                                   self->pump();
+                               });
+    };
+    if (on_engine()) {
+        wait(shared_from_this());
+    } else {
+        // Rare: only when the socket buffer is full. The engine owns the descriptor.
+        asio::post(dom_.io(), [self = shared_from_this(), wait] {
+            std::lock_guard lk(self->mu_);
+            if (self->closed_)
+                return;
+            wait(self);
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Receive: engine thread only
+
+void conn_state::arm_read() noexcept
+{
+    if (read_armed_ || rx_done_ || closed_)
+        return;
+    read_armed_ = true;
+    desc_.async_wait(asio::posix::stream_descriptor::wait_read,
+                     [self = shared_from_this()](const boost::system::error_code&) {
+                         std::lock_guard lk(self->mu_);
+                         self->read_armed_ = false;
+                         self->rx_run();
+                     });
+}
+
+void conn_state::resume_rx() noexcept
+{
+    rx_stalled_ = false;
+    asio::post(dom_.io(), [self = shared_from_this()] {
+        std::lock_guard lk(self->mu_);
+        if (!self->read_armed_)
+            self->rx_run();
+    });
+}
+
+void conn_state::rx_run() noexcept
+{
+    if (closed_ || rx_done_ || rx_stalled_)
+        return;
+    for (int budget = 0; budget < rx_budget; ++budget) {
+        rx_status s = state() == connection_state::established ? rx_step() : rx_drain();
+        if (s == rx_status::again)
+            continue;
+        pump();
+        if (s == rx_status::wait)
+            arm_read();
+        return;
+    }
+    // Budget used up: let the engine serve other connections; readiness is re-checked
+    // when the wait is armed, so nothing is lost.
+    pump();
+    arm_read();
+}
+
+conn_state::rx_status conn_state::rx_error(ssize_t n, int err) noexcept
+{
+    if (n < 0 && err == EINTR)
+        return rx_status::again;
+    if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK))
+        return rx_status::wait;
+    // EOF or a reset: the peer disconnected or crashed.
+    peer_gone();
+    return rx_status::stop;
+}
+
+conn_state::rx_status conn_state::rx_drain() noexcept
+{
+    auto sink = dom_.discard_buffer();
+    ssize_t n = ::recv(fd_, sink.data(), sink.size(), MSG_DONTWAIT);
+    if (n > 0)
+        return rx_status::again;
+    return rx_error(n, errno);
+}
+
+conn_state::rx_status conn_state::rx_step() noexcept
+{
+    if (rx_action_ != rx_action::none)
+        return rx_payload();
+    if (hdr_got_ < frame_header::wire_size) {
+        ssize_t n = ::recv(fd_, hdr_buf_ + hdr_got_, frame_header::wire_size - hdr_got_, MSG_DONTWAIT);
+        if (n <= 0)
+            return rx_error(n, errno);
+        hdr_got_ += static_cast<std::size_t>(n);
+        if (hdr_got_ < frame_header::wire_size)
+            return rx_status::again;
+    }
+    frame_header h;
+    const char* why = "";
+    if (frame_header::decode(hdr_buf_, h, &why)) {
+        protocol_violation(why, false);
+        return rx_status::stop;
+    }
+    if (h.is_request() && resp_tail_ - resp_head_ == resp_.size()) {
+        // Backpressure: leave the header in hdr_buf_ and stop reading until a response has
+        // gone out. A peer within max_rd_atomic never gets here.
+        rx_stalled_ = true;
+        return rx_status::stop;
+    }
+    hdr_got_ = 0;
+    begin_frame(h);
+    if (rx_action_ != rx_action::none && rx_left_ == 0)
+        finish_frame();
+    return rx_done_ ? rx_status::stop : rx_status::again;
+}
+
+void conn_state::begin_frame(const frame_header& h) noexcept
+{
+    rx_hdr_ = h;
+    rx_left_ = h.payload_length();
+    rx_segs_ = nullptr;
+    rx_nseg_ = rx_seg_i_ = 0;
+    rx_seg_off_ = 0;
+    rx_fault_ = false;
+    rx_action_ = rx_action::none;
+
+    if (h.is_request()) {
+        if (h.seq != rx_expect_) {
+            // Go-back-N: after an RNR NAK for rx_expect_, later requests are already on
+            // their way; they are dropped and come again after the NAKed one.
+            if (rnr_wait_ && h.seq > rx_expect_) {
+                rx_action_ = rx_action::drop;
+                return;
+            }
+            protocol_violation("request out of sequence", false);
+            return;
+        }
+        switch (h.op) {
+        case frame_op::send:
+            if (rq_head_ == rq_tail_) {
+                rx_action_ = rx_action::rnr;
+            } else if (h.length > rq_at(rq_head_).length) {
+                rx_action_ = rx_action::recv_overflow;
+            } else {
+                rx_action_ = rx_action::recv;
+                rx_segs_ = rq_segs(rq_head_);
+                rx_nseg_ = rq_at(rq_head_).nseg;
+            }
+            return;
+        case frame_op::write_imm:
+            if (rq_head_ == rq_tail_) {
+                rx_action_ = rx_action::rnr;
+                return;
+            }
+            [[fallthrough]];
+        case frame_op::write:
+            rx_action_ = h.op == frame_op::write ? rx_action::write : rx_action::write_imm;
+            // A zero-length write touches nothing, so (as on verbs) it needs no valid key.
+            if (h.length == 0)
+                return;
+            if (!dom_.find_remote(h.key, h.addr, h.length, access::remote_write, rx_target_)) {
+                rx_action_ = rx_action::write_bad;
+                return;
+            }
+            rx_segs_ = &rx_target_;
+            rx_nseg_ = 1;
+            return;
+        case frame_op::read_req: {
+            seg s;
+            if (h.length != 0 && !dom_.find_remote(h.key, h.addr, h.length, access::remote_read, s)) {
+                target_fail(nak_code::remote_access, h.seq);
+                return;
+            }
+            ++rx_expect_;
+            rnr_wait_ = false;
+            push_response({.op = frame_op::read_resp, .code = nak_code::rnr, .seq = h.seq, .data = s});
+            return;
+        }
+        default: break;
+        }
+        protocol_violation("unexpected request opcode", false);
+        return;
+    }
+
+    switch (h.op) {
+    case frame_op::ack: on_ack(h.seq); return;
+    case frame_op::nak: on_nak(h.seq, static_cast<nak_code>(h.status)); return;
+    case frame_op::read_resp: {
+        if (sq_head_ >= tx_next_ || h.seq != sq_head_) {
+            protocol_violation("read response out of sequence", true);
+            return;
+        }
+        const sq_entry& e = sq_at(sq_head_);
+        if (e.op != opcode::read || h.length != e.length) {
+            protocol_violation("read response does not match the read", true);
+            return;
+        }
+        rx_action_ = rx_action::read_resp;
+        rx_segs_ = sq_segs(sq_head_);
+        rx_nseg_ = e.nseg;
+        return;
+    }
+    default: break;
+    }
+    protocol_violation("unexpected response opcode", true);
+}
+
+conn_state::rx_status conn_state::rx_payload() noexcept
+{
+    iovec iov[max_iov];
+    region_state* pinned[max_iov];
+    int niov = 0, npinned = 0;
+    std::uint64_t planned = 0;
+    auto sink = dom_.discard_buffer();
+    bool to_memory = rx_action_ == rx_action::recv || rx_action_ == rx_action::write ||
+                     rx_action_ == rx_action::write_imm || rx_action_ == rx_action::read_resp;
+    if (to_memory) {
+        std::uint32_t i = rx_seg_i_;
+        std::uint64_t off = rx_seg_off_;
+        while (planned < rx_left_ && i < rx_nseg_ && niov < max_iov - 1) {
+            const seg& s = rx_segs_[i];
+            std::uint64_t n = std::min(s.len - off, rx_left_ - planned);
+            void* base = s.ptr + off;
+            if (s.st && !pin(s.st, s.tag)) {
+                // Deregistered mid-payload: those bytes are read and dropped, and the
+                // request fails when the frame ends.
+                rx_fault_ = true;
+                base = sink.data();
+                n = std::min<std::uint64_t>(n, sink.size());
+                iov[niov++] = {base, static_cast<std::size_t>(n)};
+                planned += n;
+                break;
+            }
+            if (s.st)
+                pinned[npinned++] = s.st;
+            iov[niov++] = {base, static_cast<std::size_t>(n)};
+            planned += n;
+            off = 0;
+            ++i;
+        }
+    } else {
+        std::uint64_t n = std::min<std::uint64_t>(rx_left_, sink.size());
+        iov[niov++] = {sink.data(), static_cast<std::size_t>(n)};
+        planned = n;
+    }
+    // Read ahead into the next header when this call can finish the payload: saves a
+    // system call per frame, and the header buffer is ours, so nothing is staged.
+    if (planned == rx_left_)
+        iov[niov++] = {hdr_buf_, frame_header::wire_size};
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = static_cast<std::size_t>(niov);
+    ssize_t n = ::recvmsg(fd_, &mh, MSG_DONTWAIT);
+    int err = errno;
+    for (int i = 0; i < npinned; ++i)
+        unpin(pinned[i]);
+    if (n <= 0)
+        return rx_error(n, err);
+    std::uint64_t got = static_cast<std::uint64_t>(n);
+    std::uint64_t payload = std::min(got, rx_left_);
+    hdr_got_ = static_cast<std::size_t>(got - payload);
+    rx_left_ -= payload;
+    if (to_memory) {
+        // Walk the SGE position forward by what arrived (wherever it landed).
+        while (payload > 0 && rx_seg_i_ < rx_nseg_) {
+            std::uint64_t room = rx_segs_[rx_seg_i_].len - rx_seg_off_;
+            std::uint64_t step = std::min(room, payload);
+            rx_seg_off_ += step;
+            payload -= step;
+            if (rx_seg_off_ == rx_segs_[rx_seg_i_].len) {
+                ++rx_seg_i_;
+                rx_seg_off_ = 0;
+            }
+        }
+    }
+    if (rx_left_ == 0)
+        finish_frame();
+    return rx_done_ ? rx_status::stop : rx_status::again;
+}
+
+void conn_state::finish_frame() noexcept
+{
+    rx_action a = rx_action_;
+    rx_action_ = rx_action::none;
+    const frame_header& h = rx_hdr_;
+    bool solicited = (h.flags & flag_solicited) != 0;
+    switch (a) {
+    case rx_action::none: return;
+    case rx_action::recv:
+        if (rx_fault_) {
+            complete_rq_head(
+                {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::unknown, .status = errc::local_protection},
+                solicited);
+            target_fail(nak_code::remote_operation, h.seq);
+            return;
+        }
+        complete_rq_head(
+            {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::recv, .status = {}, .byte_len = h.length},
+            solicited);
+        break;
+    case rx_action::recv_overflow:
+        // As verbs: the receiver sees a local length error, the sender an invalid request,
+        // and both connections go to error.
+        complete_rq_head(
+            {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::unknown, .status = errc::local_length},
+            solicited);
+        target_fail(nak_code::invalid_request, h.seq);
+        return;
+    case rx_action::rnr:
+        push_response({.op = frame_op::nak, .code = nak_code::rnr, .seq = h.seq, .data = {}});
+        rnr_wait_ = true;
+        return;
+    case rx_action::drop: return;
+    case rx_action::write:
+        if (rx_fault_) {
+            target_fail(nak_code::remote_access, h.seq);
+            return;
+        }
+        break;
+    case rx_action::write_imm:
+        if (rx_fault_) {
+            target_fail(nak_code::remote_access, h.seq);
+            return;
+        }
+        complete_rq_head({.wr_id = rq_at(rq_head_).wr_id,
+                          .opcode = opcode::recv_with_imm,
+                          .status = {},
+                          .byte_len = h.length,
+                          .imm = h.imm,
+                          .with_imm = true},
+                         solicited);
+        break;
+    case rx_action::write_bad: target_fail(nak_code::remote_access, h.seq); return;
+    case rx_action::read_resp:
+        if (rx_fault_) {
+            complete_sq_head(errc::local_protection, 0);
+            fail(connection_state::error);
+            return;
+        }
+        complete_sq_head({}, h.length);
+        return;
+    }
+    // A request that was carried out: the next one may come, and it is acknowledged.
+    ++rx_expect_;
+    rnr_wait_ = false;
+    push_ack(h.seq);
+}
+
+void conn_state::on_ack(std::uint64_t seq) noexcept
+{
+    if (seq < sq_head_ || seq >= tx_next_) {
+        protocol_violation("ack for a request not in flight", true);
+        return;
+    }
+    while (sq_head_ <= seq && state() == connection_state::established) {
+        if (sq_at(sq_head_).op == opcode::read) {
+            protocol_violation("ack covers a read", true);
+            return;
+        }
+        complete_sq_head({}, sq_at(sq_head_).length);
+    }
+}
+
+void conn_state::on_nak(std::uint64_t seq, nak_code code) noexcept
+{
+    if (seq != sq_head_ || sq_head_ >= tx_next_) {
+        protocol_violation("nak for a request not at the head", true);
+        return;
+    }
+    if (code != nak_code::rnr) {
+        complete_sq_head(nak_status(code), 0);
+        fail(connection_state::error);
+        return;
+    }
+    if (rnr_seq_ != seq) {
+        rnr_seq_ = seq;
+        rnr_tries_ = 0;
+    }
+    // rnr_retry_count 7 means retry forever, as on verbs.
+    if (rnr_limit_ != 7 && rnr_tries_ >= rnr_limit_) {
+        complete_sq_head(errc::rnr_retry_exceeded, 0);
+        fail(connection_state::error);
+        return;
+    }
+    ++rnr_tries_;
+    // Go back to the NAKed request; everything after it was dropped by the peer.
+    tx_next_ = seq;
+    reads_in_flight_ = 0; // nothing before seq is outstanding: responses come in order
+    rnr_active_ = true;
+    auto delay = std::chrono::milliseconds(1) * (1u << std::min<std::uint32_t>(rnr_tries_ - 1, 6));
+    rnr_timer_.expires_after(delay);
+    rnr_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        std::lock_guard lk(self->mu_);
+        self->rnr_active_ = false;
+        self->pump();
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+
+tcp_connection::tcp_connection(std::shared_ptr<conn_state> st, std::vector<std::byte> peer_private_data)
+    : st_(std::move(st)), peer_pdata_(std::move(peer_private_data))
+{
+}
+
+tcp_connection::~tcp_connection()
+{
+    st_->close();
+}
+
+std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
+                                            std::uint8_t rnr_retry, std::uint32_t peer_max_rd,
+                                            std::vector<std::byte> peer_private_data)
+{
+    auto st = std::make_shared<conn_state>(dom, std::move(fd), lim, rnr_retry, peer_max_rd);
+    auto conn = std::make_unique<tcp_connection>(st, std::move(peer_private_data));
+    st->start();
+    return conn;
+}
+
+} // namespace rdmx::tcp

@@ -1,0 +1,266 @@
+// One TCP "queue pair": send, receive and completion rings plus the transmit and receive
+// state machines that give a byte stream the semantics of a verbs RC connection.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "tcp/tcp_domain.hpp"
+#include "tcp/tcp_socket.hpp"
+#include "tcp/tcp_wire.hpp"
+
+namespace rdmx::tcp
+{
+
+/// Everything the engine's handlers touch. Shared between the connection object and the
+/// handlers in flight, so that destroying the connection never leaves a handler dangling.
+/// `mu_` guards all of it; the socket is used under `mu_` by the application thread (the
+/// transmit pump in post) and by the engine thread, the asio descriptor only by the engine.
+class conn_state : public std::enable_shared_from_this<conn_state>
+{
+public:
+    conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& lim, std::uint8_t rnr_retry,
+               std::uint32_t peer_max_rd);
+    ~conn_state();
+    conn_state(const conn_state&) = delete;
+    conn_state& operator=(const conn_state&) = delete;
+
+    /// Starts receiving on the engine. Called once, after construction.
+    void start();
+
+    connection_state state() const noexcept { return state_.load(std::memory_order_acquire); }
+    const connection_limits& limits() const noexcept { return lim_; }
+    int event_fd() const noexcept { return efd_.get(); }
+
+    std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept;
+    std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept;
+    std::size_t poll(std::span<completion> out) noexcept;
+    std::error_code request_notify(bool solicited_only) noexcept;
+    std::error_code ack_notify() noexcept;
+    void disconnect() noexcept;
+    /// The connection object is going away: disconnect and let the engine close the socket.
+    void close() noexcept;
+
+private:
+    // Fixed batch sizes of one sendmsg / recvmsg; a frame that does not fit continues in
+    // the next call. 128 iovecs hold a header plus the largest SGE list (32) several times over.
+    static constexpr int max_iov = 128;
+    static constexpr int max_batch_frames = 16;
+    static_assert(max_iov >= 2 * (1 + 32), "a batch must hold at least one full frame");
+    // Receive steps (system calls) per readiness event before yielding to other connections.
+    static constexpr int rx_budget = 64;
+    // Bytes one pump may send from the application thread / from the engine thread.
+    static constexpr std::uint64_t app_tx_budget = 1u << 20;
+    static constexpr std::uint64_t engine_tx_budget = 4u << 20;
+
+    struct sq_entry {
+        std::uint64_t wr_id = 0;
+        std::uint64_t remote_addr = 0;
+        std::uint64_t remote_key = 0;
+        std::uint32_t length = 0;
+        std::uint32_t imm = 0;
+        rdmx::opcode op = opcode::send;
+        bool signaled = false;
+        bool fenced = false;
+        bool solicited = false;
+        std::uint32_t nseg = 0;
+    };
+    struct rq_entry {
+        std::uint64_t wr_id = 0;
+        std::uint64_t length = 0;
+        std::uint32_t nseg = 0;
+    };
+    /// A response owed to the peer, sent in the order the requests arrived.
+    struct response {
+        frame_op op = frame_op::ack;
+        nak_code code = nak_code::rnr;
+        std::uint64_t seq = 0;
+        seg data; ///< read_resp: the target memory to send
+    };
+    enum class frame_kind : std::uint8_t { none, request, response };
+    struct tx_item {
+        frame_kind kind = frame_kind::none;
+        std::uint64_t pos = 0;   ///< SQ position (= sequence number) or response ring position
+        std::uint64_t skip = 0;  ///< bytes of the frame sent before this batch
+        std::uint64_t added = 0; ///< bytes of the frame in this batch
+        std::uint64_t total = 0; ///< bytes of the whole frame, header included
+        bool was_current = false;
+    };
+    struct tx_batch {
+        iovec iov[max_iov];
+        int niov = 0;
+        tx_item items[max_batch_frames];
+        int nitems = 0;
+        std::byte headers[max_batch_frames][frame_header::wire_size];
+        region_state* pinned[max_iov];
+        int npinned = 0;
+        bool closed = false; ///< a frame could not be added whole: nothing may follow it
+    };
+    /// What the payload of the frame being received is for.
+    enum class rx_action : std::uint8_t {
+        none,          ///< reading a header
+        recv,          ///< send: into the posted receive
+        recv_overflow, ///< send larger than the receive: drain, local_length, NAK
+        rnr,           ///< no receive posted: drain, then NAK rnr
+        drop,          ///< after an RNR NAK, requests until the NAKed one are drained silently
+        write,         ///< into target memory, then ACK
+        write_imm,     ///< into target memory, then consume a receive and ACK
+        write_bad,     ///< access violation: drain, then NAK remote_access
+        read_resp,     ///< into the read's local SGEs
+    };
+    enum class rx_status : std::uint8_t { again, wait, stop };
+
+    // --- data path helpers (mu_ held) ---
+    seg* sq_segs(std::uint64_t pos) noexcept
+    {
+        return &sq_segs_[(pos % lim_.send_queue_depth) * lim_.max_send_sge];
+    }
+    seg* rq_segs(std::uint64_t pos) noexcept
+    {
+        return &rq_segs_[(pos % lim_.recv_queue_depth) * lim_.max_recv_sge];
+    }
+    sq_entry& sq_at(std::uint64_t pos) noexcept { return sq_[pos % lim_.send_queue_depth]; }
+    rq_entry& rq_at(std::uint64_t pos) noexcept { return rq_[pos % lim_.recv_queue_depth]; }
+    response& resp_at(std::uint64_t pos) noexcept { return resp_[pos % resp_.size()]; }
+    bool on_engine() const noexcept;
+
+    void push_cq(const completion& c, bool solicited = false) noexcept;
+    void complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept;
+    void complete_rq_head(const completion& c, bool solicited) noexcept;
+    void fail(connection_state to) noexcept;
+    void push_ack(std::uint64_t seq) noexcept;
+    void push_response(const response& r) noexcept;
+    void target_fail(nak_code code, std::uint64_t seq) noexcept;
+    void protocol_violation(const char* why, bool blame_head) noexcept;
+    void peer_gone() noexcept;
+
+    // --- transmit ---
+    void pump() noexcept;
+    void add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std::uint64_t skip) noexcept;
+    void advance(tx_batch& b, std::uint64_t sent) noexcept;
+    void arm_write() noexcept;
+    void maybe_shutdown() noexcept;
+
+    // --- receive (engine thread) ---
+    void arm_read() noexcept;
+    void rx_run() noexcept;
+    rx_status rx_step() noexcept;
+    rx_status rx_drain() noexcept;
+    rx_status rx_payload() noexcept;
+    rx_status rx_error(ssize_t n, int err) noexcept;
+    void begin_frame(const frame_header& h) noexcept;
+    void finish_frame() noexcept;
+    void on_ack(std::uint64_t seq) noexcept;
+    void on_nak(std::uint64_t seq, nak_code code) noexcept;
+    void resume_rx() noexcept;
+
+    tcp_domain& dom_;
+    const connection_limits lim_;
+    const std::uint8_t rnr_limit_;
+    const std::uint32_t max_rd_out_; ///< reads this side may have outstanding at the peer
+    const int fd_;
+    unique_fd efd_;
+    std::atomic<connection_state> state_{connection_state::established};
+
+    std::mutex mu_;
+    // Send queue: [sq_head_, tx_next_) started and awaiting a response, [tx_next_, sq_tail_)
+    // not started. Positions are also the request sequence numbers.
+    std::vector<sq_entry> sq_;
+    std::vector<seg> sq_segs_;
+    std::vector<std::byte> sq_inline_;
+    std::uint64_t sq_head_ = 0, tx_next_ = 0, sq_tail_ = 0;
+    std::uint32_t reads_in_flight_ = 0;
+    std::uint64_t rnr_seq_ = UINT64_MAX;
+    std::uint32_t rnr_tries_ = 0;
+    bool rnr_active_ = false; ///< waiting out an RNR delay: no request may start
+
+    std::vector<rq_entry> rq_;
+    std::vector<seg> rq_segs_;
+    std::uint64_t rq_head_ = 0, rq_tail_ = 0;
+
+    std::vector<completion> cq_;
+    std::size_t cq_head_ = 0, cq_count_ = 0;
+    int notify_armed_ = 0; ///< 0 no, 1 any completion, 2 solicited only
+
+    // Responses owed to the peer: bounded; when full, reading stops (TCP backpressure).
+    std::vector<response> resp_;
+    std::uint64_t resp_head_ = 0, resp_tail_ = 0;
+
+    // Transmit state.
+    tx_item cur_; ///< the frame partly on the wire; it must finish before another starts
+    tx_batch batch_;
+    bool write_armed_ = false;
+    bool tx_done_ = false; ///< write side shut down or broken: nothing more is sent
+    bool in_pump_ = false;
+
+    // Receive state.
+    std::byte hdr_buf_[frame_header::wire_size];
+    std::size_t hdr_got_ = 0;
+    frame_header rx_hdr_;
+    rx_action rx_action_ = rx_action::none;
+    std::uint64_t rx_left_ = 0;
+    const seg* rx_segs_ = nullptr;
+    std::uint32_t rx_nseg_ = 0, rx_seg_i_ = 0;
+    std::uint64_t rx_seg_off_ = 0;
+    bool rx_fault_ = false; ///< a destination region vanished during the payload
+    seg rx_target_;
+    std::uint64_t rx_expect_ = 0; ///< next request sequence number from the peer
+    bool rnr_wait_ = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
+    bool read_armed_ = false;
+    bool rx_stalled_ = false; ///< stopped reading because the response ring is full
+    bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
+    bool closed_ = false;     ///< the connection object is gone
+    bool violation_logged_ = false;
+
+    asio::posix::stream_descriptor desc_; ///< engine thread only: readiness waits and close
+    asio::steady_timer rnr_timer_;
+};
+
+class tcp_connection final : public connection
+{
+public:
+    tcp_connection(std::shared_ptr<conn_state> st, std::vector<std::byte> peer_private_data);
+    ~tcp_connection() override;
+
+    rdmx::backend backend() const noexcept override { return backend::tcp; }
+    connection_state state() const noexcept override { return st_->state(); }
+    const connection_limits& limits() const noexcept override { return st_->limits(); }
+    std::span<const std::byte> peer_private_data() const noexcept override { return peer_pdata_; }
+
+    using connection::post_recv;
+    std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept override
+    {
+        return st_->post(wrs, posted);
+    }
+    std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept override
+    {
+        return st_->post_recv(wrs, posted);
+    }
+    std::size_t poll(std::span<completion> out) noexcept override { return st_->poll(out); }
+    int completion_fd() const noexcept override { return st_->event_fd(); }
+    std::error_code request_notify(bool solicited_only) noexcept override
+    {
+        return st_->request_notify(solicited_only);
+    }
+    std::error_code ack_notify() noexcept override { return st_->ack_notify(); }
+    void disconnect() noexcept override { st_->disconnect(); }
+
+private:
+    std::shared_ptr<conn_state> st_;
+    std::vector<std::byte> peer_pdata_;
+};
+
+/// Builds the rings (all allocation happens here), then starts the engine on `fd`.
+std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
+                                            std::uint8_t rnr_retry, std::uint32_t peer_max_rd,
+                                            std::vector<std::byte> peer_private_data);
+
+} // namespace rdmx::tcp

@@ -1,0 +1,233 @@
+#include "tcp/tcp_domain.hpp"
+
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include "backends.hpp"
+#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_socket.hpp"
+#include "tcp/tcp_wire.hpp"
+#include "validate.hpp"
+
+namespace rdmx
+{
+namespace tcp
+{
+namespace
+{
+
+// What this backend grants. Depths and SGE counts bound the per-connection rings, which
+// are allocated at connect time; inline bounds the per-slot copy buffer.
+constexpr std::uint32_t max_depth = 16384;
+constexpr std::uint32_t max_sge = 32;
+constexpr std::uint32_t max_inline = 4096;
+constexpr std::uint32_t max_rd_atomic = 128;
+
+class tcp_region final : public memory_region
+{
+public:
+    tcp_region(tcp_domain& dom, region_state* st, std::byte* data, std::size_t size, rdmx::access acc,
+               std::uint64_t key) noexcept
+        : memory_region(dom.owner(), backend::tcp, data, size, acc, 0, key), dom_(dom), st_(st),
+          tag_(st->tag.load())
+    {
+    }
+    ~tcp_region() override { dom_.deregister(st_); }
+
+    region_state* state() const noexcept { return st_; }
+    std::uint64_t tag() const noexcept { return tag_; }
+
+private:
+    tcp_domain& dom_;
+    region_state* st_;
+    std::uint64_t tag_;
+};
+
+std::uint64_t random_key()
+{
+    std::uint64_t k = 0;
+    for (;;) {
+        ssize_t n = ::getrandom(&k, sizeof k, 0);
+        if (n == static_cast<ssize_t>(sizeof k))
+            return k;
+        if (n < 0 && errno != EINTR)
+            throw_errno(errno, "getrandom");
+    }
+}
+
+} // namespace
+
+seg region_seg(const memory_region& mr, std::size_t offset, std::size_t length) noexcept
+{
+    // validate.hpp checked that the region belongs to this domain, so it is a tcp_region.
+    const auto& r = static_cast<const tcp_region&>(mr);
+    return {r.state(), r.tag(), r.data() + offset, length};
+}
+
+connection_limits clamp_limits(const connection_options& o) noexcept
+{
+    auto clamp = [](std::uint32_t v, std::uint32_t lo, std::uint32_t hi) {
+        return v < lo ? lo : v > hi ? hi : v;
+    };
+    connection_limits l;
+    l.send_queue_depth = clamp(o.send_queue_depth, 1, max_depth);
+    l.recv_queue_depth = clamp(o.recv_queue_depth, 1, max_depth);
+    l.max_send_sge = clamp(o.max_send_sge, 1, max_sge);
+    l.max_recv_sge = clamp(o.max_recv_sge, 1, max_sge);
+    l.max_inline = clamp(o.max_inline, 0, max_inline);
+    l.max_rd_atomic = clamp(o.max_rd_atomic, 1, max_rd_atomic);
+    return l;
+}
+
+tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_))
+{
+    limits_.device_name = "tcp";
+    limits_.max_qp_wr = max_depth;
+    limits_.max_sge = max_sge;
+    limits_.max_inline = max_inline;
+    limits_.max_qp_rd_atom = max_rd_atomic;
+    limits_.max_qp_init_rd_atom = max_rd_atomic;
+    limits_.max_mr_size = UINT64_MAX;
+    limits_.max_msg_size = static_cast<std::uint32_t>(detail::max_message_size);
+    engine_ = std::thread([this] {
+        // Handlers are noexcept in spirit; an exception escaping one would be a bug, and
+        // losing the engine silently would be worse than reporting it.
+        try {
+            io_.run();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "rdmx tcp engine stopped: %s\n", e.what());
+        }
+    });
+}
+
+tcp_domain::~tcp_domain()
+{
+    work_.reset();
+    io_.stop();
+    engine_.join();
+}
+
+std::unique_ptr<memory_region> tcp_domain::register_memory(void* addr, std::size_t length,
+                                                           rdmx::access rights)
+{
+    if (addr == nullptr && length != 0)
+        throw_error(errc::invalid_argument, "register_memory: null address");
+    auto a = reinterpret_cast<std::uintptr_t>(addr);
+    if (a + length < a)
+        throw_error(errc::invalid_argument, "register_memory: range wraps around");
+    // remote_write implies local_write, as on verbs.
+    if (any(rights & access::remote_write))
+        rights = rights | access::local_write;
+    std::lock_guard lk(regions_mu_);
+    std::uint64_t key;
+    do
+        key = random_key();
+    while (key == 0 || keys_.count(key) != 0);
+    region_state* st;
+    if (!free_regions_.empty()) {
+        st = free_regions_.back();
+        free_regions_.pop_back();
+    } else {
+        st = &region_pool_.emplace_back();
+    }
+    st->base = static_cast<std::byte*>(addr);
+    st->size = length;
+    st->rights = rights;
+    st->key = key;
+    st->tag.store((((st->tag.load() >> 1) + 1) << 1) | 1);
+    keys_.emplace(key, st);
+    try {
+        return std::make_unique<tcp_region>(*this, st, static_cast<std::byte*>(addr), length, rights, key);
+    } catch (...) {
+        keys_.erase(key);
+        st->tag.store(st->tag.load() & ~std::uint64_t{1});
+        free_regions_.push_back(st);
+        throw;
+    }
+}
+
+void tcp_domain::deregister(region_state* st) noexcept
+{
+    {
+        std::lock_guard lk(regions_mu_);
+        keys_.erase(st->key);
+        st->tag.store(st->tag.load() & ~std::uint64_t{1});
+    }
+    // Socket calls that pinned the region before the store above are short and never
+    // block: wait for them, so that no byte is touched once we return.
+    while (st->users.load() != 0)
+        std::this_thread::yield();
+    std::lock_guard lk(regions_mu_);
+    free_regions_.push_back(st);
+}
+
+bool tcp_domain::find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right,
+                             seg& out) noexcept
+{
+    std::lock_guard lk(regions_mu_);
+    auto it = keys_.find(key);
+    if (it == keys_.end())
+        return false;
+    region_state* st = it->second;
+    if (!any(st->rights & right))
+        return false;
+    auto base = reinterpret_cast<std::uintptr_t>(st->base);
+    // Overflow-safe containment of [addr, addr + len) in [base, base + size).
+    if (addr < base || addr - base > st->size || len > st->size - (addr - base))
+        return false;
+    out = {st, st->tag.load(), st->base + (addr - base), len};
+    return true;
+}
+
+std::unique_ptr<listener> tcp_domain::listen(std::string_view address, int backlog)
+{
+    return make_listener(*this, address, backlog);
+}
+
+std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const connection_options& opts,
+                                                std::span<const std::byte> private_data)
+{
+    uri u = uri::parse(address);
+    std::string what = "connect " + std::string(address);
+    if (u.scheme == scheme::rdma)
+        throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
+    if (private_data.size() > max_connect_private_data)
+        throw_error(errc::invalid_argument, what + ": private data over 56 bytes");
+    connection_limits lim = clamp_limits(opts);
+
+    unique_fd fd = connect_socket(u, clock::now() + opts.timeout, what);
+
+    handshake hello;
+    hello.type = handshake_type::hello;
+    hello.max_rd_atomic = lim.max_rd_atomic;
+    hello.private_data_len = static_cast<std::uint8_t>(private_data.size());
+    std::copy(private_data.begin(), private_data.end(), hello.private_data.begin());
+    std::byte buf[handshake::reply_size];
+    hello.encode(buf);
+    auto deadline = clock::now() + opts.timeout;
+    send_exact(fd.get(), {buf, handshake::hello_size}, deadline, what + " (hello)");
+    if (!recv_exact(fd.get(), {buf, handshake::reply_size}, deadline, what + " (waiting for accept)"))
+        throw error(make_error_code(errc::rejected), what + ": the listener closed the connection");
+    auto reply = handshake::decode({buf, handshake::reply_size}, false);
+    if (!reply)
+        throw error(make_error_code(errc::protocol_error), what + ": malformed handshake reply");
+    if (reply->type == handshake_type::reject) {
+        auto d = reply->data();
+        throw error(make_error_code(errc::rejected), what, std::vector<std::byte>(d.begin(), d.end()));
+    }
+    auto d = reply->data();
+    auto conn = make_connection(*this, std::move(fd), lim, opts.rnr_retry_count, reply->max_rd_atomic,
+                                std::vector<std::byte>(d.begin(), d.end()));
+    return conn;
+}
+
+} // namespace tcp
+
+std::unique_ptr<domain> detail::open_tcp_domain()
+{
+    return std::make_unique<tcp::tcp_domain>();
+}
+
+} // namespace rdmx

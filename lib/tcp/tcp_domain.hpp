@@ -1,0 +1,115 @@
+// The TCP domain: one progress engine (an io_context on one thread) and the table of
+// registered regions that peers reach by key.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <rdmx/connection.hpp>
+
+namespace rdmx::tcp
+{
+
+namespace asio = boost::asio;
+
+/// What the engine checks around every socket call that touches registered memory, so that
+/// deregistration revokes access at once. States live in a pool owned by the domain and
+/// are reused, never freed before it: a work request that outlived its region still points
+/// to valid state, and the generation in `tag` tells it the region is gone.
+struct region_state {
+    /// generation << 1 | live. A pinner compares the whole word with the tag it was given.
+    std::atomic<std::uint64_t> tag{0};
+    /// Socket calls in progress on this memory; deregistration waits for zero.
+    std::atomic<std::uint32_t> users{0};
+    // Written under the domain's table mutex before the key is published.
+    std::byte* base = nullptr;
+    std::uint64_t size = 0;
+    rdmx::access rights = access::none;
+    std::uint64_t key = 0;
+};
+
+/// Makes the memory behind `st` safe to touch until unpin(); false if the region was
+/// deregistered since `tag` was taken. seq_cst on both sides: either deregister() sees
+/// our count or we see its cleared tag.
+inline bool pin(region_state* st, std::uint64_t tag) noexcept
+{
+    st->users.fetch_add(1);
+    if (st->tag.load() == tag)
+        return true;
+    st->users.fetch_sub(1);
+    return false;
+}
+inline void unpin(region_state* st) noexcept
+{
+    st->users.fetch_sub(1, std::memory_order_release);
+}
+
+/// A range of registered memory as the engine sees it.
+struct seg {
+    region_state* st = nullptr; ///< nullptr: memory owned by the connection (inline copy)
+    std::uint64_t tag = 0;
+    std::byte* ptr = nullptr;
+    std::uint64_t len = 0;
+};
+
+class tcp_domain final : public domain
+{
+public:
+    tcp_domain();
+    ~tcp_domain() override;
+
+    rdmx::backend backend() const noexcept override { return backend::tcp; }
+    const device_limits& limits() const noexcept override { return limits_; }
+    std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
+                                                   rdmx::access rights) override;
+    std::unique_ptr<listener> listen(std::string_view address, int backlog) override;
+    std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts,
+                                        std::span<const std::byte> private_data) override;
+
+    // --- for the engine and the regions ---
+    asio::io_context& io() noexcept { return io_; }
+    /// The owner identity given to regions and checked by validate.hpp.
+    const void* owner() const noexcept { return this; }
+    /// Resolves a peer's access of [addr, addr + len) under `key` needing `right`. On
+    /// success `out` names the memory (not pinned: the engine pins per socket call).
+    bool find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right,
+                     seg& out) noexcept;
+    void deregister(region_state* st) noexcept;
+    /// Sink for payload bytes that must be read and dropped. Engine thread only.
+    std::span<std::byte> discard_buffer() noexcept { return discard_; }
+
+private:
+    device_limits limits_;
+    std::mutex regions_mu_;
+    std::deque<region_state> region_pool_; ///< deque: elements never move
+    std::vector<region_state*> free_regions_;
+    std::unordered_map<std::uint64_t, region_state*> keys_;
+    std::vector<std::byte> discard_;
+    // The engine last: it is joined first, then the io_context destroys what handlers
+    // remain (releasing connection state), and only then the region pool goes.
+    asio::io_context io_;
+    asio::executor_work_guard<asio::io_context::executor_type> work_;
+    std::thread engine_;
+};
+
+/// The engine's view of [offset, offset + length) of a region of this domain (validated by
+/// validate.hpp before, so the region is known to be a TCP one).
+seg region_seg(const memory_region& mr, std::size_t offset, std::size_t length) noexcept;
+
+/// Listening side, in tcp_listener.cpp.
+std::unique_ptr<listener> make_listener(tcp_domain& dom, std::string_view address, int backlog);
+
+/// Clamps requested options to what this backend grants.
+connection_limits clamp_limits(const connection_options& opts) noexcept;
+
+} // namespace rdmx::tcp

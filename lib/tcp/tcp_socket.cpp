@@ -1,0 +1,174 @@
+#include "tcp/tcp_socket.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <rdmx/error.hpp>
+
+namespace rdmx::tcp
+{
+
+void unique_fd::reset(int fd) noexcept
+{
+    if (fd_ >= 0)
+        ::close(fd_);
+    fd_ = fd;
+}
+
+int poll_timeout(clock::time_point deadline) noexcept
+{
+    auto left = deadline - clock::now();
+    if (left <= clock::duration::zero())
+        return 0;
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    return ms > 1'000'000'000 ? 1'000'000'000 : static_cast<int>(ms);
+}
+
+void set_socket_options(int fd)
+{
+    int flags = ::fcntl(fd, F_GETFL, 0);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+        throw_errno(errno, "fcntl(O_NONBLOCK)");
+    // Small frames (ACKs, sends of a few bytes) must leave at once: latency is the point.
+    int one = 1;
+    if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+        throw_errno(errno, "setsockopt(TCP_NODELAY)");
+}
+
+std::vector<socket_address> resolve(const uri& u, bool passive, const std::string& what)
+{
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    addrinfo* res = nullptr;
+    std::string port = std::to_string(u.port);
+    int rc = ::getaddrinfo(u.host.c_str(), port.c_str(), &hints, &res);
+    if (rc != 0)
+        throw error(make_error_code(errc::unreachable),
+                    what + ": cannot resolve '" + u.host + "' (" + ::gai_strerror(rc) + ")");
+    std::vector<socket_address> out;
+    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_addrlen > sizeof(sockaddr_storage))
+            continue;
+        socket_address a;
+        std::memcpy(&a.addr, ai->ai_addr, ai->ai_addrlen);
+        a.len = ai->ai_addrlen;
+        out.push_back(a);
+    }
+    ::freeaddrinfo(res);
+    if (out.empty())
+        throw error(make_error_code(errc::unreachable), what + ": no address for '" + u.host + "'");
+    return out;
+}
+
+namespace
+{
+
+std::error_code connect_errno(int err)
+{
+    switch (err) {
+    case ECONNREFUSED: return errc::connection_refused;
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case EADDRNOTAVAIL:
+    case EAFNOSUPPORT: return errc::unreachable;
+    case ETIMEDOUT: return errc::timed_out;
+    default: return {err, std::system_category()};
+    }
+}
+
+} // namespace
+
+unique_fd connect_socket(const uri& u, clock::time_point deadline, const std::string& what)
+{
+    auto addrs = resolve(u, false, what);
+    std::error_code last = errc::unreachable;
+    for (const auto& a : addrs) {
+        unique_fd fd(::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        if (!fd) {
+            last = connect_errno(errno);
+            continue;
+        }
+        set_socket_options(fd.get());
+        if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) == 0)
+            return fd;
+        if (errno != EINPROGRESS) {
+            last = connect_errno(errno);
+            continue;
+        }
+        for (;;) {
+            pollfd p{fd.get(), POLLOUT, 0};
+            int rc = ::poll(&p, 1, poll_timeout(deadline));
+            if (rc < 0 && errno == EINTR)
+                continue;
+            if (rc < 0)
+                throw_errno(errno, "poll");
+            if (rc == 0)
+                throw error(make_error_code(errc::timed_out), what);
+            break;
+        }
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+            err = errno;
+        if (err == 0)
+            return fd;
+        last = connect_errno(err);
+    }
+    throw error(last, what);
+}
+
+void send_exact(int fd, std::span<const std::byte> data, clock::time_point deadline, const std::string& what)
+{
+    std::size_t done = 0;
+    while (done < data.size()) {
+        ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            done += static_cast<std::size_t>(n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            throw error(make_error_code(errc::disconnected), what + ": " + std::strerror(errno));
+        pollfd p{fd, POLLOUT, 0};
+        int rc = ::poll(&p, 1, poll_timeout(deadline));
+        if (rc == 0)
+            throw error(make_error_code(errc::timed_out), what);
+    }
+}
+
+bool recv_exact(int fd, std::span<std::byte> data, clock::time_point deadline, const std::string& what)
+{
+    std::size_t done = 0;
+    while (done < data.size()) {
+        ssize_t n = ::recv(fd, data.data() + done, data.size() - done, MSG_DONTWAIT);
+        if (n > 0) {
+            done += static_cast<std::size_t>(n);
+            continue;
+        }
+        if (n == 0)
+            return false;
+        if (errno == EINTR)
+            continue;
+        if (errno == ECONNRESET)
+            return false;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            throw error(make_error_code(errc::disconnected), what + ": " + std::strerror(errno));
+        pollfd p{fd, POLLIN, 0};
+        int rc = ::poll(&p, 1, poll_timeout(deadline));
+        if (rc == 0)
+            throw error(make_error_code(errc::timed_out), what);
+    }
+    return true;
+}
+
+} // namespace rdmx::tcp

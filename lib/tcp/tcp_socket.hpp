@@ -1,0 +1,76 @@
+// Set-up helpers of the TCP backend: an owning file descriptor, name resolution, and
+// connect / exact send / exact receive bounded by a deadline. They run on the caller's
+// thread (connect, get_request, accept), never on the engine.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <rdmx/uri.hpp>
+
+namespace rdmx::tcp
+{
+
+using clock = std::chrono::steady_clock;
+
+/// Owns one file descriptor; closes it on destruction.
+class unique_fd
+{
+public:
+    unique_fd() noexcept = default;
+    explicit unique_fd(int fd) noexcept : fd_(fd) {}
+    unique_fd(unique_fd&& o) noexcept : fd_(o.release()) {}
+    unique_fd& operator=(unique_fd&& o) noexcept
+    {
+        if (this != &o)
+            reset(o.release());
+        return *this;
+    }
+    ~unique_fd() { reset(); }
+
+    int get() const noexcept { return fd_; }
+    explicit operator bool() const noexcept { return fd_ >= 0; }
+    int release() noexcept
+    {
+        int fd = fd_;
+        fd_ = -1;
+        return fd;
+    }
+    void reset(int fd = -1) noexcept;
+
+private:
+    int fd_ = -1;
+};
+
+struct socket_address {
+    sockaddr_storage addr{};
+    socklen_t len = 0;
+};
+
+/// Numeric or named host of `u`, both families. Throws rdmx::error(unreachable) naming `what`.
+std::vector<socket_address> resolve(const uri& u, bool passive, const std::string& what);
+
+/// Connects to the first address that answers before `deadline`; the socket is
+/// non-blocking with TCP_NODELAY. Throws rdmx::error: connection_refused, unreachable,
+/// timed_out, or the errno, with `what` leading the message.
+unique_fd connect_socket(const uri& u, clock::time_point deadline, const std::string& what);
+
+/// Sends all of `data` on a non-blocking socket before `deadline`; throws rdmx::error
+/// (timed_out, disconnected) otherwise.
+void send_exact(int fd, std::span<const std::byte> data, clock::time_point deadline, const std::string& what);
+
+/// Receives exactly data.size() bytes before `deadline`. Returns false if the peer closed
+/// the connection first; throws rdmx::error(timed_out) at the deadline.
+bool recv_exact(int fd, std::span<std::byte> data, clock::time_point deadline, const std::string& what);
+
+/// Milliseconds from now to `deadline` for poll(): 0 if passed, rounded up otherwise.
+int poll_timeout(clock::time_point deadline) noexcept;
+
+void set_socket_options(int fd); ///< non-blocking, TCP_NODELAY; throws on failure
+
+} // namespace rdmx::tcp

@@ -1,0 +1,142 @@
+#include "tcp/tcp_wire.hpp"
+
+#include <cstring>
+
+#include <rdmx/error.hpp>
+
+namespace rdmx::tcp
+{
+namespace
+{
+
+void put_le(std::byte* p, std::uint64_t v, int n) noexcept
+{
+    for (int i = 0; i < n; ++i)
+        p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+std::uint64_t get_le(const std::byte* p, int n) noexcept
+{
+    std::uint64_t v = 0;
+    for (int i = 0; i < n; ++i)
+        v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+    return v;
+}
+
+std::error_code bad(const char** why, const char* reason) noexcept
+{
+    if (why)
+        *why = reason;
+    return errc::protocol_error;
+}
+
+} // namespace
+
+void frame_header::encode(std::byte* out) const noexcept
+{
+    put_le(out + 0, static_cast<std::uint8_t>(op), 1);
+    put_le(out + 1, flags, 1);
+    put_le(out + 2, 0, 2);
+    put_le(out + 4, imm, 4);
+    put_le(out + 8, seq, 8);
+    put_le(out + 16, addr, 8);
+    put_le(out + 24, key, 8);
+    put_le(out + 32, length, 4);
+    put_le(out + 36, status, 4);
+}
+
+std::error_code frame_header::decode(const std::byte* in, frame_header& out, const char** why) noexcept
+{
+    frame_header h;
+    auto op = static_cast<std::uint8_t>(get_le(in, 1));
+    h.flags = static_cast<std::uint8_t>(get_le(in + 1, 1));
+    auto reserved = get_le(in + 2, 2);
+    h.imm = static_cast<std::uint32_t>(get_le(in + 4, 4));
+    h.seq = get_le(in + 8, 8);
+    h.addr = get_le(in + 16, 8);
+    h.key = get_le(in + 24, 8);
+    h.length = static_cast<std::uint32_t>(get_le(in + 32, 4));
+    h.status = static_cast<std::uint32_t>(get_le(in + 36, 4));
+    if (reserved != 0)
+        return bad(why, "reserved header bits set");
+    switch (static_cast<frame_op>(op)) {
+    case frame_op::send:
+    case frame_op::write:
+    case frame_op::write_imm:
+    case frame_op::read_req:
+        if ((h.flags & ~flag_solicited) != 0 || h.status != 0)
+            return bad(why, "unknown flags or status on a request");
+        break;
+    case frame_op::ack:
+    case frame_op::read_resp:
+        if (h.flags != 0 || h.status != 0 || h.imm != 0 || h.addr != 0 || h.key != 0)
+            return bad(why, "unused response fields not zero");
+        if (op == static_cast<std::uint8_t>(frame_op::ack) && h.length != 0)
+            return bad(why, "ack with a length");
+        break;
+    case frame_op::nak:
+        if (h.flags != 0 || h.imm != 0 || h.addr != 0 || h.key != 0 || h.length != 0)
+            return bad(why, "unused nak fields not zero");
+        if (h.status < static_cast<std::uint32_t>(nak_code::rnr) ||
+            h.status > static_cast<std::uint32_t>(nak_code::remote_operation))
+            return bad(why, "unknown nak code");
+        break;
+    default: return bad(why, "unknown opcode");
+    }
+    if (h.length > max_frame_payload)
+        return bad(why, "length over the frame limit");
+    h.op = static_cast<frame_op>(op);
+    out = h;
+    return {};
+}
+
+std::size_t handshake::max_private_data(handshake_type t) noexcept
+{
+    switch (t) {
+    case handshake_type::hello: return 56;
+    case handshake_type::accept: return 196;
+    case handshake_type::reject: return 148;
+    }
+    return 0;
+}
+
+void handshake::encode(std::byte* out) const noexcept
+{
+    std::memset(out, 0, wire_size());
+    std::memcpy(out, handshake_magic.data(), 4);
+    put_le(out + 4, protocol_version, 1);
+    put_le(out + 5, static_cast<std::uint8_t>(type), 1);
+    put_le(out + 6, private_data_len, 1);
+    put_le(out + 8, max_rd_atomic, 4);
+    std::size_t n = private_data_len;
+    if (n > max_private_data(type))
+        n = max_private_data(type);
+    std::memcpy(out + header_size, private_data.data(), n);
+}
+
+std::optional<handshake> handshake::decode(std::span<const std::byte> in, bool expect_hello) noexcept
+{
+    if (in.size() < header_size || std::memcmp(in.data(), handshake_magic.data(), 4) != 0 ||
+        get_le(in.data() + 4, 1) != protocol_version || get_le(in.data() + 7, 1) != 0 ||
+        get_le(in.data() + 12, 4) != 0)
+        return std::nullopt;
+    handshake h;
+    auto t = static_cast<std::uint8_t>(get_le(in.data() + 5, 1));
+    if (expect_hello) {
+        if (t != static_cast<std::uint8_t>(handshake_type::hello))
+            return std::nullopt;
+    } else if (t != static_cast<std::uint8_t>(handshake_type::accept) &&
+               t != static_cast<std::uint8_t>(handshake_type::reject)) {
+        return std::nullopt;
+    }
+    h.type = static_cast<handshake_type>(t);
+    if (in.size() != h.wire_size())
+        return std::nullopt;
+    h.private_data_len = static_cast<std::uint8_t>(get_le(in.data() + 6, 1));
+    if (h.private_data_len > max_private_data(h.type))
+        return std::nullopt;
+    h.max_rd_atomic = static_cast<std::uint32_t>(get_le(in.data() + 8, 4));
+    std::memcpy(h.private_data.data(), in.data() + header_size, h.private_data_len);
+    return h;
+}
+
+} // namespace rdmx::tcp

@@ -1,0 +1,99 @@
+// TCP backend wire format: the handshake messages and the fixed 40-byte frame header.
+// docs/wire-format.md is the specification; this file is its only encoder and decoder,
+// so that the engine never reads a field that was not range-checked here first.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <system_error>
+
+namespace rdmx::tcp
+{
+
+inline constexpr std::uint8_t protocol_version = 1;
+/// Opens every handshake message; differs from remote_buffer's "RDMX" on purpose.
+inline constexpr std::array<std::byte, 4> handshake_magic = {std::byte{'R'}, std::byte{'D'}, std::byte{'X'},
+                                                             std::byte{'T'}};
+
+/// Frame opcodes. Requests (initiator to target) carry a request sequence number of their
+/// own direction; responses carry the sequence number of the request they answer.
+enum class frame_op : std::uint8_t {
+    send = 1,       ///< request; payload lands in the target's next posted receive
+    write = 2,      ///< request; payload lands at addr in the registration named by key
+    write_imm = 3,  ///< request; as write, then consumes a posted receive carrying imm
+    read_req = 4,   ///< request; no payload, length = bytes wanted from addr/key
+    ack = 16,       ///< response; acknowledges every request up to and including seq
+    read_resp = 17, ///< response; payload = the bytes read for request seq
+    nak = 18,       ///< response; request seq failed, status = nak_code
+};
+
+/// Why a NAK was sent (status field of a nak frame).
+enum class nak_code : std::uint32_t {
+    rnr = 1,              ///< no receive posted: retry seq after a delay (go-back-N)
+    remote_access = 2,    ///< bad key, out of bounds, or missing rights; fatal
+    invalid_request = 3,  ///< send larger than the posted receive; fatal
+    remote_operation = 4, ///< the target could not complete the request; fatal
+};
+
+inline constexpr std::uint8_t flag_solicited = 1u << 0; ///< send / write_imm: wake solicited_only waiters
+
+/// Frames carry at most this much payload, the library-wide limit (validate.hpp).
+inline constexpr std::uint32_t max_frame_payload = 1u << 30;
+
+struct frame_header {
+    frame_op op = frame_op::send;
+    std::uint8_t flags = 0;
+    std::uint32_t imm = 0;
+    std::uint64_t seq = 0;
+    std::uint64_t addr = 0;
+    std::uint64_t key = 0;
+    std::uint32_t length = 0; ///< payload bytes following the header; read_req: bytes wanted
+    std::uint32_t status = 0; ///< nak: a nak_code; 0 otherwise
+
+    static constexpr std::size_t wire_size = 40;
+    using bytes = std::array<std::byte, wire_size>;
+
+    void encode(std::byte* out) const noexcept;
+    /// Checks everything a frame header can be checked for on its own (known opcode,
+    /// reserved bits zero, length within limits, fields a type does not use zero);
+    /// errc::protocol_error otherwise. `why` names the first violation.
+    static std::error_code decode(const std::byte* in, frame_header& out,
+                                  const char** why = nullptr) noexcept;
+
+    bool is_request() const noexcept { return static_cast<std::uint8_t>(op) < 16; }
+    /// Bytes of payload that follow this header on the wire.
+    std::uint32_t payload_length() const noexcept
+    {
+        return op == frame_op::read_req || op == frame_op::ack || op == frame_op::nak ? 0 : length;
+    }
+};
+
+enum class handshake_type : std::uint8_t { hello = 1, accept = 2, reject = 3 };
+
+/// HELLO (client to listener) and ACCEPT / REJECT (the reply). Fixed sizes, so that the
+/// client reads exactly the reply and leaves any frame after it for the engine.
+struct handshake {
+    handshake_type type = handshake_type::hello;
+    std::uint32_t max_rd_atomic = 0; ///< reads the sender will serve at once (its responder resources)
+    std::uint8_t private_data_len = 0;
+    std::array<std::byte, 196> private_data{};
+
+    static constexpr std::size_t header_size = 16;
+    static constexpr std::size_t hello_size = header_size + 56;  ///< 72
+    static constexpr std::size_t reply_size = header_size + 196; ///< 212
+
+    std::size_t wire_size() const noexcept { return type == handshake_type::hello ? hello_size : reply_size; }
+    std::span<const std::byte> data() const noexcept { return {private_data.data(), private_data_len}; }
+
+    /// `out` must hold wire_size() bytes.
+    void encode(std::byte* out) const noexcept;
+    /// Parses a HELLO (`expect_hello`) or a reply; nullopt for anything malformed.
+    static std::optional<handshake> decode(std::span<const std::byte> in, bool expect_hello) noexcept;
+    /// Largest private data per type: 56 (hello), 196 (accept), 148 (reject).
+    static std::size_t max_private_data(handshake_type t) noexcept;
+};
+
+} // namespace rdmx::tcp

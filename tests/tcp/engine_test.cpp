@@ -1,0 +1,625 @@
+// TCP engine behaviour beyond the backend conformance suite: IPv6, revocation, go-back-N,
+// hostile peers, backpressure, both engines streaming at each other, and rough numbers.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "common/test_util.hpp"
+#include "tcp/tcp_wire.hpp"
+
+namespace rdmx::test
+{
+namespace
+{
+
+using tcp::frame_header;
+using tcp::frame_op;
+using tcp::handshake;
+using tcp::handshake_type;
+
+class tcp_engine : public testing::Test
+{
+protected:
+    void SetUp() override
+    {
+        server_dom_ = domain::open("tcp://127.0.0.1:0");
+        client_dom_ = domain::open("tcp://127.0.0.1:0");
+        listener_ = server_dom_->listen("tcp://127.0.0.1:0", 16);
+        port_ = listener_->port();
+    }
+    std::string addr() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+
+    struct pair {
+        std::unique_ptr<connection> client, server;
+    };
+    pair connect_pair(const connection_options& opts = {})
+    {
+        auto acc = std::async(std::launch::async, [&] {
+            auto req = listener_->get_request(10s);
+            if (!req)
+                throw std::runtime_error("no request");
+            return req->accept(opts);
+        });
+        pair p;
+        p.client = client_dom_->connect(addr(), opts);
+        p.server = acc.get();
+        return p;
+    }
+
+    /// A raw TCP peer that completes the handshake and then speaks frames by hand.
+    int raw_client()
+    {
+        int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(port_);
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
+            return -1;
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        handshake h;
+        h.type = handshake_type::hello;
+        h.max_rd_atomic = 16;
+        std::byte buf[handshake::reply_size];
+        h.encode(buf);
+        if (::send(fd, buf, handshake::hello_size, MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(handshake::hello_size))
+            return -1;
+        return fd;
+    }
+    bool read_reply(int fd)
+    {
+        std::byte buf[handshake::reply_size];
+        std::size_t got = 0;
+        while (got < sizeof buf) {
+            ssize_t n = ::recv(fd, buf + got, sizeof buf - got, 0);
+            if (n <= 0)
+                return false;
+            got += static_cast<std::size_t>(n);
+        }
+        auto r = handshake::decode(buf, false);
+        return r && r->type == handshake_type::accept;
+    }
+
+    std::unique_ptr<domain> server_dom_, client_dom_;
+    std::unique_ptr<listener> listener_;
+    std::uint16_t port_ = 0;
+};
+
+bool wait_state(connection& c, connection_state s, std::chrono::milliseconds t = 5s)
+{
+    auto deadline = std::chrono::steady_clock::now() + t;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (c.state() == s)
+            return true;
+        std::this_thread::sleep_for(1ms);
+    }
+    return c.state() == s;
+}
+
+TEST_F(tcp_engine, device_limits_name_tcp)
+{
+    EXPECT_EQ(server_dom_->limits().device_name, "tcp");
+    EXPECT_EQ(server_dom_->backend(), backend::tcp);
+    connection_options o;
+    o.send_queue_depth = 1u << 30;
+    o.max_send_sge = 1000;
+    o.max_inline = 1u << 20;
+    auto p = connect_pair(o);
+    EXPECT_EQ(p.client->limits().send_queue_depth, 16384u);
+    EXPECT_EQ(p.client->limits().max_send_sge, 32u);
+    EXPECT_EQ(p.client->limits().max_inline, 4096u);
+}
+
+TEST_F(tcp_engine, ipv6_loopback)
+{
+    std::unique_ptr<listener> l6;
+    try {
+        l6 = server_dom_->listen("tcp://[::1]:0");
+    } catch (const rdmx::error& e) {
+        GTEST_SKIP() << "no IPv6 loopback: " << e.what();
+    }
+    auto acc =
+        std::async(std::launch::async, [&] { return l6->get_request(5s)->accept({}, as_bytes("v6")); });
+    auto c = client_dom_->connect("tcp://[::1]:" + std::to_string(l6->port()), {}, as_bytes("hi"));
+    auto s = acc.get();
+    EXPECT_EQ(as_string(c->peer_private_data()), "v6");
+    EXPECT_EQ(as_string(s->peer_private_data()), "hi");
+    // The v6 listener is bound to ::1 only: 127.0.0.1 on that port is refused.
+    connection_options o;
+    o.timeout = 2s;
+    EXPECT_THROW(client_dom_->connect("tcp://127.0.0.1:" + std::to_string(l6->port()), o), rdmx::error);
+}
+
+TEST_F(tcp_engine, request_destroyed_unanswered_rejects)
+{
+    auto t = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(5s);
+        ASSERT_NE(req, nullptr);
+    });
+    try {
+        client_dom_->connect(addr());
+        ADD_FAILURE() << "connect succeeded";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::rejected) << e.what();
+        EXPECT_TRUE(e.private_data().empty());
+    }
+    t.get();
+}
+
+TEST_F(tcp_engine, get_request_times_out_and_private_data_limits)
+{
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(listener_->get_request(50ms), nullptr);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+    std::string big(57, 'x');
+    EXPECT_THROW(client_dom_->connect(addr(), {}, as_bytes(big)), rdmx::error);
+}
+
+TEST_F(tcp_engine, connect_error_names_the_step)
+{
+    connection_options o;
+    o.timeout = 2s;
+    try {
+        client_dom_->connect("tcp://127.0.0.1:1", o);
+        FAIL();
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::connection_refused);
+        EXPECT_NE(std::string(e.what()).find("connect tcp://127.0.0.1:1"), std::string::npos) << e.what();
+    }
+}
+
+TEST_F(tcp_engine, deregistration_revokes_remote_access_at_once)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> remote(4096, std::byte{7}), local(4096);
+    auto rmr = server_dom_->register_memory(remote.data(), remote.size(), access::remote_read);
+    auto lmr = client_dom_->register_memory(local.data(), local.size(), access::local_write);
+    auto rb = rmr->remote();
+    sge s{lmr.get(), 0, 4096};
+    ASSERT_FALSE(p.client->post_read({&s, 1}, rb, 1));
+    expect_ok(*p.client, 1);
+    EXPECT_EQ(local, remote);
+    rmr.reset();
+    ASSERT_FALSE(p.client->post_read({&s, 1}, rb, 2));
+    auto c = poll_n(*p.client, 1);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, errc::remote_access);
+    EXPECT_EQ(c[0].opcode, opcode::unknown);
+    EXPECT_TRUE(wait_state(*p.client, connection_state::error));
+    // Posting on an errored connection completes as flushed.
+    ASSERT_FALSE(p.client->post_read({&s, 1}, rb, 3));
+    c = poll_n(*p.client, 1);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, errc::flushed);
+    EXPECT_EQ(c[0].wr_id, 3u);
+    // The target went to error too, and its posted receives are flushed.
+    EXPECT_TRUE(wait_state(*p.server, connection_state::error));
+}
+
+TEST_F(tcp_engine, rnr_go_back_n_keeps_order_of_pipelined_requests)
+{
+    auto p = connect_pair();
+    constexpr int n = 20;
+    std::vector<std::byte> src(n * 64), dst(n * 64), target(n * 64);
+    for (std::size_t i = 0; i < src.size(); ++i)
+        src[i] = static_cast<std::byte>(i * 7);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(), access::remote_write);
+    // Interleave sends (need receives) and writes (do not): all wait behind the first RNR.
+    for (int i = 0; i < n; ++i) {
+        sge s{smr.get(), static_cast<std::size_t>(i) * 64, 64};
+        if (i % 2 == 0)
+            ASSERT_FALSE(p.client->post_send({&s, 1}, static_cast<std::uint64_t>(i)));
+        else
+            ASSERT_FALSE(p.client->post_write({&s, 1}, tmr->remote(static_cast<std::size_t>(i) * 64, 64),
+                                              static_cast<std::uint64_t>(i)));
+    }
+    std::this_thread::sleep_for(30ms);
+    for (int i = 0; i < n / 2; ++i) {
+        sge r{dmr.get(), static_cast<std::size_t>(i) * 64, 64};
+        ASSERT_FALSE(p.server->post_recv({&r, 1}, static_cast<std::uint64_t>(i)));
+        std::this_thread::sleep_for(2ms); // receives trickle in: several RNR rounds
+    }
+    auto sc = expect_ok(*p.client, n, 20s);
+    for (int i = 0; i < static_cast<int>(sc.size()); ++i)
+        EXPECT_EQ(sc[static_cast<std::size_t>(i)].wr_id, static_cast<std::uint64_t>(i));
+    auto rc = expect_ok(*p.server, n / 2, 20s);
+    for (int i = 0; i < n / 2; ++i)
+        EXPECT_EQ(0, std::memcmp(dst.data() + i * 64, src.data() + 2 * i * 64, 64)) << i;
+    for (int i = 1; i < n; i += 2)
+        EXPECT_EQ(0, std::memcmp(target.data() + i * 64, src.data() + i * 64, 64)) << i;
+}
+
+TEST_F(tcp_engine, unsignaled_error_still_completes_and_later_ones_flush)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> target(64), src(64);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(), access::remote_read);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    sge s{smr.get(), 0, 64};
+    work_request w[3];
+    w[0] = {.opcode = opcode::write,
+            .wr_id = 1,
+            .local = {&s, 1},
+            .remote = tmr->remote(),
+            .flags = send_flags::none};
+    w[1] = {.opcode = opcode::read,
+            .wr_id = 2,
+            .local = {&s, 1},
+            .remote = tmr->remote(),
+            .flags = send_flags::none};
+    w[2] = {.opcode = opcode::read, .wr_id = 3, .local = {&s, 1}, .remote = tmr->remote()};
+    ASSERT_FALSE(p.client->post(w));
+    auto c = poll_n(*p.client, 3);
+    ASSERT_EQ(c.size(), 3u);
+    EXPECT_EQ(c[0].wr_id, 1u);
+    EXPECT_EQ(c[0].status, errc::remote_access);
+    EXPECT_EQ(c[1].status, errc::flushed);
+    EXPECT_EQ(c[2].status, errc::flushed);
+}
+
+TEST_F(tcp_engine, destroying_the_peer_flushes_like_a_disconnect)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> b(256);
+    auto m = client_dom_->register_memory(b.data(), b.size(), access::local_write);
+    sge s{m.get(), 0, 256};
+    ASSERT_FALSE(p.client->post_recv({&s, 1}, 5));
+    p.server.reset();
+    auto c = poll_n(*p.client, 1);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, errc::flushed);
+    EXPECT_EQ(p.client->state(), connection_state::disconnected);
+}
+
+TEST_F(tcp_engine, both_engines_stream_reads_at_each_other_without_deadlock)
+{
+    auto p = connect_pair();
+    constexpr std::size_t size = 8 << 20;
+    std::vector<std::byte> a(size, std::byte{1}), b(size, std::byte{2}), ga(size), gb(size);
+    auto am = client_dom_->register_memory(a.data(), size, access::remote_read);
+    auto bm = server_dom_->register_memory(b.data(), size, access::remote_read);
+    auto gam = client_dom_->register_memory(ga.data(), size, access::local_write);
+    auto gbm = server_dom_->register_memory(gb.data(), size, access::local_write);
+    for (int round = 0; round < 4; ++round) {
+        sge s1{gam.get(), 0, size}, s2{gbm.get(), 0, size};
+        ASSERT_FALSE(p.client->post_read({&s1, 1}, bm->remote(), 1));
+        ASSERT_FALSE(p.server->post_read({&s2, 1}, am->remote(), 2));
+        expect_ok(*p.client, 1, 30s);
+        expect_ok(*p.server, 1, 30s);
+    }
+    EXPECT_EQ(ga, b);
+    EXPECT_EQ(gb, a);
+}
+
+TEST_F(tcp_engine, reads_beyond_max_rd_atomic_are_paced)
+{
+    connection_options o;
+    o.max_rd_atomic = 1;
+    o.send_queue_depth = 256;
+    auto p = connect_pair(o);
+    std::vector<std::byte> remote(256 * 16), local(256 * 16);
+    for (std::size_t i = 0; i < remote.size(); ++i)
+        remote[i] = static_cast<std::byte>(i);
+    auto rm = server_dom_->register_memory(remote.data(), remote.size(), access::remote_read);
+    auto lm = client_dom_->register_memory(local.data(), local.size(), access::local_write);
+    for (std::size_t i = 0; i < 256; ++i) {
+        sge s{lm.get(), i * 16, 16};
+        ASSERT_FALSE(p.client->post_read({&s, 1}, rm->remote(i * 16, 16), i));
+    }
+    auto c = expect_ok(*p.client, 256);
+    EXPECT_EQ(local, remote);
+}
+
+TEST_F(tcp_engine, cq_overrun_puts_the_connection_in_error)
+{
+    connection_options o;
+    o.send_queue_depth = 4;
+    o.recv_queue_depth = 4;
+    auto p = connect_pair(o);
+    std::vector<std::byte> t(64), s(64);
+    auto tm = server_dom_->register_memory(t.data(), t.size(), access::remote_write);
+    auto sm = client_dom_->register_memory(s.data(), s.size(), access::none);
+    sge g{sm.get(), 0, 64};
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    int posted = 0;
+    while (p.client->state() == connection_state::established &&
+           std::chrono::steady_clock::now() < deadline) {
+        if (!p.client->post_write({&g, 1}, tm->remote(), static_cast<std::uint64_t>(posted)))
+            ++posted;
+        else
+            std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_EQ(p.client->state(), connection_state::error);
+    EXPECT_GE(posted, 8);
+}
+
+TEST_F(tcp_engine, solicited_only_notification)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> src(16), dst(64);
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dm = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    for (int i = 0; i < 2; ++i) {
+        sge r{dm.get(), static_cast<std::size_t>(i) * 16, 16};
+        ASSERT_FALSE(p.server->post_recv({&r, 1}, static_cast<std::uint64_t>(i)));
+    }
+    ASSERT_FALSE(p.server->request_notify(true));
+    sge s{sm.get(), 0, 16};
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 1)); // not solicited: no event
+    expect_ok(*p.client, 1);
+    std::this_thread::sleep_for(20ms);
+    pollfd pfd{p.server->completion_fd(), POLLIN, 0};
+    EXPECT_EQ(::poll(&pfd, 1, 0), 0);
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 2, send_flags::signaled | send_flags::solicited));
+    EXPECT_EQ(::poll(&pfd, 1, 5000), 1);
+    ASSERT_FALSE(p.server->ack_notify());
+    EXPECT_EQ(::poll(&pfd, 1, 0), 0) << "ack_notify drains the event";
+    expect_ok(*p.server, 2);
+    expect_ok(*p.client, 1);
+}
+
+// ---- hostile peers --------------------------------------------------------------------
+
+class hostile : public tcp_engine
+{
+protected:
+    /// Connects a raw peer, accepts it with a posted receive, and returns the server side.
+    std::unique_ptr<connection> accept_raw(int& fd)
+    {
+        fd = raw_client();
+        EXPECT_GE(fd, 0);
+        auto req = listener_->get_request(5s);
+        EXPECT_NE(req, nullptr);
+        auto c = req->accept();
+        EXPECT_TRUE(read_reply(fd));
+        buf_.assign(4096, std::byte{0x11});
+        mr_ = server_dom_->register_memory(buf_.data(), buf_.size(),
+                                           access::local_write | access::remote_write | access::remote_read);
+        sge r{mr_.get(), 0, 1024};
+        EXPECT_FALSE(c->post_recv({&r, 1}, 99));
+        return c;
+    }
+    void send_header(int fd, const frame_header& h)
+    {
+        frame_header::bytes b;
+        h.encode(b.data());
+        ASSERT_EQ(::send(fd, b.data(), b.size(), MSG_NOSIGNAL), 40);
+    }
+    void expect_flushed_error(connection& c)
+    {
+        auto cs = poll_n(c, 1);
+        ASSERT_EQ(cs.size(), 1u);
+        EXPECT_EQ(cs[0].wr_id, 99u);
+        EXPECT_EQ(cs[0].status, errc::flushed);
+        EXPECT_TRUE(wait_state(c, connection_state::error));
+        EXPECT_EQ(buf_, std::vector<std::byte>(4096, std::byte{0x11})) << "memory touched";
+    }
+    std::vector<std::byte> buf_;
+    std::unique_ptr<memory_region> mr_;
+};
+
+TEST_F(hostile, unknown_opcode_closes)
+{
+    int fd;
+    auto c = accept_raw(fd);
+    frame_header::bytes b{};
+    b[0] = std::byte{0x7f};
+    ASSERT_EQ(::send(fd, b.data(), b.size(), MSG_NOSIGNAL), 40);
+    expect_flushed_error(*c);
+    char x;
+    EXPECT_EQ(::recv(fd, &x, 1, 0), 0) << "the server closed the socket";
+    ::close(fd);
+}
+
+TEST_F(hostile, length_over_the_frame_limit_closes)
+{
+    int fd;
+    auto c = accept_raw(fd);
+    frame_header h;
+    h.op = frame_op::write;
+    h.length = 0xffffffffu;
+    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+    h.key = mr_->remote().key;
+    send_header(fd, h);
+    expect_flushed_error(*c);
+    ::close(fd);
+}
+
+TEST_F(hostile, out_of_sequence_request_closes)
+{
+    int fd;
+    auto c = accept_raw(fd);
+    frame_header h;
+    h.op = frame_op::send;
+    h.seq = 5;
+    h.length = 4;
+    send_header(fd, h);
+    expect_flushed_error(*c);
+    ::close(fd);
+}
+
+TEST_F(hostile, stray_ack_and_truncated_header)
+{
+    int fd;
+    auto c = accept_raw(fd);
+    frame_header h;
+    h.op = frame_op::ack;
+    h.seq = 0; // nothing of ours is in flight
+    send_header(fd, h);
+    expect_flushed_error(*c);
+    ::close(fd);
+
+    auto c2 = accept_raw(fd);
+    frame_header::bytes b{};
+    ASSERT_EQ(::send(fd, b.data(), 17, MSG_NOSIGNAL), 17);
+    ::close(fd); // EOF inside a header: a disconnect
+    auto cs = poll_n(*c2, 1);
+    ASSERT_EQ(cs.size(), 1u);
+    EXPECT_EQ(cs[0].status, errc::flushed);
+    EXPECT_TRUE(wait_state(*c2, connection_state::disconnected));
+}
+
+TEST_F(hostile, write_outside_the_registration_is_nacked_and_memory_untouched)
+{
+    int fd;
+    auto c = accept_raw(fd);
+    frame_header h;
+    h.op = frame_op::write;
+    h.seq = 0;
+    h.length = 64;
+    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data()) + 4090; // runs past the end
+    h.key = mr_->remote().key;
+    send_header(fd, h);
+    std::vector<std::byte> payload(64, std::byte{0xee});
+    ASSERT_EQ(::send(fd, payload.data(), 64, MSG_NOSIGNAL), 64);
+    frame_header::bytes b;
+    std::size_t got = 0;
+    while (got < 40) {
+        ssize_t n = ::recv(fd, b.data() + got, 40 - got, 0);
+        ASSERT_GT(n, 0);
+        got += static_cast<std::size_t>(n);
+    }
+    frame_header r;
+    ASSERT_FALSE(frame_header::decode(b.data(), r));
+    EXPECT_EQ(r.op, frame_op::nak);
+    EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::remote_access));
+    EXPECT_EQ(r.seq, 0u);
+    expect_flushed_error(*c);
+    ::close(fd);
+}
+
+TEST_F(hostile, read_flood_without_reading_responses_is_bounded)
+{
+    int fd;
+    auto c = accept_raw(fd);
+    // Ask for far more reads than max_rd_atomic and never read the answers: the server must
+    // stop reading (backpressure), not queue without bound, and stay responsive.
+    int small = 4096;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    frame_header h;
+    h.op = frame_op::read_req;
+    h.length = 4096;
+    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+    h.key = mr_->remote().key;
+    // 40 MB of requests (about 4 GB of answers): far beyond every socket buffer involved.
+    constexpr int count = 1000000;
+    std::vector<std::byte> many(40 * std::size_t{count});
+    for (int i = 0; i < count; ++i) {
+        h.seq = static_cast<std::uint64_t>(i);
+        h.encode(many.data() + std::size_t(i) * 40);
+    }
+    std::size_t sent = 0;
+    auto deadline = std::chrono::steady_clock::now() + 3s;
+    while (sent < many.size() && std::chrono::steady_clock::now() < deadline) {
+        ssize_t n = ::send(fd, many.data() + sent, many.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0)
+            sent += static_cast<std::size_t>(n);
+        else
+            std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_LT(sent, many.size()) << "the server kept reading requests it could not answer";
+    EXPECT_EQ(c->state(), connection_state::established);
+    // The server's engine is still serving others.
+    auto p = connect_pair();
+    EXPECT_EQ(p.client->state(), connection_state::established);
+    ::close(fd);
+    EXPECT_TRUE(wait_state(*c, connection_state::disconnected));
+}
+
+TEST_F(hostile, random_bytes_never_crash_or_touch_memory)
+{
+    std::uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int round = 0; round < 40; ++round) {
+        int fd;
+        auto c = accept_raw(fd);
+        std::vector<std::byte> junk(static_cast<std::size_t>(1 + round * 97));
+        for (auto& b : junk) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b = static_cast<std::byte>(x);
+        }
+        // Half the rounds start with a plausible header so that payload paths run too.
+        if (round % 2 == 0 && junk.size() >= 40) {
+            frame_header h;
+            h.op = round % 4 == 0 ? frame_op::send : frame_op::write;
+            h.length = static_cast<std::uint32_t>(x % 5000);
+            h.addr = reinterpret_cast<std::uintptr_t>(buf_.data()) + x % 8192;
+            h.key = mr_->remote().key ^ (round % 8 == 0 ? 0 : 1);
+            h.encode(junk.data());
+        }
+        ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+        ::close(fd);
+        EXPECT_TRUE(wait_state(*c, connection_state::error) ||
+                    wait_state(*c, connection_state::disconnected));
+        c.reset();
+        mr_.reset();
+    }
+}
+
+// ---- rough numbers (printed, not asserted) ------------------------------------------
+
+TEST_F(tcp_engine, numbers)
+{
+    auto p = connect_pair();
+    constexpr std::size_t chunk = 1 << 20, total = 512u << 20;
+    std::vector<std::byte> src(chunk, std::byte{1}), dst(16 * chunk);
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dm =
+        server_dom_->register_memory(dst.data(), dst.size(), access::remote_write | access::remote_read);
+    auto t0 = std::chrono::steady_clock::now();
+    std::size_t posted = 0, done = 0;
+    completion cs[32];
+    while (done < total / chunk) {
+        while (posted < total / chunk && posted - done < 16) {
+            sge s{sm.get(), 0, chunk};
+            if (p.client->post_write({&s, 1}, dm->remote((posted % 16) * chunk, chunk), posted))
+                break;
+            ++posted;
+        }
+        done += p.client->poll(cs);
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("[ numbers  ] write 1 MiB x %zu: %.2f GB/s\n", total / chunk, total / secs / 1e9);
+
+    // Ping-pong of 8-byte sends.
+    std::vector<std::byte> a(8), b(8);
+    auto amr = client_dom_->register_memory(a.data(), 8, access::local_write);
+    auto bmr = server_dom_->register_memory(b.data(), 8, access::local_write);
+    constexpr int iters = 20000;
+    sge sa{amr.get(), 0, 8}, sb{bmr.get(), 0, 8};
+    ASSERT_FALSE(p.server->post_recv({&sb, 1}, 0));
+    ASSERT_FALSE(p.client->post_recv({&sa, 1}, 0));
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) {
+        ASSERT_FALSE(p.client->post_send({&sa, 1}, 1, send_flags::none));
+        while (p.server->poll({cs, 1}) == 0) {
+        }
+        ASSERT_FALSE(cs[0].status);
+        ASSERT_FALSE(p.server->post_recv({&sb, 1}, 0));
+        ASSERT_FALSE(p.server->post_send({&sb, 1}, 1, send_flags::none));
+        while (p.client->poll({cs, 1}) == 0) {
+        }
+        ASSERT_FALSE(cs[0].status);
+        ASSERT_FALSE(p.client->post_recv({&sa, 1}, 0));
+    }
+    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("[ numbers  ] 8-byte send ping-pong: %.1f us round trip\n", secs / iters * 1e6);
+}
+
+} // namespace
+} // namespace rdmx::test
