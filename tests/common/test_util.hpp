@@ -1,0 +1,136 @@
+// Helpers shared by the test suites: which backends to run, address selection, bounded
+// completion polling, and setting up a connected pair.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <rdmx/rdmx.hpp>
+
+namespace rdmx::test {
+
+using namespace std::chrono_literals;
+
+/// Backends named in RDMX_TEST_BACKENDS ("tcp", "verbs", "tcp,verbs"); default "tcp".
+/// The verbs run needs an RDMA device and RDMX_TEST_RDMA_ADDR (an IP on it).
+inline std::vector<backend> selected_backends()
+{
+    const char* env = std::getenv("RDMX_TEST_BACKENDS");
+    std::string s = env ? env : "tcp";
+    std::vector<backend> out;
+    if (s.find("tcp") != std::string::npos)
+        out.push_back(backend::tcp);
+    if (s.find("verbs") != std::string::npos)
+        out.push_back(backend::verbs);
+    return out;
+}
+
+inline std::string host_for(backend b)
+{
+    if (b == backend::tcp) {
+        const char* h = std::getenv("RDMX_TEST_TCP_ADDR");
+        return h ? h : "127.0.0.1";
+    }
+    const char* h = std::getenv("RDMX_TEST_RDMA_ADDR");
+    return h ? h : "";
+}
+
+inline std::string address(backend b, std::uint16_t port)
+{
+    std::string host = host_for(b);
+    return std::string(b == backend::tcp ? "tcp://" : "rdma://") + host + ":" + std::to_string(port);
+}
+
+inline std::string param_name(const testing::TestParamInfo<backend>& info)
+{
+    return to_string(info.param);
+}
+
+/// Polls until `n` completions arrived or `timeout` passed.
+inline std::vector<completion> poll_n(connection& c, std::size_t n,
+                                      std::chrono::milliseconds timeout = 10s)
+{
+    std::vector<completion> out;
+    completion buf[16];
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+        std::size_t got = c.poll({buf, std::min<std::size_t>(16, n - out.size())});
+        out.insert(out.end(), buf, buf + got);
+        if (got == 0)
+            std::this_thread::yield();
+    }
+    return out;
+}
+
+/// Polls for `n` completions and expects each to be successful.
+inline std::vector<completion> expect_ok(connection& c, std::size_t n,
+                                         std::chrono::milliseconds timeout = 10s)
+{
+    auto cs = poll_n(c, n, timeout);
+    EXPECT_EQ(cs.size(), n) << "completions missing after " << timeout.count() << " ms";
+    for (auto& x : cs)
+        EXPECT_FALSE(x.status) << "wr_id " << x.wr_id << ": " << x.status.message();
+    return cs;
+}
+
+inline std::span<const std::byte> as_bytes(const std::string& s)
+{
+    return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+inline std::string as_string(std::span<const std::byte> b)
+{
+    return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// Server and client domains, a listener, and helpers to make connected pairs.
+class pair_fixture : public testing::TestWithParam<backend> {
+protected:
+    void SetUp() override
+    {
+        b_ = GetParam();
+        if (b_ == backend::verbs && host_for(b_).empty())
+            GTEST_SKIP() << "verbs run needs RDMX_TEST_RDMA_ADDR (an IP on an RDMA device)";
+        server_dom_ = domain::open(address(b_, 0));
+        client_dom_ = domain::open(address(b_, 0));
+        ASSERT_EQ(server_dom_->backend(), b_);
+        listener_ = server_dom_->listen(address(b_, 0));
+        port_ = listener_->port();
+        ASSERT_NE(port_, 0);
+    }
+
+    std::string server_address() const { return address(b_, port_); }
+
+    struct pair {
+        std::unique_ptr<connection> client, server;
+    };
+
+    /// Connects a client to the listener and accepts on a helper thread.
+    pair connect_pair(const connection_options& opts = {}, const std::string& client_pdata = {},
+                      const std::string& server_pdata = {})
+    {
+        auto accepted = std::async(std::launch::async, [&] {
+            auto req = listener_->get_request(10s);
+            if (!req)
+                throw std::runtime_error("no connection request within 10 s");
+            return req->accept(opts, as_bytes(server_pdata));
+        });
+        pair p;
+        p.client = client_dom_->connect(server_address(), opts, as_bytes(client_pdata));
+        p.server = accepted.get();
+        return p;
+    }
+
+    backend b_{};
+    std::unique_ptr<domain> server_dom_, client_dom_;
+    std::unique_ptr<listener> listener_;
+    std::uint16_t port_ = 0;
+};
+
+} // namespace rdmx::test

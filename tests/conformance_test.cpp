@@ -1,0 +1,559 @@
+// Backend conformance: ONE suite, instantiated for every backend in RDMX_TEST_BACKENDS, so
+// the verbs run (on soft-RoCE) and the TCP run check the same promises.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "common/test_util.hpp"
+
+namespace rdmx::test {
+namespace {
+
+class conformance : public pair_fixture {};
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed)
+{
+    std::vector<std::byte> v(n);
+    for (std::size_t i = 0; i < n; ++i)
+        v[i] = static_cast<std::byte>((i * 131 + seed * 17 + (i >> 8)) & 0xff);
+    return v;
+}
+
+TEST_P(conformance, connect_accept_exchanges_private_data)
+{
+    auto p = connect_pair({}, "hello from client", "welcome from server");
+    EXPECT_EQ(p.client->state(), connection_state::established);
+    EXPECT_EQ(p.server->state(), connection_state::established);
+    EXPECT_EQ(p.client->backend(), b_);
+    // rdma_cm may pad private data; the prefix is what was sent.
+    EXPECT_EQ(as_string(p.server->peer_private_data()).substr(0, 17), "hello from client");
+    EXPECT_EQ(as_string(p.client->peer_private_data()).substr(0, 19), "welcome from server");
+    if (b_ == backend::verbs) {
+        auto n = p.client->native();
+        EXPECT_NE(n.cm_id, nullptr);
+        EXPECT_NE(n.qp, nullptr);
+        EXPECT_NE(n.pd, nullptr);
+        EXPECT_NE(n.cq, nullptr);
+    } else {
+        EXPECT_EQ(p.client->native().qp, nullptr);
+    }
+}
+
+TEST_P(conformance, reject_carries_private_data)
+{
+    auto rejecter = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(10s);
+        ASSERT_NE(req, nullptr);
+        EXPECT_EQ(as_string(req->private_data()).substr(0, 6), "let me");
+        req->reject(as_bytes("go away: server full"));
+    });
+    try {
+        client_dom_->connect(server_address(), {}, as_bytes("let me in"));
+        ADD_FAILURE() << "connect succeeded although the server rejected";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::rejected) << e.what();
+        EXPECT_EQ(as_string(e.private_data()).substr(0, 20), "go away: server full");
+    }
+    rejecter.get();
+}
+
+TEST_P(conformance, connect_to_closed_port_is_refused_quickly)
+{
+    // Take a port, close the listener: nobody listens there now.
+    auto port = port_;
+    listener_.reset();
+    connection_options opts;
+    opts.timeout = 3s;
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+        client_dom_->connect(address(b_, port), opts);
+        ADD_FAILURE() << "connect to a closed port succeeded";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::connection_refused) << e.what();
+    }
+    // Bounded: within the configured timeout plus slack for a loaded machine.
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 6s);
+}
+
+TEST_P(conformance, send_recv_checks_payload)
+{
+    auto p = connect_pair();
+    constexpr std::size_t n = 4, size = 4096;
+    std::vector<std::byte> src(n * size), dst(n * size);
+    for (std::size_t i = 0; i < n; ++i) {
+        auto pat = pattern(size, static_cast<unsigned>(i));
+        std::copy(pat.begin(), pat.end(), src.begin() + static_cast<std::ptrdiff_t>(i * size));
+    }
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto rmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    for (std::size_t i = 0; i < n; ++i) {
+        sge s{rmr.get(), i * size, size};
+        ASSERT_FALSE(p.server->post_recv({&s, 1}, 100 + i));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        // Message i is shorter than its buffer: byte_len must say how much arrived.
+        sge s{smr.get(), i * size, size - i};
+        ASSERT_FALSE(p.client->post_send({&s, 1}, i));
+    }
+    auto sc = expect_ok(*p.client, n);
+    auto rc = expect_ok(*p.server, n);
+    ASSERT_EQ(rc.size(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(sc[i].wr_id, i);
+        EXPECT_EQ(sc[i].opcode, opcode::send);
+        EXPECT_EQ(rc[i].wr_id, 100 + i) << "receives must match in posting order";
+        EXPECT_EQ(rc[i].opcode, opcode::recv);
+        EXPECT_EQ(rc[i].byte_len, size - i);
+        EXPECT_FALSE(rc[i].with_imm);
+        EXPECT_EQ(0, std::memcmp(dst.data() + i * size, src.data() + i * size, size - i)) << "message " << i;
+    }
+}
+
+TEST_P(conformance, write_then_send_notification)
+{
+    auto p = connect_pair();
+    constexpr std::size_t size = 64 * 1024;
+    auto src = pattern(size, 7);
+    std::vector<std::byte> target(size), note(16), inbox(16);
+    auto smr = client_dom_->register_memory(src.data(), size, access::none);
+    auto nmr = client_dom_->register_memory(note.data(), note.size(), access::none);
+    auto tmr = server_dom_->register_memory(target.data(), size, access::remote_write);
+    auto imr = server_dom_->register_memory(inbox.data(), inbox.size(), access::local_write);
+    sge in{imr.get(), 0, inbox.size()};
+    ASSERT_FALSE(p.server->post_recv({&in, 1}, 9));
+
+    // The descriptor travels as its fixed-size serialisation, as it would between hosts.
+    auto wire = tmr->remote().serialize();
+    auto rb = remote_buffer::parse(wire);
+    ASSERT_TRUE(rb);
+    sge w{smr.get(), 0, size};
+    std::memcpy(note.data(), "written", 8);
+    sge n{nmr.get(), 0, 8};
+    ASSERT_FALSE(p.client->post_write({&w, 1}, *rb, 1, send_flags::none)); // unsignaled
+    ASSERT_FALSE(p.client->post_send({&n, 1}, 2));
+    auto sc = expect_ok(*p.client, 1);
+    ASSERT_EQ(sc.size(), 1u);
+    EXPECT_EQ(sc[0].wr_id, 2u) << "the unsignaled write must not produce a completion";
+    auto rc = expect_ok(*p.server, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].byte_len, 8u);
+    // RC delivers in order: when the notification arrived, the write had landed.
+    EXPECT_EQ(target, src);
+    EXPECT_EQ(std::string(reinterpret_cast<char*>(inbox.data())), "written");
+    // Nothing else was produced.
+    completion extra[2];
+    EXPECT_EQ(p.client->poll(extra), 0u);
+}
+
+TEST_P(conformance, write_with_immediate_consumes_a_receive)
+{
+    auto p = connect_pair();
+    constexpr std::size_t size = 3000;
+    auto src = pattern(size, 3);
+    std::vector<std::byte> target(size + 100);
+    auto smr = client_dom_->register_memory(src.data(), size, access::none);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(),
+                                            access::remote_write | access::local_write);
+    sge r{tmr.get(), 0, 0}; // a zero-length receive: the immediate needs only a slot
+    ASSERT_FALSE(p.server->post_recv({&r, 1}, 77));
+    sge w{smr.get(), 0, size};
+    ASSERT_FALSE(p.client->post_write_imm({&w, 1}, tmr->remote(100, size), 0xdeadbeef, 5));
+    auto sc = expect_ok(*p.client, 1);
+    ASSERT_EQ(sc.size(), 1u);
+    EXPECT_EQ(sc[0].opcode, opcode::write);
+    auto rc = expect_ok(*p.server, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].wr_id, 77u);
+    EXPECT_EQ(rc[0].opcode, opcode::recv_with_imm);
+    EXPECT_TRUE(rc[0].with_imm);
+    EXPECT_EQ(rc[0].imm, 0xdeadbeefu);
+    EXPECT_EQ(rc[0].byte_len, size);
+    EXPECT_EQ(0, std::memcmp(target.data() + 100, src.data(), size));
+    EXPECT_EQ(target[99], std::byte{0});
+}
+
+TEST_P(conformance, read_fetches_remote_bytes)
+{
+    auto p = connect_pair();
+    constexpr std::size_t size = 100000;
+    auto remote = pattern(size, 11);
+    std::vector<std::byte> local(size);
+    auto rmr = server_dom_->register_memory(remote.data(), size, access::remote_read);
+    auto lmr = client_dom_->register_memory(local.data(), size, access::local_write);
+    sge s{lmr.get(), 0, size};
+    ASSERT_FALSE(p.client->post_read({&s, 1}, rmr->remote(), 42));
+    auto c = expect_ok(*p.client, 1);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].wr_id, 42u);
+    EXPECT_EQ(c[0].opcode, opcode::read);
+    EXPECT_EQ(c[0].byte_len, size);
+    EXPECT_EQ(local, remote);
+}
+
+TEST_P(conformance, read_then_fenced_write_returns_old_data)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> remote(64, std::byte{0xaa}), got(64), fresh(64, std::byte{0x55});
+    auto rmr = server_dom_->register_memory(remote.data(), remote.size(),
+                                            access::remote_read | access::remote_write);
+    auto gmr = client_dom_->register_memory(got.data(), got.size(), access::local_write);
+    auto fmr = client_dom_->register_memory(fresh.data(), fresh.size(), access::none);
+    for (int round = 0; round < 20; ++round) {
+        std::byte old{static_cast<unsigned char>(0xa0 + round)};
+        std::fill(remote.begin(), remote.end(), old);
+        std::fill(fresh.begin(), fresh.end(), std::byte{0x55});
+        sge r{gmr.get(), 0, 64};
+        sge w{fmr.get(), 0, 64};
+        work_request wrs[2];
+        wrs[0] = {.opcode = opcode::read, .wr_id = 1, .local = {&r, 1}, .remote = rmr->remote()};
+        // The fence holds the write back until the read has completed: the read must see
+        // the bytes as they were before this write.
+        wrs[1] = {.opcode = opcode::write, .wr_id = 2, .local = {&w, 1}, .remote = rmr->remote(),
+                  .flags = send_flags::signaled | send_flags::fence};
+        ASSERT_FALSE(p.client->post(wrs));
+        auto c = expect_ok(*p.client, 2);
+        ASSERT_EQ(c.size(), 2u);
+        EXPECT_EQ(c[0].wr_id, 1u);
+        EXPECT_EQ(c[1].wr_id, 2u);
+        EXPECT_EQ(got, std::vector<std::byte>(64, old)) << "round " << round;
+        EXPECT_EQ(remote, fresh) << "the fenced write must still land";
+    }
+}
+
+TEST_P(conformance, scatter_gather_lists)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> a = pattern(100, 1), b = pattern(200, 2), c = pattern(300, 3);
+    std::vector<std::byte> all;
+    for (auto* v : {&a, &b, &c})
+        all.insert(all.end(), v->begin(), v->end());
+    std::vector<std::byte> src(600);
+    std::copy(all.begin(), all.end(), src.begin());
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    std::vector<std::byte> r1(250), r2(50), r3(400);
+    auto m1 = server_dom_->register_memory(r1.data(), r1.size(), access::local_write);
+    auto m2 = server_dom_->register_memory(r2.data(), r2.size(), access::local_write);
+    auto m3 = server_dom_->register_memory(r3.data(), r3.size(), access::remote_write | access::remote_read);
+    // Receive into 3 SGEs of other sizes than the 3 SGEs sent.
+    sge rs[3] = {{m1.get(), 0, 250}, {m2.get(), 0, 50}, {m3.get(), 0, 300}};
+    ASSERT_FALSE(p.server->post_recv(rs, 1));
+    sge ss[3] = {{smr.get(), 0, 100}, {smr.get(), 100, 200}, {smr.get(), 300, 300}};
+    ASSERT_FALSE(p.client->post_send(ss, 2));
+    expect_ok(*p.client, 1);
+    auto rc = expect_ok(*p.server, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].byte_len, 600u);
+    std::vector<std::byte> joined(r1);
+    joined.insert(joined.end(), r2.begin(), r2.end());
+    joined.insert(joined.end(), r3.begin(), r3.begin() + 300);
+    EXPECT_EQ(joined, all);
+
+    // Gathering write and scattering read.
+    std::fill(r3.begin(), r3.end(), std::byte{0});
+    sge ws[2] = {{smr.get(), 500, 100}, {smr.get(), 0, 100}};
+    ASSERT_FALSE(p.client->post_write(ws, m3->remote(10, 200), 3));
+    expect_ok(*p.client, 1);
+    EXPECT_EQ(0, std::memcmp(r3.data() + 10, src.data() + 500, 100));
+    EXPECT_EQ(0, std::memcmp(r3.data() + 110, src.data(), 100));
+    std::vector<std::byte> back(200);
+    auto bmr = client_dom_->register_memory(back.data(), back.size(), access::local_write);
+    sge rd[2] = {{bmr.get(), 150, 50}, {bmr.get(), 0, 150}};
+    ASSERT_FALSE(p.client->post_read(rd, m3->remote(10, 200), 4));
+    expect_ok(*p.client, 1);
+    EXPECT_EQ(0, std::memcmp(back.data() + 150, r3.data() + 10, 50));
+    EXPECT_EQ(0, std::memcmp(back.data(), r3.data() + 60, 150));
+}
+
+TEST_P(conformance, many_outstanding_operations)
+{
+    connection_options opts;
+    opts.send_queue_depth = 32;
+    opts.recv_queue_depth = 32;
+    auto p = connect_pair(opts);
+    constexpr std::size_t slots = 16, size = 512, total = 600;
+    std::vector<std::byte> src(slots * size), target(slots * size), inbox(slots * size);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(),
+                                            access::remote_write | access::remote_read);
+    auto imr = server_dom_->register_memory(inbox.data(), inbox.size(), access::local_write);
+    std::size_t posted = 0, done = 0, recvd = 0, recv_posted = 0;
+    std::uint64_t checksum_sent = 0, checksum_recv = 0;
+    completion cs[32];
+    auto deadline = std::chrono::steady_clock::now() + 60s;
+    while ((done < total || recvd < total / 3) && std::chrono::steady_clock::now() < deadline) {
+        while (recv_posted < total / 3 && recv_posted - recvd < slots) {
+            sge r{imr.get(), (recv_posted % slots) * size, size};
+            ASSERT_FALSE(p.server->post_recv({&r, 1}, recv_posted));
+            ++recv_posted;
+        }
+        if (posted < total && posted - done < slots) {
+            std::size_t slot = posted % slots;
+            std::fill_n(src.data() + slot * size, size, static_cast<std::byte>(posted));
+            sge s{smr.get(), slot * size, size};
+            std::error_code ec;
+            switch (posted % 3) {
+            case 0:
+                ec = p.client->post_send({&s, 1}, posted);
+                checksum_sent += static_cast<std::uint8_t>(posted) * size;
+                break;
+            case 1: ec = p.client->post_write({&s, 1}, tmr->remote(slot * size, size), posted); break;
+            default: ec = p.client->post_read({&s, 1}, tmr->remote(slot * size, size), posted); break;
+            }
+            if (ec == errc::would_block)
+                continue;
+            ASSERT_FALSE(ec) << ec.message();
+            ++posted;
+        }
+        std::size_t n = p.client->poll(cs);
+        for (std::size_t i = 0; i < n; ++i) {
+            ASSERT_FALSE(cs[i].status) << cs[i].status.message();
+            EXPECT_EQ(cs[i].wr_id, done) << "completions in posting order";
+            ++done;
+        }
+        n = p.server->poll(cs);
+        for (std::size_t i = 0; i < n; ++i) {
+            ASSERT_FALSE(cs[i].status) << cs[i].status.message();
+            EXPECT_EQ(cs[i].wr_id, recvd);
+            auto* m = inbox.data() + (cs[i].wr_id % slots) * size;
+            for (std::size_t k = 0; k < size; ++k)
+                checksum_recv += static_cast<std::uint8_t>(m[k]);
+            ++recvd;
+        }
+    }
+    EXPECT_EQ(done, total);
+    EXPECT_EQ(recvd, total / 3);
+    EXPECT_EQ(checksum_recv, checksum_sent);
+}
+
+TEST_P(conformance, post_list_and_inline_send)
+{
+    auto p = connect_pair();
+    if (p.client->limits().max_inline < 16)
+        GTEST_SKIP() << "device grants no inline data";
+    std::vector<std::byte> src(8 * 16), dst(8 * 16);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    recv_request rr[8];
+    sge rs[8];
+    for (int i = 0; i < 8; ++i) {
+        rs[i] = {dmr.get(), static_cast<std::size_t>(i) * 16, 16};
+        rr[i] = {static_cast<std::uint64_t>(i), {&rs[i], 1}};
+    }
+    ASSERT_FALSE(p.server->post_recv(rr));
+    for (std::size_t i = 0; i < src.size(); ++i)
+        src[i] = static_cast<std::byte>(i);
+    auto expected = src;
+    work_request wr[8];
+    sge ss[8];
+    for (int i = 0; i < 8; ++i) {
+        ss[i] = {smr.get(), static_cast<std::size_t>(i) * 16, 16};
+        wr[i] = {.opcode = opcode::send, .wr_id = static_cast<std::uint64_t>(i), .local = {&ss[i], 1},
+                 .flags = i == 7 ? send_flags::signaled | send_flags::inline_data : send_flags::inline_data};
+    }
+    std::size_t posted = 0;
+    ASSERT_FALSE(p.client->post(wr, &posted));
+    EXPECT_EQ(posted, 8u);
+    // Inline data was copied at post time: the buffer may be reused at once.
+    std::fill(src.begin(), src.end(), std::byte{0xee});
+    auto sc = expect_ok(*p.client, 1);
+    ASSERT_EQ(sc.size(), 1u);
+    EXPECT_EQ(sc[0].wr_id, 7u);
+    auto rc = expect_ok(*p.server, 8);
+    EXPECT_EQ(dst, expected);
+}
+
+TEST_P(conformance, unknown_key_is_a_remote_access_error)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> target(256, std::byte{1}), src(256, std::byte{9});
+    auto tmr = server_dom_->register_memory(target.data(), target.size(), access::remote_write);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto rb = tmr->remote();
+    rb.key ^= 0x5a5a00; // forged
+    sge s{smr.get(), 0, 256};
+    ASSERT_FALSE(p.client->post_write({&s, 1}, rb, 1));
+    auto c = poll_n(*p.client, 1);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, errc::remote_access) << c[0].status.message();
+    EXPECT_EQ(c[0].wr_id, 1u);
+    EXPECT_EQ(target, std::vector<std::byte>(256, std::byte{1})) << "target memory was touched";
+}
+
+TEST_P(conformance, out_of_bounds_access_is_a_remote_access_error)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> big(8192, std::byte{1}), src(4096, std::byte{9});
+    // Register only the first 4 KiB; the forged descriptor claims 8 KiB.
+    auto tmr = server_dom_->register_memory(big.data(), 4096, access::remote_write | access::remote_read);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto rb = tmr->remote();
+    rb.length = 8192;
+    sge s{smr.get(), 0, 4096};
+    ASSERT_FALSE(p.client->post_write({&s, 1}, *rb.slice(2048, 4096), 1));
+    auto c = poll_n(*p.client, 1);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, errc::remote_access) << c[0].status.message();
+    EXPECT_EQ(big, std::vector<std::byte>(8192, std::byte{1})) << "target memory was touched";
+}
+
+TEST_P(conformance, read_only_region_rejects_writes)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> target(128, std::byte{1}), src(128, std::byte{9});
+    auto tmr = server_dom_->register_memory(target.data(), target.size(), access::remote_read);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    sge s{smr.get(), 0, 128};
+    ASSERT_FALSE(p.client->post_write({&s, 1}, tmr->remote(), 1));
+    auto c = poll_n(*p.client, 1);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, errc::remote_access) << c[0].status.message();
+    EXPECT_EQ(target, std::vector<std::byte>(128, std::byte{1}));
+}
+
+TEST_P(conformance, disconnect_flushes_posted_work_on_both_sides)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> a(1024), b(1024);
+    auto am = client_dom_->register_memory(a.data(), a.size(), access::local_write);
+    auto bm = server_dom_->register_memory(b.data(), b.size(), access::local_write);
+    for (std::uint64_t i = 0; i < 4; ++i) {
+        sge s{am.get(), i * 256, 256};
+        ASSERT_FALSE(p.client->post_recv({&s, 1}, i));
+        sge t{bm.get(), i * 256, 256};
+        ASSERT_FALSE(p.server->post_recv({&t, 1}, 10 + i));
+    }
+    p.client->disconnect();
+    EXPECT_EQ(p.client->state(), connection_state::disconnected);
+    auto local = poll_n(*p.client, 4);
+    ASSERT_EQ(local.size(), 4u);
+    for (auto& c : local)
+        EXPECT_EQ(c.status, errc::flushed) << c.status.message();
+    // The peer learns of it (DISCONNECTED event / EOF) and flushes too, in bounded time.
+    auto remote = poll_n(*p.server, 4, 15s);
+    ASSERT_EQ(remote.size(), 4u);
+    for (auto& c : remote)
+        EXPECT_EQ(c.status, errc::flushed) << c.status.message();
+    EXPECT_EQ(p.server->state(), connection_state::disconnected);
+}
+
+TEST_P(conformance, send_without_receive_exhausts_rnr_retries)
+{
+    connection_options opts;
+    opts.rnr_retry_count = 1;
+    auto p = connect_pair(opts);
+    std::vector<std::byte> src(64, std::byte{3});
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    sge s{smr.get(), 0, 64};
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 1));
+    auto c = poll_n(*p.client, 1, 15s);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, errc::rnr_retry_exceeded) << c[0].status.message();
+}
+
+TEST_P(conformance, receive_posted_during_rnr_retries_gets_the_message)
+{
+    auto p = connect_pair(); // rnr_retry_count 7: retry forever
+    std::vector<std::byte> src(64, std::byte{3}), dst(64);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    sge s{smr.get(), 0, 64};
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 1));
+    std::this_thread::sleep_for(50ms);
+    sge r{dmr.get(), 0, 64};
+    ASSERT_FALSE(p.server->post_recv({&r, 1}, 2));
+    expect_ok(*p.client, 1, 15s);
+    auto rc = expect_ok(*p.server, 1, 15s);
+    EXPECT_EQ(dst, src);
+}
+
+TEST_P(conformance, send_larger_than_receive_fails_on_both_sides)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> src(256, std::byte{3}), dst(64);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    sge r{dmr.get(), 0, 64};
+    ASSERT_FALSE(p.server->post_recv({&r, 1}, 2));
+    sge s{smr.get(), 0, 256};
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 1));
+    auto sc = poll_n(*p.client, 1);
+    ASSERT_EQ(sc.size(), 1u);
+    auto rc = poll_n(*p.server, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    if (b_ == backend::tcp) {
+        // What hardware RC reports (e.g. mlx5), and what the TCP backend reproduces.
+        EXPECT_EQ(sc[0].status, errc::remote_invalid_request) << sc[0].status.message();
+        EXPECT_EQ(rc[0].status, errc::local_length) << rc[0].status.message();
+    } else {
+        // Verbs devices disagree here: hardware reports REM_INV_REQ / LOC_LEN, rxe reports
+        // REM_OP_ERR at the sender and LOC_QP_OP_ERR at the receiver. Both are errors that
+        // break the connection; rdmx passes the device's status through unchanged.
+        EXPECT_TRUE(sc[0].status == errc::remote_invalid_request || sc[0].status == errc::remote_operation)
+            << sc[0].status.message();
+        EXPECT_TRUE(rc[0].status == errc::local_length || rc[0].status == errc::local_qp_operation)
+            << rc[0].status.message();
+    }
+}
+
+TEST_P(conformance, event_mode_wakes_on_completion)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> src(32, std::byte{5}), dst(32);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    sge r{dmr.get(), 0, 32};
+    ASSERT_FALSE(p.server->post_recv({&r, 1}, 2));
+    EXPECT_GE(p.server->completion_fd(), 0);
+    completion c[4];
+    // Nothing to wait for yet: wait() returns 0 after its timeout.
+    EXPECT_EQ(p.server->wait(c, 50ms), 0u);
+    auto sender = std::async(std::launch::async, [&] {
+        std::this_thread::sleep_for(100ms);
+        sge s{smr.get(), 0, 32};
+        return p.client->post_send({&s, 1}, 1);
+    });
+    std::size_t n = p.server->wait(c, 10s);
+    EXPECT_FALSE(sender.get());
+    ASSERT_EQ(n, 1u);
+    EXPECT_FALSE(c[0].status);
+    EXPECT_EQ(dst, src);
+    expect_ok(*p.client, 1);
+}
+
+TEST_P(conformance, bad_work_requests_are_rejected_before_posting)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> buf(100);
+    auto mr = client_dom_->register_memory(buf.data(), buf.size(), access::none);
+    auto other = server_dom_->register_memory(buf.data(), buf.size(), access::local_write);
+    sge past_end{mr.get(), 90, 20};
+    EXPECT_EQ(p.client->post_send({&past_end, 1}, 1), errc::invalid_argument);
+    sge foreign{other.get(), 0, 10};
+    EXPECT_EQ(p.client->post_send({&foreign, 1}, 1), errc::invalid_argument);
+    sge null_region{nullptr, 0, 10};
+    EXPECT_EQ(p.client->post_send({&null_region, 1}, 1), errc::invalid_argument);
+    sge read_sink{mr.get(), 0, 10}; // no local_write: the NIC may not write it
+    EXPECT_EQ(p.client->post_recv({&read_sink, 1}, 1), errc::local_protection);
+    sge big{mr.get(), 0, 100};
+    auto rb = other->remote();
+    rb.length = 50;
+    EXPECT_EQ(p.client->post_write({&big, 1}, rb, 1), errc::invalid_argument) << "longer than the descriptor";
+    std::vector<std::byte> huge(p.client->limits().max_inline + 1);
+    auto hmr = client_dom_->register_memory(huge.data(), huge.size(), access::none);
+    sge h{hmr.get(), 0, huge.size()};
+    EXPECT_EQ(p.client->post_send({&h, 1}, 1, send_flags::inline_data | send_flags::signaled),
+              errc::invalid_argument);
+    // None of these reached the wire.
+    completion c[4];
+    std::this_thread::sleep_for(20ms);
+    EXPECT_EQ(p.client->poll(c), 0u);
+    EXPECT_EQ(p.client->state(), connection_state::established);
+}
+
+INSTANTIATE_TEST_SUITE_P(backends, conformance, testing::ValuesIn(selected_backends()), param_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(conformance);
+
+} // namespace
+} // namespace rdmx::test

@@ -1,0 +1,129 @@
+// Backend-independent pieces: URIs, the remote-buffer descriptor, error codes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include <rdmx/rdmx.hpp>
+
+namespace rdmx {
+namespace {
+
+TEST(uri, parses_schemes_hosts_and_ports)
+{
+    auto u = uri::parse("rdma://192.168.77.1:7471");
+    EXPECT_EQ(u.scheme, scheme::rdma);
+    EXPECT_EQ(u.host, "192.168.77.1");
+    EXPECT_EQ(u.port, 7471);
+    u = uri::parse("tcp://[::1]:80");
+    EXPECT_EQ(u.scheme, scheme::tcp);
+    EXPECT_EQ(u.host, "::1");
+    EXPECT_EQ(u.port, 80);
+    EXPECT_EQ(u.to_string(), "tcp://[::1]:80");
+    u = uri::parse("example.org");
+    EXPECT_EQ(u.scheme, scheme::automatic);
+    EXPECT_EQ(u.port, uri::default_port);
+    EXPECT_EQ(uri::parse("auto://h:0").port, 0);
+}
+
+TEST(uri, rejects_malformed_addresses)
+{
+    for (const char* bad : {"", "udp://h:1", "rdma://:1", "tcp://h:", "tcp://h:65536", "tcp://h:12x",
+                            "tcp://::1:80", "tcp://[::1", "tcp://[::1]x", "tcp://a b:1", "tcp://h:-1"}) {
+        try {
+            uri::parse(bad);
+            ADD_FAILURE() << "accepted '" << bad << "'";
+        } catch (const error& e) {
+            EXPECT_EQ(e.code(), errc::invalid_argument);
+            EXPECT_NE(std::string(e.what()).find("bad address"), std::string::npos) << e.what();
+        }
+    }
+}
+
+TEST(remote_buffer, round_trips_through_its_fixed_size_encoding)
+{
+    remote_buffer rb{.addr = 0x7f0012345678, .length = 1 << 20, .key = 0x1234abcd, .backend = backend::verbs};
+    auto bytes = rb.serialize();
+    static_assert(sizeof(bytes) == remote_buffer::wire_size);
+    auto back = remote_buffer::parse(bytes);
+    ASSERT_TRUE(back);
+    EXPECT_EQ(*back, rb);
+    rb.backend = backend::tcp;
+    rb.key = 0xfedcba9876543210;
+    EXPECT_EQ(*remote_buffer::parse(rb.serialize()), rb);
+}
+
+TEST(remote_buffer, parse_rejects_anything_else)
+{
+    remote_buffer rb{.addr = 4096, .length = 4096, .key = 7, .backend = backend::tcp};
+    auto good = rb.serialize();
+    EXPECT_FALSE(remote_buffer::parse(std::span(good).first(31)));
+    for (std::size_t i : {0u, 4u, 5u, 6u, 7u}) {
+        auto b = good;
+        b[i] ^= std::byte{0x40};
+        EXPECT_FALSE(remote_buffer::parse(b)) << "byte " << i;
+    }
+    remote_buffer wrap{.addr = ~0ull - 10, .length = 100, .key = 1, .backend = backend::tcp};
+    EXPECT_FALSE(remote_buffer::parse(wrap.serialize())) << "range wraps around";
+    remote_buffer wide{.addr = 0, .length = 1, .key = 1ull << 40, .backend = backend::verbs};
+    EXPECT_FALSE(remote_buffer::parse(wide.serialize())) << "verbs rkeys are 32 bits";
+}
+
+TEST(remote_buffer, slice_stays_inside)
+{
+    remote_buffer rb{.addr = 1000, .length = 100, .key = 1, .backend = backend::tcp};
+    auto s = rb.slice(10, 90);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->addr, 1010u);
+    EXPECT_EQ(s->length, 90u);
+    EXPECT_FALSE(rb.slice(10, 91));
+    EXPECT_FALSE(rb.slice(101, 0));
+    EXPECT_FALSE(rb.slice(50, ~0ull));
+}
+
+TEST(errors, have_readable_messages_in_one_category)
+{
+    std::error_code ec = errc::remote_access;
+    EXPECT_STREQ(ec.category().name(), "rdmx");
+    EXPECT_NE(ec.message().find("remote access"), std::string::npos);
+    EXPECT_NE(std::error_code(errc::flushed).message().find("flushed"), std::string::npos);
+    EXPECT_NE(std::error_code(errc::rnr_retry_exceeded).message().find("RNR"), std::string::npos);
+    for (int i = 1; i <= static_cast<int>(errc::protocol_error); ++i)
+        EXPECT_EQ(std::error_code(i, category()).message().find("unknown"), std::string::npos) << i;
+    try {
+        throw_errno(ENOMEM, "ibv_reg_mr");
+    } catch (const error& e) {
+        EXPECT_NE(std::string(e.what()).find("ibv_reg_mr"), std::string::npos);
+        EXPECT_EQ(e.code(), std::errc::not_enough_memory);
+    }
+}
+
+TEST(domain, tcp_scheme_always_opens_the_fallback)
+{
+    auto d = domain::open("tcp://127.0.0.1:0");
+    EXPECT_EQ(d->backend(), backend::tcp);
+    EXPECT_EQ(d->limits().device_name, "tcp");
+}
+
+TEST(domain, automatic_choice_on_loopback_is_tcp)
+{
+    // Loopback never maps to an RDMA device usable for RC, so auto:// must pick TCP.
+    auto d = domain::open("auto://127.0.0.1:0");
+    EXPECT_EQ(d->backend(), backend::tcp);
+}
+
+TEST(domain, region_descriptor_matches_the_registration)
+{
+    auto d = domain::open("tcp://127.0.0.1:0");
+    std::vector<std::byte> buf(4096);
+    auto mr = d->register_memory(buf.data(), buf.size(), access::remote_read);
+    auto rb = mr->remote(100, 200);
+    EXPECT_EQ(rb.addr, reinterpret_cast<std::uintptr_t>(buf.data()) + 100);
+    EXPECT_EQ(rb.length, 200u);
+    EXPECT_EQ(rb.backend, backend::tcp);
+    EXPECT_THROW(mr->remote(4000, 200), error);
+    auto mr2 = d->register_memory(buf.data(), buf.size(), access::remote_read);
+    EXPECT_NE(mr2->remote().key, rb.key) << "keys are per registration";
+}
+
+} // namespace
+} // namespace rdmx
