@@ -15,7 +15,7 @@ readonly BUILD=${RDMX_BUILD_DIR:-build}
 readonly PACKAGES=(
     g++ meson ninja-build pkg-config
     libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils rdmacm-utils
-    libboost-dev libgtest-dev libgmock-dev libcli11-dev
+    libboost-dev libgtest-dev libgmock-dev libcli11-dev clang-14
     qemu-system-x86 busybox-static kmod iproute2 xz-utils zstd util-linux procps
 )
 
@@ -44,6 +44,18 @@ build() {
     fi
     log "building $BUILD"
     ninja -C "$BUILD"
+}
+
+# The second compiler CI holds us to: clang 14, warnings as errors, and without CUDA so
+# that the build is also proven to work where the toolkit is absent.
+build_clang() {
+    local dir=${BUILD}-clang
+    if [ ! -f "$dir/build.ninja" ]; then
+        log "configuring $dir (clang 14, -Dcuda=disabled)"
+        CXX=clang++-14 meson setup "$dir" -Drdma=enabled -Dcuda=disabled -Dtests=enabled -Dsamples=enabled --werror
+    fi
+    log "building $dir"
+    ninja -C "$dir"
 }
 
 # Runs the sample pair on one address: server in the background, client in front.
@@ -96,6 +108,7 @@ summary() {
 test_all() {
     deps
     build
+    build_clang
     rm -rf "$BUILD/tests/results"
     log "meson test (suites: unit, tcp, verbs on soft-RoCE)"
     local rc=0

@@ -41,6 +41,22 @@ TEST_P(conformance, connect_accept_exchanges_private_data)
     }
 }
 
+TEST_P(conformance, automatic_choice_picks_this_backend_and_says_so)
+{
+    // auto:// maps the address to an RDMA device when there is one (the verbs run's
+    // address is on rxe0 or a NIC) and to TCP otherwise (the TCP run uses loopback).
+    auto d = domain::open("auto://" + host_for(b_) + ":0");
+    EXPECT_EQ(d->backend(), b_);
+    auto accepted = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(10s);
+        return req ? req->accept() : nullptr;
+    });
+    auto c = d->connect("auto://" + host_for(b_) + ":" + std::to_string(port_));
+    EXPECT_EQ(c->backend(), b_);
+    EXPECT_EQ(c->state(), connection_state::established);
+    EXPECT_NE(accepted.get(), nullptr);
+}
+
 TEST_P(conformance, reject_carries_private_data)
 {
     auto rejecter = std::async(std::launch::async, [&] {

@@ -564,61 +564,15 @@ TEST_F(hostile, random_bytes_never_crash_or_touch_memory)
         }
         ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
         ::close(fd);
-        EXPECT_TRUE(wait_state(*c, connection_state::error) ||
-                    wait_state(*c, connection_state::disconnected));
+        // Either end state is fine; waiting for one then the other would sit out a timeout.
+        auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (c->state() == connection_state::established && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        EXPECT_TRUE(c->state() == connection_state::error || c->state() == connection_state::disconnected)
+            << to_string(c->state());
         c.reset();
         mr_.reset();
     }
-}
-
-// ---- rough numbers (printed, not asserted) ------------------------------------------
-
-TEST_F(tcp_engine, numbers)
-{
-    auto p = connect_pair();
-    constexpr std::size_t chunk = 1 << 20, total = 512u << 20;
-    std::vector<std::byte> src(chunk, std::byte{1}), dst(16 * chunk);
-    auto sm = client_dom_->register_memory(src.data(), src.size(), access::none);
-    auto dm =
-        server_dom_->register_memory(dst.data(), dst.size(), access::remote_write | access::remote_read);
-    auto t0 = std::chrono::steady_clock::now();
-    std::size_t posted = 0, done = 0;
-    completion cs[32];
-    while (done < total / chunk) {
-        while (posted < total / chunk && posted - done < 16) {
-            sge s{sm.get(), 0, chunk};
-            if (p.client->post_write({&s, 1}, dm->remote((posted % 16) * chunk, chunk), posted))
-                break;
-            ++posted;
-        }
-        done += p.client->poll(cs);
-    }
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("[ numbers  ] write 1 MiB x %zu: %.2f GB/s\n", total / chunk, total / secs / 1e9);
-
-    // Ping-pong of 8-byte sends.
-    std::vector<std::byte> a(8), b(8);
-    auto amr = client_dom_->register_memory(a.data(), 8, access::local_write);
-    auto bmr = server_dom_->register_memory(b.data(), 8, access::local_write);
-    constexpr int iters = 20000;
-    sge sa{amr.get(), 0, 8}, sb{bmr.get(), 0, 8};
-    ASSERT_FALSE(p.server->post_recv({&sb, 1}, 0));
-    ASSERT_FALSE(p.client->post_recv({&sa, 1}, 0));
-    t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) {
-        ASSERT_FALSE(p.client->post_send({&sa, 1}, 1, send_flags::none));
-        while (p.server->poll({cs, 1}) == 0) {
-        }
-        ASSERT_FALSE(cs[0].status);
-        ASSERT_FALSE(p.server->post_recv({&sb, 1}, 0));
-        ASSERT_FALSE(p.server->post_send({&sb, 1}, 1, send_flags::none));
-        while (p.client->poll({cs, 1}) == 0) {
-        }
-        ASSERT_FALSE(cs[0].status);
-        ASSERT_FALSE(p.client->post_recv({&sa, 1}, 0));
-    }
-    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("[ numbers  ] 8-byte send ping-pong: %.1f us round trip\n", secs / iters * 1e6);
 }
 
 } // namespace
