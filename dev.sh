@@ -7,6 +7,7 @@
 #                    RDMA device when it has one
 #   ./dev.sh test    install, build, run the whole test suite (what CI runs)
 #   ./dev.sh deps | build
+#   ./dev.sh asan | tsan | fuzz   one sanitizer or fuzz pass of `test` on its own
 set -euo pipefail
 cd "$(dirname "$0")"
 readonly BUILD=${RDMX_BUILD_DIR:-build}
@@ -15,7 +16,7 @@ readonly BUILD=${RDMX_BUILD_DIR:-build}
 readonly PACKAGES=(
     g++ meson ninja-build pkg-config
     libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils rdmacm-utils
-    libboost-dev libgtest-dev libgmock-dev libcli11-dev clang-14
+    libboost-dev libgtest-dev libgmock-dev libcli11-dev clang-14 libclang-rt-14-dev
     qemu-system-x86 busybox-static kmod iproute2 xz-utils zstd util-linux procps
 )
 
@@ -47,12 +48,17 @@ build() {
 }
 
 # The second compiler CI holds us to: clang 14, warnings as errors, and without CUDA so
-# that the build is also proven to work where the toolkit is absent.
+# that the build is also proven to work where the toolkit is absent. The same build is the
+# AddressSanitizer + UndefinedBehaviorSanitizer one (any UB finding aborts), and it holds
+# the libFuzzer targets (tests/fuzz), so that CI compiles the library with clang only once.
+readonly ASAN_BUILD=${BUILD}-asan TSAN_BUILD=${BUILD}-tsan
 build_clang() {
-    local dir=${BUILD}-clang
+    local dir=$ASAN_BUILD
     if [ ! -f "$dir/build.ninja" ]; then
-        log "configuring $dir (clang 14, -Dcuda=disabled)"
-        CXX=clang++-14 meson setup "$dir" -Drdma=enabled -Dcuda=disabled -Dtests=enabled -Dsamples=enabled --werror
+        log "configuring $dir (clang 14, ASan + UBSan, fuzz targets, -Dcuda=disabled)"
+        CXX=clang++-14 meson setup "$dir" -Drdma=enabled -Dcuda=disabled -Dtests=enabled -Dsamples=enabled \
+            -Dfuzz=enabled --werror -Db_sanitize=address,undefined -Db_lundef=false \
+            -Dcpp_args=-fno-sanitize-recover=all -Dcpp_link_args=-fno-sanitize-recover=all
     fi
     log "building $dir"
     ninja -C "$dir"
@@ -93,6 +99,89 @@ guest_demo() { # runs inside the guest
     sample_pair "rdma://$RDMX_GUEST_IP:7471" "taskset -c 0" "taskset -c 1"
 }
 
+# Copies a sanitizer pass's GoogleTest reports next to the main ones, prefixed, so that the
+# closing summary counts them too.
+collect_results() { # FROM_DIR PREFIX
+    local f
+    for f in "$1"/*.xml; do
+        [ -e "$f" ] && cp "$f" "$BUILD/tests/results/$2-$(basename "$f")"
+    done
+    return 0
+}
+
+# ASan + UBSan: unit, tcp and conformance-tcp on the host, the conformance suite on rxe in
+# the guest (which runs host binaries over 9p, sanitizer runtime included).
+test_asan() {
+    log "ASan + UBSan (suites: unit, tcp, verbs on soft-RoCE)"
+    local rc=0
+    rm -rf "$ASAN_BUILD/tests/results"
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
+    UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+    RDMX_GUEST_CACHE="$(realpath "$BUILD")/guest-cache" \
+        meson test -C "$ASAN_BUILD" --print-errorlogs --num-processes 1 --timeout-multiplier 2 \
+        --suite unit --suite tcp --suite verbs || rc=$?
+    grep -h '^\[rdmx\]' "$ASAN_BUILD/meson-logs/testlog.txt" | sort -u | sed 's/^/asan: /' || true
+    collect_results "$ASAN_BUILD/tests/results" asan
+    return "$rc"
+}
+
+# ThreadSanitizer on the TCP backend's threaded tests. clang, not g++: g++ 12 warns
+# (-Wtsan) inside Boost.Asio's headers. Only the two test programs are built.
+test_tsan() {
+    log "ThreadSanitizer (tcp-unit, conformance on tcp)"
+    if [ ! -f "$TSAN_BUILD/build.ninja" ]; then
+        CXX=clang++-14 meson setup "$TSAN_BUILD" -Drdma=disabled -Dcuda=disabled -Dtests=enabled \
+            -Dsamples=disabled --werror -Db_sanitize=thread -Db_lundef=false || return
+    fi
+    # (set -e does not apply in a function called with ||: failures return explicitly.)
+    ninja -C "$TSAN_BUILD" tests/conformance_test tests/tcp/tcp_unit_test || return
+    local rc=0 results=$BUILD/tests/results
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
+    GTEST_OUTPUT="xml:$results/tsan-tcp-unit.xml" "$TSAN_BUILD/tests/tcp/tcp_unit_test" || rc=$?
+    RDMX_TEST_BACKENDS=tcp GTEST_OUTPUT="xml:$results/tsan-conformance-tcp.xml" \
+        "$TSAN_BUILD/tests/conformance_test" || rc=$?
+    return "$rc"
+}
+
+# libFuzzer: each target for a bounded time, starting from a scratch copy of its committed
+# corpus (tests/fuzz/corpus/TARGET). The three decoders run 30 s each: their input space is
+# small and coverage stops growing within seconds, at hundreds of thousands of inputs a
+# second. fuzz_engine, a real connection per input, runs 60 s. RDMX_FUZZ_SECONDS sets one
+# time for all. A crash, a failed check or a hang fails the pass; the input that caused it
+# is kept in $BUILD/fuzz-artifacts/.
+test_fuzz() {
+    local rc=0 t
+    log "fuzzing (libFuzzer + ASan + UBSan)"
+    mkdir -p "$BUILD/fuzz-artifacts"
+    for t in fuzz_frame fuzz_handshake fuzz_descriptor fuzz_engine; do
+        local work seeds extra=() trc=0 seconds=${RDMX_FUZZ_SECONDS:-30}
+        [ "$t" != fuzz_engine ] || seconds=${RDMX_FUZZ_SECONDS:-60}
+        work=$(mktemp -d)
+        mkdir "$work/corpus"
+        cp tests/fuzz/corpus/"$t"/* "$work/corpus/" || return
+        seeds=$(ls "$work/corpus" | wc -l)
+        # fuzz_engine's connections are freed on the engine thread after the input ends,
+        # which libFuzzer's per-input leak check would take for a leak (and rescan the heap
+        # every run); LeakSanitizer still checks at exit.
+        [ "$t" != fuzz_engine ] || extra=(-detect_leaks=0)
+        "$ASAN_BUILD/tests/fuzz/$t" -max_total_time="$seconds" -print_final_stats=1 -timeout=25 \
+            -artifact_prefix="$BUILD/fuzz-artifacts/$t-" "${extra[@]}" "$work/corpus" >"$work/log" 2>&1 || trc=$?
+        local runs speed
+        runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log")
+        speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/log")
+        if ((trc == 0)); then
+            printf '%s: ok, %s runs in %s s (%s execs/s), corpus %s -> %s inputs\n' \
+                "$t" "${runs:-?}" "$seconds" "${speed:-?}" "$seeds" "$(ls "$work/corpus" | wc -l)"
+        else
+            printf '%s: FAILED (exit %s); the input is in %s/fuzz-artifacts/; last lines:\n' "$t" "$trc" "$BUILD"
+            grep -v '^rdmx tcp: ' "$work/log" | tail -n 40 | sed 's/^/    /'
+            rc=1
+        fi
+        rm -rf "$work"
+    done
+    return "$rc"
+}
+
 # Sums the GoogleTest XML reports: the closing line counts skips apart from passes.
 summary() {
     awk '
@@ -113,8 +202,13 @@ test_all() {
     log "meson test (suites: unit, tcp, verbs on soft-RoCE)"
     local rc=0
     meson test -C "$BUILD" --print-errorlogs --num-processes 1 || rc=$?
-    log "summary (GoogleTest cases over all suites)"
-    grep -h '^\[rdmx\]' "$BUILD/meson-logs/testlog.txt" | sort -u || true
+    local main_log
+    main_log=$(grep -h '^\[rdmx\]' "$BUILD/meson-logs/testlog.txt" | sort -u || true)
+    test_asan || rc=$?
+    test_tsan || rc=$?
+    test_fuzz || rc=$?
+    log "summary (GoogleTest cases over all suites, sanitizer passes included)"
+    [ -z "$main_log" ] || echo "$main_log"
     summary
     return "$rc"
 }
@@ -125,5 +219,8 @@ build) deps; build ;;
 demo) demo ;;
 guest-demo) guest_demo ;;
 test) test_all ;;
-*) echo "usage: $0 demo|test|deps|build" >&2; exit 2 ;;
+asan) deps; build_clang; mkdir -p "$BUILD/tests/results"; test_asan ;;
+tsan) deps; mkdir -p "$BUILD/tests/results"; test_tsan ;;
+fuzz) deps; build_clang; test_fuzz ;;
+*) echo "usage: $0 demo|test|deps|build|asan|tsan|fuzz" >&2; exit 2 ;;
 esac

@@ -19,6 +19,8 @@ if [ -n "${RDMX_TEST_RDMA_ADDR:-}" ]; then
 fi
 
 echo "[rdmx] no RDMA device on this host: booting a QEMU guest with soft-RoCE (rdma_rxe)"
-exec "$here/guest/rxe-guest.sh" --cache "$build/guest-cache" --share "$build" --timeout 1100 -- \
+# RDMX_GUEST_CACHE lets a second build directory (the sanitizer build) reuse the kernel
+# that the first one downloaded.
+exec "$here/guest/rxe-guest.sh" --cache "${RDMX_GUEST_CACHE:-$build/guest-cache}" --share "$build" --timeout 1100 -- \
     env RDMX_TEST_BACKENDS=verbs GTEST_OUTPUT="xml:$xml" \
     sh -c 'RDMX_TEST_RDMA_ADDR=$RDMX_GUEST_IP exec "$0" "$@"' "$bin" "$@"
