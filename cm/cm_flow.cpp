@@ -1,8 +1,12 @@
 // The rdma_cm connection flow, written out step by step:
 //   client: rdma_create_id -> rdma_resolve_addr -> ADDR_RESOLVED -> rdma_resolve_route ->
-//           ROUTE_RESOLVED -> rdma_create_qp -> rdma_connect -> ESTABLISHED | REJECTED | ...
+//           ROUTE_RESOLVED -> QP to INIT -> rdma_connect -> CONNECT_RESPONSE (| REJECTED |
+//           UNREACHABLE ...) -> QP to RTR, RTS -> rdma_establish
 //   server: rdma_create_id -> rdma_bind_addr -> rdma_listen -> CONNECT_REQUEST ->
-//           rdma_migrate_id -> rdma_create_qp -> rdma_accept -> ESTABLISHED   (or rdma_reject)
+//           rdma_migrate_id -> QP to INIT, RTR, RTS -> rdma_accept -> ESTABLISHED
+//           (or rdma_reject)
+// The QP is ours (ibv_create_qp), not rdma_cm's, so that its RNR and retry attributes are
+// the ones this side asked for (see verbs_connection::modify_qp).
 // Every step is bounded by connection_options::timeout.
 #include <poll.h>
 
@@ -19,7 +23,17 @@ namespace {
 [[noreturn]] void throw_cm(const char* verb, const uri& u)
 {
     int err = errno;
-    throw error(std::error_code(err, std::system_category()), std::string(verb) + " " + u.to_string());
+    std::string what = std::string(verb) + " " + u.to_string() + ": " + std::strerror(err);
+    // The failures a caller handles by kind get rdmx's codes, as the CM events do.
+    switch (err) {
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+    case EADDRNOTAVAIL:
+    case ENODEV: throw error(make_error_code(errc::unreachable), what);
+    case ETIMEDOUT: throw error(make_error_code(errc::timed_out), what);
+    case ECONNREFUSED: throw error(make_error_code(errc::connection_refused), what);
+    default: throw error(std::error_code(err, std::system_category()), what);
+    }
 }
 
 void set_state(cm::cm_state& st, connection_state s)
@@ -58,8 +72,18 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
     set_state(cm_, connection_state::connecting);
     if (rdma_connect(raw, &param))
         throw_cm("rdma_connect", address);
-    cm::event_loop::wait_for(cm_, connection_state::established, "rdma_connect", opts_.timeout);
+    cm::event_loop::wait_for_response(cm_, "rdma_connect", opts_.timeout);
+    modify_qp(IBV_QPS_RTR);
+    modify_qp(IBV_QPS_RTS);
+    if (rdma_establish(raw))
+        throw_cm("rdma_establish", address);
+    // Without an rdma_cm-owned QP no ESTABLISHED event comes on this side: rdma_establish
+    // (the RTU) completes it.
     std::lock_guard lock(cm_.mutex);
+    if (cm_.state == connection_state::connecting)
+        cm_.state = connection_state::established;
+    else
+        throw error(make_error_code(errc::disconnected), "rdma_establish: peer left while connecting");
     peer_private_ = cm_.private_data;
 }
 
@@ -77,6 +101,8 @@ void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     if (rdma_migrate_id(id_.get(), domain_.events().channel()))
         throw_errno(errno, "rdma_migrate_id");
     create_qp();
+    modify_qp(IBV_QPS_RTR);
+    modify_qp(IBV_QPS_RTS);
     rdma_conn_param param = conn_param(private_data);
     // Never promise more reads than the initiator asked for, nor accept more than we allow.
     param.responder_resources = std::min(param.responder_resources, request.initiator_depth);

@@ -13,6 +13,17 @@ namespace {
 // IB CM reject reasons (IBTA table 112) that rdma_cm reports as the REJECTED status.
 // Every other reason, IB_CM_REJ_CONSUMER_DEFINED (28, rdma_reject) first of all, is a rejection.
 constexpr int ib_rej_invalid_service_id = 8; // nobody listens on that port
+
+// Our QPs are not rdma_cm's, so rdma_disconnect does not touch them: move the QP to the
+// error state ourselves, which flushes everything posted.
+void flush(cm_state& st) noexcept
+{
+    if (st.qp) {
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_ERR;
+        ibv_modify_qp(st.qp, &attr, IBV_QP_STATE);
+    }
+}
 } // namespace
 
 const char* event_name(rdma_cm_event_type t) noexcept
@@ -131,14 +142,16 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         fail();
         break;
     case RDMA_CM_EVENT_DISCONNECTED:
-        // The peer left. rdma_disconnect moves our QP to the error state, which flushes every
-        // posted work request with IBV_WC_WR_FLUSH_ERR: nothing waits forever.
+        // The peer left. Our QP goes to the error state, which flushes every posted work
+        // request with IBV_WC_WR_FLUSH_ERR: nothing waits forever.
         rdma_disconnect(ev.id);
+        flush(st);
         if (st.state == connection_state::established || st.state == connection_state::connecting)
             st.state = connection_state::disconnected;
         break;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
         rdma_disconnect(ev.id);
+        flush(st);
         fail();
         break;
     case RDMA_CM_EVENT_TIMEWAIT_EXIT:
@@ -152,8 +165,10 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         // Only listening ids get requests, and those live on the listener's own channel.
         break;
     case RDMA_CM_EVENT_CONNECT_RESPONSE:
-        // Only delivered for ids without a QP; every rdmx id has one (librdmacm then sends
-        // the RTU itself and reports ESTABLISHED).
+        // Our QPs are not rdma_cm's, so the active side gets this instead of ESTABLISHED:
+        // connect() moves the QP to RTR and RTS and calls rdma_establish.
+        copy_private();
+        st.responded = true;
         break;
     case RDMA_CM_EVENT_MULTICAST_JOIN:
     case RDMA_CM_EVENT_MULTICAST_ERROR:
@@ -165,6 +180,22 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         break;
     }
     st.changed.notify_all();
+}
+
+void event_loop::wait_for_response(cm_state& st, const char* verb, std::chrono::milliseconds timeout)
+{
+    std::unique_lock lock(st.mutex);
+    bool done = st.changed.wait_for(lock, timeout, [&] {
+        return st.responded || st.state == connection_state::error ||
+               st.state == connection_state::disconnected;
+    });
+    if (!done)
+        throw error(make_error_code(errc::timed_out),
+                    std::string(verb) + ": no answer within " + std::to_string(timeout.count()) + " ms");
+    if (st.state == connection_state::error)
+        throw error(st.error, std::string(verb) + ": " + st.what, st.private_data);
+    if (!st.responded)
+        throw error(make_error_code(errc::disconnected), std::string(verb) + ": peer disconnected");
 }
 
 void event_loop::wait_for(cm_state& st, connection_state target, const char* verb,

@@ -28,7 +28,9 @@ struct cm_state {
     connection_state state = connection_state::idle;
     std::error_code error;               ///< set with state == error
     std::string what;                    ///< the event and status that caused `error`
-    std::vector<std::byte> private_data; ///< from ESTABLISHED (accept) or REJECTED
+    std::vector<std::byte> private_data; ///< from CONNECT_RESPONSE / ESTABLISHED, or REJECTED
+    bool responded = false;              ///< CONNECT_RESPONSE arrived (active side)
+    ibv_qp* qp = nullptr;                ///< moved to the error state when the peer leaves
 };
 
 /// "RDMA_CM_EVENT_REJECTED" etc.
@@ -56,6 +58,8 @@ public:
     /// and the event), or `timeout` passes (throws errc::timed_out).
     static void wait_for(cm_state& st, connection_state target, const char* verb,
                          std::chrono::milliseconds timeout);
+    /// Active side: waits for CONNECT_RESPONSE, with wait_for's failure reporting.
+    static void wait_for_response(cm_state& st, const char* verb, std::chrono::milliseconds timeout);
 
 private:
     void run() noexcept;

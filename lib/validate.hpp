@@ -2,6 +2,7 @@
 // both backends reject the same bad input with the same error code, before any byte moves.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -30,5 +31,8 @@ inline std::error_code check_recv(const recv_request& wr, const void* owner,
 {
     return check_local(wr.local, owner, lim.max_recv_sge, true, total);
 }
+
+/// The IBTA encoding of the RNR NAK timer (connection_options::min_rnr_timer) in time.
+std::chrono::microseconds rnr_delay(std::uint8_t code) noexcept;
 
 } // namespace rdmx::detail

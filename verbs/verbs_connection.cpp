@@ -38,12 +38,9 @@ verbs_connection::verbs_connection(verbs_domain& dom, const connection_options& 
 
 verbs_connection::~verbs_connection()
 {
-    if (id_) {
+    if (id_)
         domain_.events().detach(id_.get());
-        if (qp_)
-            rdma_destroy_qp(id_.get()); // QP before its CQ
-        qp_ = nullptr;
-    }
+    qp_.reset();      // QP before its CQ
     cq_.reset();      // CQ before its completion channel
     channel_.reset();
     id_.reset();      // waits until every event of the id was acknowledged
@@ -60,11 +57,52 @@ void verbs_connection::create_qp()
     init.cap.max_send_sge = limits_.max_send_sge;
     init.cap.max_recv_sge = limits_.max_recv_sge;
     init.cap.max_inline_data = limits_.max_inline;
-    if (rdma_create_qp(id_.get(), domain_.native_pd(), &init))
-        throw_errno(errno, "rdma_create_qp");
-    qp_ = id_->qp;
+    qp_.reset(ibv_create_qp(domain_.native_pd(), &init));
+    if (!qp_)
+        throw_errno(errno, "ibv_create_qp");
     // Drivers may grant more than asked; report what is in effect.
     limits_.max_inline = init.cap.max_inline_data;
+    {
+        std::lock_guard lock(cm_.mutex);
+        cm_.qp = qp_.get();
+    }
+    modify_qp(IBV_QPS_INIT);
+}
+
+void verbs_connection::modify_qp(ibv_qp_state to)
+{
+    ibv_qp_attr attr{};
+    int mask = 0;
+    attr.qp_state = to;
+    if (rdma_init_qp_attr(id_.get(), &attr, &mask))
+        throw_errno(errno, "rdma_init_qp_attr");
+    const char* verb = "ibv_modify_qp(INIT)";
+    if (to == IBV_QPS_RTR) {
+        verb = "ibv_modify_qp(RTR)";
+        attr.min_rnr_timer = opts_.min_rnr_timer & 31;
+        mask |= IBV_QP_MIN_RNR_TIMER;
+    } else if (to == IBV_QPS_RTS) {
+        verb = "ibv_modify_qp(RTS)";
+        // Local ACK timeout: 4.096 us * 2^n (IBTA 9.7.6.1.3), the smallest n covering
+        // opts_.ack_timeout. 0 would mean "wait forever": never used.
+        double units = static_cast<double>(opts_.ack_timeout.count()) * 1000.0 / 4.096;
+        std::uint8_t n = 1;
+        while (n < 31 && static_cast<double>(1ull << n) < units)
+            ++n;
+        attr.timeout = n;
+        attr.retry_cnt = std::min<std::uint8_t>(opts_.retry_count, 7);
+        attr.rnr_retry = std::min<std::uint8_t>(opts_.rnr_retry_count, 7);
+        mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+    }
+    if (int rc = ibv_modify_qp(qp_.get(), &attr, mask))
+        throw_errno(rc, verb);
+}
+
+void verbs_connection::flush_qp() noexcept
+{
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE);
 }
 
 rdma_conn_param verbs_connection::conn_param(std::span<const std::byte> private_data) const noexcept
@@ -74,8 +112,11 @@ rdma_conn_param verbs_connection::conn_param(std::span<const std::byte> private_
     p.private_data_len = static_cast<std::uint8_t>(private_data.size());
     p.responder_resources = static_cast<std::uint8_t>(std::min<std::uint32_t>(limits_.max_rd_atomic, 255));
     p.initiator_depth = p.responder_resources;
+    // Sent for peers that let rdma_cm drive their QP (they take their RNR retry count
+    // from us); our own QP gets its values in modify_qp().
     p.retry_count = std::min<std::uint8_t>(opts_.retry_count, 7);
     p.rnr_retry_count = std::min<std::uint8_t>(opts_.rnr_retry_count, 7);
+    p.qp_num = qp_ ? qp_->qp_num : 0;
     return p;
 }
 
@@ -85,19 +126,34 @@ connection_state verbs_connection::state() const noexcept
     return cm_.state;
 }
 
+void verbs_connection::note_error() noexcept
+{
+    std::lock_guard lock(cm_.mutex);
+    if (cm_.state == connection_state::established) {
+        cm_.state = connection_state::error;
+        cm_.error = errc::completion_error;
+        cm_.what = "error completion: the QP is in the error state";
+    }
+}
+
 void verbs_connection::disconnect() noexcept
 {
     std::lock_guard lock(cm_.mutex);
     if (cm_.state == connection_state::established || cm_.state == connection_state::connecting) {
-        // Moves the QP to the error state: every posted request is flushed.
         rdma_disconnect(id_.get());
+        flush_qp(); // every posted request completes with IBV_WC_WR_FLUSH_ERR
         cm_.state = connection_state::disconnected;
+    } else if (cm_.state == connection_state::error && qp_) {
+        // Failed after an error completion: still tell the peer (DREQ) so it need not wait
+        // for its own timeouts. The state stays `error`: that is what happened.
+        rdma_disconnect(id_.get());
+        flush_qp();
     }
 }
 
 native_handles verbs_connection::native() const noexcept
 {
-    return {id_.get(), qp_, domain_.native_pd(), cq_.get()};
+    return {id_.get(), qp_.get(), domain_.native_pd(), cq_.get()};
 }
 
 } // namespace rdmx::verbs

@@ -43,7 +43,19 @@ public:
     native_handles native() const noexcept override;
 
 private:
+    /// Creates the QP ourselves (ibv_create_qp, not rdma_create_qp) and moves it to INIT.
     void create_qp();
+    /// Moves the QP to RTR or RTS with the attributes rdma_cm negotiated
+    /// (rdma_init_qp_attr), then overrides the ones that are ours to choose. rdma_cm alone
+    /// would give each side the RNR retry count the *peer* offered (IB CM REQ/REP) and a
+    /// min_rnr_timer of 0 (655 ms); doing the transitions here makes connection_options
+    /// mean this side's own behaviour, as it does on TCP.
+    void modify_qp(ibv_qp_state to);
+    /// Moves the QP to the error state so that everything posted is flushed.
+    void flush_qp() noexcept;
+    /// An error completion moved the QP to the error state: say so in state(), as the TCP
+    /// backend does. Slow path, kept out of poll()'s loop body.
+    [[gnu::noinline, gnu::cold]] void note_error() noexcept;
     rdma_conn_param conn_param(std::span<const std::byte> private_data) const noexcept;
 
     verbs_domain& domain_;
@@ -52,12 +64,12 @@ private:
     std::vector<std::byte> peer_private_;
     mutable cm::cm_state cm_;
     // Destruction order matters and is done by hand in the destructor: detach from the
-    // event loop, destroy the QP (rdma_destroy_qp), then the CQ, then its channel, then
-    // the cm_id (which waits for its events to be acknowledged).
+    // event loop, destroy the QP, then the CQ, then its channel, then the cm_id (which
+    // waits for its events to be acknowledged).
     comp_channel_ptr channel_;
     cq_ptr cq_;
     cm_id_ptr id_;
-    ibv_qp* qp_ = nullptr; ///< owned by id_ (rdma_create_qp / rdma_destroy_qp)
+    qp_ptr qp_;
 };
 
 } // namespace rdmx::verbs

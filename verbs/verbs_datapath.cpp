@@ -90,7 +90,7 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
 {
     if (posted)
         *posted = 0;
-    if (qp_ == nullptr)
+    if (!qp_)
         return errc::not_connected;
     // Validate the whole list first: a bad request must not leave half a list posted.
     for (const work_request& wr : wrs) {
@@ -121,7 +121,7 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
             }
         }
         ibv_send_wr* bad = nullptr;
-        int rc = ibv_post_send(qp_, w, &bad);
+        int rc = ibv_post_send(qp_.get(), w, &bad);
         if (rc) {
             done += static_cast<std::size_t>(bad - w);
             if (posted)
@@ -139,7 +139,7 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
 {
     if (posted)
         *posted = 0;
-    if (qp_ == nullptr)
+    if (!qp_)
         return errc::not_connected;
     for (const recv_request& wr : wrs) {
         std::uint64_t total = 0;
@@ -161,7 +161,7 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
             w[i].num_sge = static_cast<int>(wr.local.size());
         }
         ibv_recv_wr* bad = nullptr;
-        int rc = ibv_post_recv(qp_, w, &bad);
+        int rc = ibv_post_recv(qp_.get(), w, &bad);
         if (rc) {
             done += static_cast<std::size_t>(bad - w);
             if (posted)
@@ -193,6 +193,8 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
             c.byte_len = wc[i].byte_len;
             c.with_imm = !c.status && (wc[i].wc_flags & IBV_WC_WITH_IMM);
             c.imm = c.with_imm ? ntohl(wc[i].imm_data) : 0;
+            if (c.status && c.status != errc::flushed) [[unlikely]]
+                note_error();
         }
         if (got < want)
             break;

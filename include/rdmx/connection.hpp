@@ -96,10 +96,23 @@ struct connection_options {
     std::uint32_t max_inline = 64;
     /// Outstanding RDMA reads per direction (verbs: initiator_depth/responder_resources).
     std::uint32_t max_rd_atomic = 16;
+    /// How long a request may wait for the peer's acknowledgement before it is retried
+    /// (verbs: the QP's local ACK timeout, rounded up to 4.096 us * 2^n; TCP: how long the
+    /// engine waits without any byte moving while requests are outstanding, divided by
+    /// retry_count + 1). A dead, stopped or unreachable peer is thus detected within about
+    /// ack_timeout * (retry_count + 1): outstanding requests then complete with
+    /// errc::transport_retry_exceeded (the first) and errc::flushed (the rest). On TCP the
+    /// product is at least 1 s, above the kernel's own retransmission timeouts.
+    std::chrono::milliseconds ack_timeout{500};
     /// Transport retries before errc::transport_retry_exceeded (verbs retry_count, 0..7).
     std::uint8_t retry_count = 7;
     /// Receiver-not-ready retries before errc::rnr_retry_exceeded (0..7, 7 = forever).
     std::uint8_t rnr_retry_count = 7;
+    /// How long a sender waits before retrying after a receiver-not-ready NAK, in the IBTA
+    /// encoding (0..31): 12 = 0.64 ms (perftest's choice), 1 = 0.01 ms, 31 = 491.52 ms,
+    /// 0 = 655.36 ms (what rdma_cm leaves on a QP). verbs: set on our QP, so it is what our
+    /// NAKs tell the peer; TCP: the delay this side waits before retransmitting.
+    std::uint8_t min_rnr_timer = 12;
     /// Bound on each connection-management step (resolve, connect, accept).
     std::chrono::milliseconds timeout{5000};
 };

@@ -44,9 +44,10 @@ std::error_code nak_status(nak_code c) noexcept
 
 } // namespace
 
-conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& lim, std::uint8_t rnr_retry,
-                       std::uint32_t peer_max_rd)
-    : dom_(dom), lim_(lim), rnr_limit_(rnr_retry > 7 ? 7 : rnr_retry),
+conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
+                       const connection_options& opts, std::uint32_t peer_max_rd)
+    : dom_(dom), lim_(lim), rnr_limit_(opts.rnr_retry_count > 7 ? 7 : opts.rnr_retry_count),
+      rnr_delay_(detail::rnr_delay(opts.min_rnr_timer)),
       max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))), fd_(fd.get()),
       efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
       sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
@@ -55,10 +56,16 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
       cq_(std::size_t{lim.send_queue_depth} + lim.recv_queue_depth),
       // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
-      resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io())
+      resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
+      // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
+      // least, doubling) on a lossy link would look like a dead peer.
+      progress_timeout_(std::max<std::chrono::steady_clock::duration>(
+          opts.ack_timeout * (std::min<int>(opts.retry_count, 7) + 1), std::chrono::seconds(1))),
+      progress_timer_(dom.io())
 {
     if (!efd_)
         throw_errno(errno, "eventfd");
+    set_liveness_options(fd_, std::chrono::duration_cast<std::chrono::milliseconds>(progress_timeout_));
 }
 
 conn_state::~conn_state() = default;
@@ -68,7 +75,39 @@ void conn_state::start()
     asio::post(dom_.io(), [self = shared_from_this()] {
         std::lock_guard lk(self->mu_);
         self->rx_run();
+        self->arm_progress_check();
     });
+}
+
+void conn_state::arm_progress_check() noexcept
+{
+    // A few checks per timeout bound the detection time to 1.25 x the timeout.
+    progress_timer_.expires_after(std::max<std::chrono::steady_clock::duration>(
+        progress_timeout_ / 4, std::chrono::milliseconds(5)));
+    auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        std::lock_guard lk(self->mu_);
+        self->check_progress();
+    };
+    progress_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
+}
+
+void conn_state::check_progress() noexcept
+{
+    if (closed_ || state() != connection_state::established)
+        return; // nothing outstanding any more: the timer stops here
+    auto now = std::chrono::steady_clock::now();
+    if (sq_head_ == sq_tail_) {
+        last_progress_ = now; // idle time is not silence
+    } else if (now - last_progress_ >= progress_timeout_) {
+        // The peer has neither answered nor taken any byte for the whole budget of retries.
+        complete_sq_head(errc::transport_retry_exceeded, 0);
+        fail(connection_state::error);
+        pump();
+        return;
+    }
+    arm_progress_check();
 }
 
 bool conn_state::on_engine() const noexcept
@@ -183,6 +222,8 @@ std::error_code conn_state::post_recv(std::span<const recv_request> wrs, std::si
 std::size_t conn_state::poll(std::span<completion> out) noexcept
 {
     std::lock_guard lk(mu_);
+    if (cq_count_ == 0)
+        rx_poll();
     std::size_t n = std::min(out.size(), cq_count_);
     for (std::size_t i = 0; i < n; ++i) {
         out[i] = cq_[cq_head_];
@@ -227,6 +268,7 @@ void conn_state::close() noexcept
         std::lock_guard lk(self->mu_);
         boost::system::error_code ignored;
         self->rnr_timer_.cancel();
+        self->progress_timer_.cancel(); // its handler holds the state (and its eventfd) alive
         self->desc_.close(ignored);
     });
 }
@@ -448,7 +490,7 @@ void conn_state::pump() noexcept
     std::uint64_t budget = on_engine() ? engine_tx_budget : app_tx_budget;
     for (;;) {
         if (budget == 0) {
-            arm_write();
+            arm_write(false);
             break;
         }
         tx_batch& b = batch_;
@@ -489,11 +531,13 @@ void conn_state::pump() noexcept
         int err = errno;
         for (int i = 0; i < b.npinned; ++i)
             unpin(b.pinned[i]);
+        if (n > 0)
+            last_progress_ = std::chrono::steady_clock::now(); // the peer took bytes: alive
         if (n < 0) {
             if (err == EINTR)
                 continue;
             if (err == EAGAIN || err == EWOULDBLOCK) {
-                arm_write();
+                arm_write(true);
                 break;
             }
             // EPIPE, ECONNRESET: the peer is gone.
@@ -548,28 +592,32 @@ void conn_state::maybe_shutdown() noexcept
     ::shutdown(fd_, SHUT_WR);
 }
 
-void conn_state::arm_write() noexcept
+void conn_state::arm_write(bool would_block) noexcept
 {
     write_armed_ = true;
-    auto wait = [](const std::shared_ptr<conn_state>& self) {
-        self->desc_.async_wait(asio::posix::stream_descriptor::wait_write,
-                               [self](const boost::system::error_code&) {
-                                   std::lock_guard lk(self->mu_);
-                                   self->write_armed_ = false;
-                                   self->pump();
-                               });
-    };
-    if (on_engine()) {
-        wait(shared_from_this());
-    } else {
-        // Rare: only when the socket buffer is full. The engine owns the descriptor.
-        asio::post(dom_.io(), [self = shared_from_this(), wait] {
-            std::lock_guard lk(self->mu_);
-            if (self->closed_)
-                return;
-            wait(self);
-        });
+    if (would_block && on_engine()) {
+        // The socket said EAGAIN on this thread just now, so the wait is queued before the
+        // reactor looks again: the edge that frees space cannot slip past it.
+        desc_.async_wait(asio::posix::stream_descriptor::wait_write,
+                         with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
+                             std::lock_guard lk(self->mu_);
+                             self->write_armed_ = false;
+                             self->pump();
+                         }));
+        return;
     }
+    // Out of budget, or on the application thread (which must not touch the descriptor):
+    // continue on the engine. Never wait for writability here: with the budget spent the
+    // socket may still be writable, and the reactor is edge-triggered, so no event would
+    // come while the peer waits for the rest of a frame. The engine's pump() makes progress
+    // or meets EAGAIN itself and waits as above.
+    asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
+        std::lock_guard lk(self->mu_);
+        if (self->closed_)
+            return;
+        self->write_armed_ = false;
+        self->pump();
+    }));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -581,21 +629,35 @@ void conn_state::arm_read() noexcept
         return;
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
-                     [self = shared_from_this()](const boost::system::error_code&) {
+                     with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
                          std::lock_guard lk(self->mu_);
                          self->read_armed_ = false;
                          self->rx_run();
-                     });
+                     }));
 }
 
 void conn_state::resume_rx() noexcept
 {
     rx_stalled_ = false;
-    asio::post(dom_.io(), [self = shared_from_this()] {
+    asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
         std::lock_guard lk(self->mu_);
         if (!self->read_armed_)
             self->rx_run();
-    });
+    }));
+}
+
+void conn_state::rx_poll() noexcept
+{
+    // A caller that polls receives what has arrived itself, instead of waiting for the
+    // engine thread to wake up, read and hand it over: no thread hop per message. Only
+    // while the engine's read wait is armed: it fires on the next data and re-reads, so
+    // whichever thread reads first, nothing is missed and nothing is read twice (mu_).
+    if (!read_armed_ || closed_ || rx_done_ || rx_stalled_ || state() != connection_state::established)
+        return;
+    for (int budget = 0; budget < rx_budget; ++budget)
+        if (rx_step() != rx_status::again)
+            break;
+    pump(); // the ACKs and read responses that the frames produced
 }
 
 void conn_state::rx_run() noexcept
@@ -765,7 +827,8 @@ conn_state::rx_status conn_state::rx_payload() noexcept
     region_state* pinned[max_iov];
     int niov = 0, npinned = 0;
     std::uint64_t planned = 0;
-    auto sink = dom_.discard_buffer();
+    // The domain's sink is the engine's; the application thread (rx_poll) has its own.
+    std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
     bool to_memory = rx_action_ == rx_action::recv || rx_action_ == rx_action::write ||
                      rx_action_ == rx_action::write_imm || rx_action_ == rx_action::read_resp;
     if (to_memory) {
@@ -810,6 +873,7 @@ conn_state::rx_status conn_state::rx_payload() noexcept
         unpin(pinned[i]);
     if (n <= 0)
         return rx_error(n, err);
+    last_progress_ = std::chrono::steady_clock::now(); // the peer sent bytes: alive
     std::uint64_t got = static_cast<std::uint64_t>(n);
     std::uint64_t payload = std::min(got, rx_left_);
     hdr_got_ = static_cast<std::size_t>(got - payload);
@@ -941,15 +1005,17 @@ void conn_state::on_nak(std::uint64_t seq, nak_code code) noexcept
     tx_next_ = seq;
     reads_in_flight_ = 0; // nothing before seq is outstanding: responses come in order
     rnr_active_ = true;
-    auto delay = std::chrono::milliseconds(1) * (1u << std::min<std::uint32_t>(rnr_tries_ - 1, 6));
+    // As on verbs, each retry waits the RNR timer (connection_options::min_rnr_timer).
+    auto delay = rnr_delay_;
     rnr_timer_.expires_after(delay);
-    rnr_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
         std::lock_guard lk(self->mu_);
         self->rnr_active_ = false;
         self->pump();
-    });
+    };
+    rnr_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -965,10 +1031,10 @@ tcp_connection::~tcp_connection()
 }
 
 std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
-                                            std::uint8_t rnr_retry, std::uint32_t peer_max_rd,
+                                            const connection_options& opts, std::uint32_t peer_max_rd,
                                             std::vector<std::byte> peer_private_data)
 {
-    auto st = std::make_shared<conn_state>(dom, std::move(fd), lim, rnr_retry, peer_max_rd);
+    auto st = std::make_shared<conn_state>(dom, std::move(fd), lim, opts, peer_max_rd);
     auto conn = std::make_unique<tcp_connection>(st, std::move(peer_private_data));
     st->start();
     return conn;

@@ -14,6 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "tcp/tcp_domain.hpp"
+#include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -27,7 +28,7 @@ namespace rdmx::tcp
 class conn_state : public std::enable_shared_from_this<conn_state>
 {
 public:
-    conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& lim, std::uint8_t rnr_retry,
+    conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& lim, const connection_options& opts,
                std::uint32_t peer_max_rd);
     ~conn_state();
     conn_state(const conn_state&) = delete;
@@ -146,7 +147,9 @@ private:
     void pump() noexcept;
     void add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std::uint64_t skip) noexcept;
     void advance(tx_batch& b, std::uint64_t sent) noexcept;
-    void arm_write() noexcept;
+    /// Continues transmitting on the engine: `would_block` after EAGAIN, else after the
+    /// budget ran out or on the application thread.
+    void arm_write(bool would_block) noexcept;
     void maybe_shutdown() noexcept;
 
     // --- receive (engine thread) ---
@@ -161,10 +164,15 @@ private:
     void on_ack(std::uint64_t seq) noexcept;
     void on_nak(std::uint64_t seq, nak_code code) noexcept;
     void resume_rx() noexcept;
+    void rx_poll() noexcept; ///< application thread, from poll()
+    // --- liveness (engine thread) ---
+    void arm_progress_check() noexcept;
+    void check_progress() noexcept;
 
     tcp_domain& dom_;
     const connection_limits lim_;
     const std::uint8_t rnr_limit_;
+    const std::chrono::microseconds rnr_delay_;
     const std::uint32_t max_rd_out_; ///< reads this side may have outstanding at the peer
     const int fd_;
     unique_fd efd_;
@@ -219,9 +227,20 @@ private:
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
     bool closed_ = false;     ///< the connection object is gone
     bool violation_logged_ = false;
+    std::byte app_discard_[4096]; ///< rx_poll's sink for payload that is dropped
 
+    // Asio operations of this connection come from here (never the heap); declared before
+    // the objects whose waits use it.
+    handler_memory hmem_;
     asio::posix::stream_descriptor desc_; ///< engine thread only: readiness waits and close
     asio::steady_timer rnr_timer_;
+
+    // Liveness: while requests are outstanding, some byte must move (either way) at least
+    // every progress_timeout_ (ack_timeout * (retry_count + 1)), or the peer is declared
+    // dead (transport_retry_exceeded), as a verbs QP does after its retries.
+    const std::chrono::steady_clock::duration progress_timeout_;
+    std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();
+    asio::steady_timer progress_timer_;
 };
 
 class tcp_connection final : public connection
@@ -260,7 +279,7 @@ private:
 
 /// Builds the rings (all allocation happens here), then starts the engine on `fd`.
 std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
-                                            std::uint8_t rnr_retry, std::uint32_t peer_max_rd,
+                                            const connection_options& opts, std::uint32_t peer_max_rd,
                                             std::vector<std::byte> peer_private_data);
 
 } // namespace rdmx::tcp

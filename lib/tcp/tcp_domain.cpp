@@ -218,7 +218,7 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
         throw error(make_error_code(errc::rejected), what, std::vector<std::byte>(d.begin(), d.end()));
     }
     auto d = reply->data();
-    auto conn = make_connection(*this, std::move(fd), lim, opts.rnr_retry_count, reply->max_rd_atomic,
+    auto conn = make_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
                                 std::vector<std::byte>(d.begin(), d.end()));
     return conn;
 }

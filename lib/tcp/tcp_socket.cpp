@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -40,6 +41,24 @@ void set_socket_options(int fd)
     int one = 1;
     if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
         throw_errno(errno, "setsockopt(TCP_NODELAY)");
+}
+
+void set_liveness_options(int fd, std::chrono::milliseconds timeout)
+{
+    // The kernel's own bounds, in line with the engine's progress timer: unacknowledged
+    // data (TCP_USER_TIMEOUT) and an idle connection to a vanished host (keepalive) both
+    // end the connection within about `timeout`, so nothing waits on a dead peer forever.
+    unsigned user_timeout = static_cast<unsigned>(std::min<long long>(timeout.count(), 1ll << 30));
+    int idle = static_cast<int>(std::clamp<long long>(timeout.count() / 2000, 1, 3600));
+    int interval = std::max(1, idle / 4);
+    int count = 4;
+    int one = 1;
+    if (::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout) < 0 ||
+        ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) < 0 ||
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) < 0 ||
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval) < 0 ||
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count) < 0)
+        throw_errno(errno, "setsockopt(TCP_USER_TIMEOUT / keepalive)");
 }
 
 std::vector<socket_address> resolve(const uri& u, bool passive, const std::string& what)

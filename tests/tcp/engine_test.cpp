@@ -502,6 +502,39 @@ TEST_F(hostile, write_outside_the_registration_is_nacked_and_memory_untouched)
     ::close(fd);
 }
 
+TEST_F(hostile, ranges_that_wrap_around_are_nacked)
+{
+    // addr + length overflows 64 bits: a naive "addr + len <= end" check would pass it.
+    for (frame_op op : {frame_op::read_req, frame_op::write}) {
+        int fd;
+        auto c = accept_raw(fd);
+        frame_header h;
+        h.op = op;
+        h.seq = 0;
+        h.length = 4096;
+        h.addr = ~std::uint64_t{0} - 100;
+        h.key = mr_->remote().key;
+        send_header(fd, h);
+        if (op == frame_op::write) {
+            std::vector<std::byte> payload(4096, std::byte{0xee});
+            ASSERT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), 4096);
+        }
+        frame_header::bytes b;
+        std::size_t got = 0;
+        while (got < 40) {
+            ssize_t n = ::recv(fd, b.data() + got, 40 - got, 0);
+            ASSERT_GT(n, 0);
+            got += static_cast<std::size_t>(n);
+        }
+        frame_header r;
+        ASSERT_FALSE(frame_header::decode(b.data(), r));
+        EXPECT_EQ(r.op, frame_op::nak);
+        EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::remote_access));
+        expect_flushed_error(*c);
+        ::close(fd);
+    }
+}
+
 TEST_F(hostile, read_flood_without_reading_responses_is_bounded)
 {
     int fd;

@@ -1,0 +1,649 @@
+// rdmx_perf: a perftest-style benchmark (ib_send_lat, ib_write_bw, ...) for both rdmx
+// backends, server and client in one binary.
+//
+//   rdmx_perf --server tcp://0.0.0.0:18515                      # one side
+//   rdmx_perf tcp://127.0.0.1:18515 -t write_bw -s 64K -s 1M    # the other
+//   rdmx_perf rdma://192.168.77.1:18515 -t send_lat -a --json   # sweep 2 B .. 8 MiB
+//
+// The client drives everything: it tells the server the test and each message size over a
+// second, small control connection (so control messages never land in the receives of
+// the measured one), and measures on its side. As perftest does, latency tests report
+// half the round trip for send and write, and the whole round trip for read.
+//
+// Tests
+//   send_lat      ping-pong of sends; each side posts the next receive before it sends
+//   write_lat     ping-pong of RDMA writes; each side spins on the last byte of its buffer
+//   read_lat      one RDMA read at a time
+//   send_bw       a window of sends; the server keeps receives posted
+//   write_bw      a window of RDMA writes to the server's buffer
+//   read_bw       a window of RDMA reads from the server's buffer
+//   write_imm_bw  a window of RDMA writes with immediate (each consumes a server receive)
+#include <CLI/CLI.hpp>
+
+#include <sched.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <rdmx/rdmx.hpp>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+enum class test : std::uint32_t { send_lat, write_lat, read_lat, send_bw, write_bw, read_bw, write_imm_bw };
+const std::vector<std::pair<std::string, test>> test_names = {
+    {"send_lat", test::send_lat}, {"write_lat", test::write_lat}, {"read_lat", test::read_lat},
+    {"send_bw", test::send_bw},   {"write_bw", test::write_bw},   {"read_bw", test::read_bw},
+    {"write_imm_bw", test::write_imm_bw}};
+const char* name_of(test t)
+{
+    for (auto& [n, v] : test_names)
+        if (v == t)
+            return n.c_str();
+    return "?";
+}
+bool is_latency(test t) { return t == test::send_lat || t == test::write_lat || t == test::read_lat; }
+
+/// What the client asks of the server: one control message, copied as bytes.
+struct control {
+    enum kind_t : std::uint32_t { hello, ready, start, bye } kind = hello;
+    test t = test::send_lat;
+    std::uint64_t size = 0;    ///< start: message size; hello: the largest size of the run
+    std::uint64_t iters = 0;   ///< start: measured iterations
+    std::uint64_t warmup = 0;  ///< start: iterations before measuring
+    std::uint32_t inline_max = 0;
+    std::uint32_t event = 0;   ///< the server waits in event mode too
+    rdmx::remote_buffer::bytes region{}; ///< hello / ready: the sender's data buffer
+};
+
+struct options {
+    std::string address;
+    bool server = false;
+    test t = test::send_lat;
+    std::vector<std::string> sizes;
+    bool sweep = false;
+    std::size_t max_size = 8 << 20;
+    std::uint64_t iters = 1000;
+    std::uint64_t warmup = 100;
+    std::uint32_t depth = 128;
+    std::uint32_t post_list = 1;
+    std::uint32_t signal_every = 1;
+    std::uint32_t inline_max = 64;
+    bool event = false;
+    std::string cpus;
+    bool json = false;
+    int timeout_ms = 10000;
+};
+
+std::size_t parse_size(const std::string& s)
+{
+    std::size_t pos = 0;
+    unsigned long long v = std::stoull(s, &pos);
+    std::string unit = s.substr(pos);
+    if (unit == "K" || unit == "k" || unit == "KiB")
+        v <<= 10;
+    else if (unit == "M" || unit == "m" || unit == "MiB")
+        v <<= 20;
+    else if (!unit.empty() && unit != "B")
+        throw std::invalid_argument("bad size '" + s + "' (use e.g. 8, 64K, 1M)");
+    return static_cast<std::size_t>(v);
+}
+
+/// Pins this process (and so the threads it creates later, such as the TCP backend's
+/// engine) to the CPUs of a taskset-style list: "0", "1,3", "0-1".
+void pin_cpus(const std::string& list)
+{
+    if (list.empty())
+        return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    std::size_t i = 0;
+    while (i < list.size()) {
+        std::size_t used = 0;
+        int lo = std::stoi(list.substr(i), &used);
+        int hi = lo;
+        i += used;
+        if (i < list.size() && list[i] == '-') {
+            hi = std::stoi(list.substr(i + 1), &used);
+            i += used + 1;
+        }
+        for (int c = lo; c <= hi; ++c)
+            CPU_SET(c, &set);
+        if (i < list.size() && list[i] == ',')
+            ++i;
+    }
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        throw std::runtime_error("sched_setaffinity(" + list + "): " + std::strerror(errno));
+}
+
+double cpu_seconds()
+{
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru); // the whole process: the TCP engine's thread included
+    auto sec = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec * 1e-6; };
+    return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
+/// One connection's completion source: busy polling, or sleeping in connection::wait().
+class poller {
+public:
+    poller(rdmx::connection& c, bool event, std::chrono::milliseconds timeout)
+        : c_(c), event_(event), timeout_(timeout)
+    {
+    }
+    /// Up to out.size() completions; throws on an error completion or when nothing
+    /// arrives within the timeout (the peer died or the test hung).
+    std::size_t get(std::span<rdmx::completion> out)
+    {
+        auto deadline = clock_type::now() + timeout_;
+        for (;;) {
+            std::size_t n = event_ ? c_.wait(out, 100ms) : c_.poll(out);
+            for (std::size_t i = 0; i < n; ++i)
+                if (out[i].status)
+                    throw std::runtime_error("completion of wr_id " + std::to_string(out[i].wr_id) +
+                                             ": " + out[i].status.message());
+            if (n > 0)
+                return n;
+            if (clock_type::now() > deadline)
+                throw std::runtime_error("no completion within the timeout (peer gone?)");
+        }
+    }
+    /// Exactly one completion.
+    rdmx::completion one()
+    {
+        rdmx::completion wc;
+        get({&wc, 1});
+        return wc;
+    }
+
+private:
+    rdmx::connection& c_;
+    bool event_;
+    std::chrono::milliseconds timeout_;
+};
+
+void check(std::error_code ec, const char* what)
+{
+    if (ec)
+        throw std::runtime_error(std::string(what) + ": " + ec.message());
+}
+
+/// Everything one side needs: the measured connection, the control connection, and the
+/// registered buffers. The data buffer has two halves of max_size: the first is what the
+/// peer writes into or reads from, the second is this side's source or sink.
+struct session {
+    std::unique_ptr<rdmx::domain> dom;
+    std::unique_ptr<rdmx::connection> data, ctl;
+    std::vector<std::byte> buf, ctl_buf;
+    std::unique_ptr<rdmx::memory_region> mr, ctl_mr;
+    rdmx::remote_buffer peer{}; ///< the first half of the peer's buffer
+    std::size_t max_size = 0;
+    std::chrono::milliseconds timeout{10000};
+
+    std::byte* target() { return buf.data(); }
+    std::byte* source() { return buf.data() + max_size; }
+
+    void register_buffers(std::size_t max)
+    {
+        max_size = max;
+        buf.assign(2 * max, std::byte{0});
+        mr = dom->register_memory(buf.data(), buf.size(),
+                                  rdmx::access::local_write | rdmx::access::remote_write |
+                                      rdmx::access::remote_read);
+    }
+    void setup_control()
+    {
+        ctl_buf.assign(2 * sizeof(control), std::byte{0}); // [0] receive, [1] send
+        ctl_mr = dom->register_memory(ctl_buf.data(), ctl_buf.size(), rdmx::access::local_write);
+        post_control_recv();
+    }
+    void post_control_recv()
+    {
+        rdmx::sge s{ctl_mr.get(), 0, sizeof(control)};
+        check(ctl->post_recv({&s, 1}, 0), "post_recv (control)");
+    }
+    void send_control(const control& m)
+    {
+        std::memcpy(ctl_buf.data() + sizeof(control), &m, sizeof m);
+        rdmx::sge s{ctl_mr.get(), sizeof(control), sizeof(control)};
+        check(ctl->post_send({&s, 1}, 1), "post_send (control)");
+    }
+    /// Waits for the next control message (and the completion of our last one).
+    control recv_control(std::chrono::milliseconds timeout)
+    {
+        poller p(*ctl, true, timeout);
+        for (;;) {
+            rdmx::completion wc = p.one();
+            if (wc.opcode != rdmx::opcode::recv)
+                continue; // our own send's completion
+            control m;
+            std::memcpy(&m, ctl_buf.data(), sizeof m);
+            post_control_recv();
+            return m;
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Latency tests. `record` gets the time of each measured iteration.
+
+/// Spins until the last byte of [p, p + size) reads `v` (the peer's RDMA write landed:
+/// RC writes arrive in order, so the last byte is the last to change).
+void spin_for(std::byte* p, std::size_t size, std::uint8_t v, std::chrono::milliseconds timeout)
+{
+    std::atomic_ref<std::byte> last(p[size - 1]);
+    auto deadline = clock_type::now() + timeout;
+    std::uint32_t n = 0;
+    while (last.load(std::memory_order_acquire) != std::byte{v})
+        if (++n % 4096 == 0 && clock_type::now() > deadline)
+            throw std::runtime_error("write_lat: the peer's write did not arrive (peer gone?)");
+}
+
+/// Runs one side of a latency test; the client (`active`) measures. The server says
+/// ready once its first receive is posted.
+std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint64_t warmup, std::uint64_t iters,
+                                bool active, bool event, std::uint32_t inline_max)
+{
+    std::vector<double> samples;
+    samples.reserve(iters);
+    poller p(*s.data, event, s.timeout);
+    const std::uint64_t total = warmup + iters;
+    const auto flags = size <= inline_max && t != test::read_lat
+                           ? rdmx::send_flags::signaled | rdmx::send_flags::inline_data
+                           : rdmx::send_flags::signaled;
+    rdmx::sge src{s.mr.get(), s.max_size, size}; // our source (or read sink)
+    rdmx::sge dst{s.mr.get(), 0, size};          // where the peer's sends land
+    rdmx::remote_buffer remote = *s.peer.slice(0, size);
+
+    // Waits for `n` completions of any kind (sends, receives, reads).
+    auto complete = [&](int n) {
+        rdmx::completion wc[4];
+        while (n > 0)
+            n -= static_cast<int>(p.get({wc, static_cast<std::size_t>(std::min(n, 4))}));
+    };
+
+    if (t == test::send_lat)
+        check(s.data->post_recv({&dst, 1}, 0), "post_recv");
+    // A stale sequence byte from an earlier size must not look like this run's first one.
+    std::atomic_ref<std::byte>(s.target()[size - 1]).store(std::byte{0});
+    if (!active)
+        s.send_control({.kind = control::ready});
+    for (std::uint64_t i = 0; i < total; ++i) {
+        auto t0 = clock_type::now();
+        switch (t) {
+        case test::send_lat:
+            if (active) {
+                check(s.data->post_send({&src, 1}, i, flags), "post_send");
+                complete(2); // our send, the peer's answer
+                if (i + 1 < total)
+                    check(s.data->post_recv({&dst, 1}, i), "post_recv");
+            } else {
+                complete(1); // the ping; the next receive goes up before we answer
+                if (i + 1 < total)
+                    check(s.data->post_recv({&dst, 1}, i), "post_recv");
+                check(s.data->post_send({&src, 1}, i, flags), "post_send");
+                complete(1);
+            }
+            break;
+        case test::write_lat: {
+            auto seq = static_cast<std::uint8_t>(i % 255 + 1);
+            if (!active)
+                spin_for(s.target(), size, seq, s.timeout);
+            s.source()[size - 1] = std::byte{seq};
+            check(s.data->post_write({&src, 1}, remote, i, flags), "post_write");
+            if (active)
+                spin_for(s.target(), size, seq, s.timeout);
+            complete(1);
+            break;
+        }
+        case test::read_lat:
+            check(s.data->post_read({&src, 1}, remote, i), "post_read");
+            complete(1);
+            break;
+        default: break;
+        }
+        if (active && i >= warmup) {
+            std::chrono::duration<double, std::micro> us = clock_type::now() - t0;
+            // As perftest: half the round trip for send and write, the whole of a read.
+            samples.push_back(t == test::read_lat ? us.count() : us.count() / 2);
+        }
+    }
+    return samples;
+}
+
+// ---------------------------------------------------------------------------------------
+// Bandwidth tests
+
+struct bw_result {
+    double seconds = 0, cpu = 0;
+    std::uint64_t messages = 0;
+};
+
+/// The client's side of a bandwidth test: keeps up to `depth` requests outstanding,
+/// posted in lists of `post_list`, every `signal_every`-th one signalled (and the last).
+bw_result run_bw_client(session& s, test t, std::size_t size, std::uint64_t warmup, std::uint64_t iters,
+                        std::uint32_t depth, std::uint32_t post_list, std::uint32_t signal_every,
+                        std::uint32_t inline_max, bool event)
+{
+    poller p(*s.data, event, s.timeout);
+    const std::uint64_t total = warmup + iters;
+    const rdmx::opcode op = t == test::send_bw    ? rdmx::opcode::send
+                            : t == test::read_bw  ? rdmx::opcode::read
+                            : t == test::write_bw ? rdmx::opcode::write
+                                                  : rdmx::opcode::write_with_imm;
+    const bool use_inline = size <= inline_max && op != rdmx::opcode::read;
+    rdmx::sge src{s.mr.get(), s.max_size, size};
+    rdmx::remote_buffer remote = *s.peer.slice(0, size);
+    std::vector<rdmx::work_request> list(post_list);
+    std::vector<rdmx::completion> wc(64);
+
+    std::uint64_t posted = 0, completed = 0, measured_from = 0;
+    clock_type::time_point t0 = clock_type::now();
+    double cpu0 = cpu_seconds();
+    bool measuring = warmup == 0;
+    while (completed < total) {
+        // Fill the window. A request is done when a signalled one at or after it completes.
+        while (posted < total && posted - completed + post_list <= depth) {
+            std::size_t n = std::min<std::uint64_t>(post_list, total - posted);
+            for (std::size_t j = 0; j < n; ++j) {
+                std::uint64_t k = posted + j;
+                bool signal = (k + 1) % signal_every == 0 || k + 1 == total;
+                list[j] = {.opcode = op, .wr_id = k, .local = {&src, 1}, .remote = remote,
+                           .flags = signal ? rdmx::send_flags::signaled : rdmx::send_flags::none,
+                           .imm = static_cast<std::uint32_t>(k)};
+                if (use_inline)
+                    list[j].flags = list[j].flags | rdmx::send_flags::inline_data;
+            }
+            std::size_t done = 0;
+            auto ec = s.data->post({list.data(), n}, &done);
+            posted += done;
+            if (ec == rdmx::errc::would_block)
+                break; // the send queue is full after all: poll first
+            check(ec, "post");
+        }
+        std::size_t got = p.get(wc);
+        for (std::size_t i = 0; i < got; ++i)
+            completed = std::max(completed, wc[i].wr_id + 1);
+        if (!measuring && completed >= warmup) {
+            measuring = true;
+            measured_from = completed;
+            t0 = clock_type::now();
+            cpu0 = cpu_seconds();
+        }
+    }
+    std::chrono::duration<double> dt = clock_type::now() - t0;
+    return {dt.count(), cpu_seconds() - cpu0, total - measured_from};
+}
+
+/// The server's side of send_bw / write_imm_bw: keeps receives posted until `total` arrived.
+void run_bw_receiver(session& s, test t, std::size_t size, std::uint64_t total, bool event)
+{
+    poller p(*s.data, event, s.timeout);
+    const std::uint64_t depth = s.data->limits().recv_queue_depth;
+    // write_imm needs only the receive slot: its payload goes to the target address.
+    rdmx::sge dst{s.mr.get(), 0, t == test::send_bw ? size : 0};
+    std::vector<rdmx::recv_request> rr(depth, rdmx::recv_request{.wr_id = 0, .local = {&dst, 1}});
+    std::uint64_t posted = std::min(depth, total), received = 0;
+    check(s.data->post_recv({rr.data(), posted}), "post_recv");
+    s.send_control({.kind = control::ready}); // the client may start
+    std::vector<rdmx::completion> wc(64);
+    while (received < total) {
+        std::size_t got = p.get(wc);
+        received += got;
+        std::uint64_t more = std::min<std::uint64_t>(got, total - posted);
+        if (more > 0) {
+            check(s.data->post_recv({rr.data(), more}), "post_recv");
+            posted += more;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reporting
+
+struct result {
+    test t;
+    std::size_t size;
+    std::uint64_t iters;
+    std::vector<double> lat; ///< latency tests: microseconds, sorted
+    bw_result bw;
+};
+
+double percentile(const std::vector<double>& v, double q)
+{
+    if (v.empty())
+        return 0;
+    auto i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+    return v[std::min(i, v.size() - 1)];
+}
+
+void print_header(test t, const session& s, const options& o)
+{
+    std::printf("---------------------------------------------------------------------------------------\n");
+    std::printf(" rdmx_perf %s   backend %s (device %s)   %s mode\n", name_of(t), rdmx::to_string(s.dom->backend()),
+                s.dom->limits().device_name.c_str(), o.event ? "event" : "polling");
+    std::printf(" depth %u   post list %u   signal every %u   inline up to %u B   cpus %s\n", o.depth, o.post_list,
+                o.signal_every, o.inline_max, o.cpus.empty() ? "any" : o.cpus.c_str());
+    std::printf("---------------------------------------------------------------------------------------\n");
+    if (is_latency(t))
+        std::printf(" %10s %12s %12s %14s %12s %12s\n", "#bytes", "#iterations", "t_min[us]", "t_median[us]",
+                    "t_p99[us]", "t_max[us]");
+    else
+        std::printf(" %10s %12s %14s %14s %16s\n", "#bytes", "#iterations", "BW[MB/s]", "MsgRate[Mpps]",
+                    "CPU[s/GB]");
+}
+
+void print_row(const result& r)
+{
+    if (is_latency(r.t)) {
+        std::printf(" %10zu %12llu %12.2f %14.2f %12.2f %12.2f\n", r.size, static_cast<unsigned long long>(r.iters),
+                    r.lat.front(), percentile(r.lat, 0.5), percentile(r.lat, 0.99), r.lat.back());
+    } else {
+        double bytes = static_cast<double>(r.bw.messages) * static_cast<double>(r.size);
+        std::printf(" %10zu %12llu %14.2f %14.4f %16.3f\n", r.size, static_cast<unsigned long long>(r.iters),
+                    bytes / r.bw.seconds / 1e6, static_cast<double>(r.bw.messages) / r.bw.seconds / 1e6,
+                    r.bw.cpu / (bytes / 1e9));
+    }
+    std::fflush(stdout);
+}
+
+void print_json(const std::vector<result>& rs, const session& s, const options& o)
+{
+    std::printf("{\"tool\": \"rdmx_perf\", \"backend\": \"%s\", \"device\": \"%s\", \"mode\": \"%s\", "
+                "\"depth\": %u, \"post_list\": %u, \"signal_every\": %u, \"inline\": %u, \"cpus\": \"%s\", "
+                "\"units\": {\"latency\": \"us\", \"bandwidth\": \"MB/s (1e6 B/s)\", \"cpu\": \"s per GB (1e9 B)\"},\n"
+                " \"results\": [\n",
+                rdmx::to_string(s.dom->backend()), s.dom->limits().device_name.c_str(), o.event ? "event" : "polling",
+                o.depth, o.post_list, o.signal_every, o.inline_max, o.cpus.c_str());
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+        const result& r = rs[i];
+        std::printf("  {\"test\": \"%s\", \"size\": %zu, \"iterations\": %llu, ", name_of(r.t), r.size,
+                    static_cast<unsigned long long>(r.iters));
+        if (is_latency(r.t)) {
+            std::printf("\"min_us\": %.3f, \"median_us\": %.3f, \"p99_us\": %.3f, \"max_us\": %.3f}", r.lat.front(),
+                        percentile(r.lat, 0.5), percentile(r.lat, 0.99), r.lat.back());
+        } else {
+            double bytes = static_cast<double>(r.bw.messages) * static_cast<double>(r.size);
+            std::printf("\"mb_per_s\": %.2f, \"msg_per_s\": %.0f, \"cpu_s_per_gb\": %.4f, \"seconds\": %.6f}",
+                        bytes / r.bw.seconds / 1e6, static_cast<double>(r.bw.messages) / r.bw.seconds,
+                        r.bw.cpu / (bytes / 1e9), r.bw.seconds);
+        }
+        std::printf("%s\n", i + 1 < rs.size() ? "," : "");
+    }
+    std::printf(" ]}\n");
+}
+
+rdmx::connection_options connection_opts(const options& o)
+{
+    rdmx::connection_options c;
+    c.send_queue_depth = o.depth;
+    // Receives: twice the sender's window, so that reposting never falls behind by a
+    // whole window (the sender would see receiver-not-ready retries).
+    c.recv_queue_depth = 2 * o.depth;
+    c.max_inline = o.inline_max;
+    c.timeout = std::chrono::milliseconds(o.timeout_ms);
+    return c;
+}
+
+// ---------------------------------------------------------------------------------------
+
+int run_server(const options& o)
+{
+    session s;
+    s.timeout = std::chrono::milliseconds(o.timeout_ms);
+    s.dom = rdmx::domain::open(o.address);
+    auto lst = s.dom->listen(o.address);
+    std::fprintf(stderr, "rdmx_perf server: listening on %s (backend %s), port %u\n", o.address.c_str(),
+                 rdmx::to_string(s.dom->backend()), lst->port());
+    // The client connects twice: the measured connection first, then the control one.
+    auto accept = [&](const rdmx::connection_options& co) {
+        for (;;)
+            if (auto req = lst->get_request(1s))
+                return req->accept(co);
+    };
+    s.data = accept(connection_opts(o));
+    s.ctl = accept(connection_opts(o));
+    s.setup_control();
+    bool event = false;
+    for (;;) {
+        control m = s.recv_control(std::chrono::hours(24));
+        switch (m.kind) {
+        case control::hello: {
+            s.register_buffers(m.size);
+            s.peer = *rdmx::remote_buffer::parse(m.region);
+            event = m.event != 0;
+            control r{.kind = control::ready};
+            r.region = s.mr->remote(0, m.size).serialize();
+            s.send_control(r);
+            break;
+        }
+        case control::start: {
+            // Receives must be posted before the client starts: the test functions say
+            // ready once they are.
+            const std::uint64_t total = m.warmup + m.iters;
+            if (m.t == test::send_lat || m.t == test::write_lat)
+                run_latency(s, m.t, m.size, m.warmup, m.iters, false, event, m.inline_max);
+            else if (m.t == test::send_bw || m.t == test::write_imm_bw)
+                run_bw_receiver(s, m.t, m.size, total, event);
+            else // write_bw, read_bw, read_lat: nothing to do, the transport serves them
+                s.send_control({.kind = control::ready});
+            break;
+        }
+        case control::bye: return 0;
+        default: throw std::runtime_error("unexpected control message");
+        }
+    }
+}
+
+int run_client(const options& o)
+{
+    std::vector<std::size_t> sizes;
+    if (o.sweep)
+        for (std::size_t v = 2; v <= o.max_size; v *= 2)
+            sizes.push_back(v);
+    for (auto& str : o.sizes)
+        sizes.push_back(parse_size(str));
+    if (sizes.empty())
+        sizes.push_back(o.t == test::send_lat || o.t == test::write_lat || o.t == test::read_lat ? 2 : 65536);
+    std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
+    if (*std::min_element(sizes.begin(), sizes.end()) < 1)
+        throw std::invalid_argument("sizes must be at least 1 byte");
+
+    session s;
+    s.timeout = std::chrono::milliseconds(o.timeout_ms);
+    s.dom = rdmx::domain::open(o.address);
+    auto co = connection_opts(o);
+    s.data = s.dom->connect(o.address, co);
+    s.ctl = s.dom->connect(o.address, co);
+    s.setup_control();
+    s.register_buffers(largest);
+
+    control hello{.kind = control::hello, .size = largest, .event = o.event ? 1u : 0u};
+    hello.region = s.mr->remote(0, largest).serialize();
+    s.send_control(hello);
+    control r = s.recv_control(s.timeout);
+    s.peer = *rdmx::remote_buffer::parse(r.region);
+
+    if (!o.json)
+        print_header(o.t, s, o);
+    std::vector<result> results;
+    for (std::size_t size : sizes) {
+        s.send_control({.kind = control::start, .t = o.t, .size = size, .iters = o.iters, .warmup = o.warmup,
+                        .inline_max = o.inline_max});
+        s.recv_control(s.timeout); // ready: the server's receives are posted
+        result res{.t = o.t, .size = size, .iters = o.iters, .lat = {}, .bw = {}};
+        if (is_latency(o.t)) {
+            res.lat = run_latency(s, o.t, size, o.warmup, o.iters, true, o.event, o.inline_max);
+            std::sort(res.lat.begin(), res.lat.end());
+        } else {
+            res.bw = run_bw_client(s, o.t, size, o.warmup, o.iters, o.depth, o.post_list, o.signal_every,
+                                   o.inline_max, o.event);
+        }
+        if (!o.json)
+            print_row(res);
+        results.push_back(std::move(res));
+    }
+    s.send_control({.kind = control::bye});
+    if (o.json)
+        print_json(results, s, o);
+    // Let the bye reach the server before the connection goes.
+    poller(*s.ctl, true, s.timeout).one();
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+    CLI::App app{"rdmx_perf: perftest-style latency and bandwidth tests for rdmx (verbs and TCP backends).\n"
+                 "Start the server with --server, then the client with the same address."};
+    options o;
+    std::string test_name = "send_lat";
+    app.add_option("address", o.address, "rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT (server: where to listen)")
+        ->required();
+    app.add_flag("--server", o.server, "serve one client run, then exit");
+    std::vector<std::string> all_tests;
+    for (auto& [n, v] : test_names)
+        all_tests.push_back(n);
+    app.add_option("-t,--test", test_name, "test to run")->check(CLI::IsMember(all_tests))->capture_default_str();
+    app.add_option("-s,--size", o.sizes, "message size, repeatable (suffixes K, M): -s 8 -s 64K -s 1M");
+    app.add_flag("-a,--all", o.sweep, "sweep sizes 2 B .. --max-size in powers of two");
+    app.add_option("--max-size", o.max_size, "largest size of the sweep")->capture_default_str();
+    app.add_option("-n,--iters", o.iters, "measured iterations per size")->capture_default_str();
+    app.add_option("-w,--warmup", o.warmup, "iterations before measuring")->capture_default_str();
+    app.add_option("-d,--depth", o.depth, "send queue depth = bandwidth window")
+        ->capture_default_str()->check(CLI::Range(1u, 16384u));
+    app.add_option("-l,--post-list", o.post_list, "requests per post() call (one doorbell)")
+        ->capture_default_str()->check(CLI::Range(1u, 1024u));
+    app.add_option("-c,--signal-every", o.signal_every, "signal one request in N (bandwidth tests)")
+        ->capture_default_str()->check(CLI::Range(1u, 16384u));
+    app.add_option("-I,--inline", o.inline_max, "send payloads up to this size inline")->capture_default_str();
+    app.add_flag("-e,--event", o.event, "sleep on the completion channel instead of busy polling");
+    app.add_option("--cpu", o.cpus, "pin to these CPUs (taskset list: 0 | 0,1 | 0-1)");
+    app.add_flag("--json", o.json, "print one JSON document instead of the table");
+    app.add_option("--timeout-ms", o.timeout_ms, "bound on connecting and on every wait")->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+    for (auto& [n, v] : test_names)
+        if (n == test_name)
+            o.t = v;
+    if (o.post_list > o.depth) {
+        std::fprintf(stderr, "rdmx_perf: --post-list must not exceed --depth\n");
+        return 2;
+    }
+    try {
+        pin_cpus(o.cpus);
+        return o.server ? run_server(o) : run_client(o);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "rdmx_perf %s: %s\n", o.server ? "server" : "client", e.what());
+        return 1;
+    }
+}

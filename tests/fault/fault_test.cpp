@@ -1,0 +1,394 @@
+// Fault injection on both backends: a peer killed or stopped in the middle of a stream,
+// the link cut under a transfer, a lossy and reordering link, and connection attempts
+// that cannot succeed. The peer is a separate process (fault_peer) in another network
+// namespace joined to ours by a veth pair, each side with its own rxe device: two hosts
+// for real, inside the test guest (tests/fault/run-faults.sh sets them up).
+//
+// Environment (set by run-faults.sh):
+//   RDMX_FAULT_PEER         path of fault_peer
+//   RDMX_FAULT_PEER_PREFIX  command prefix that runs it in the other namespace
+//   RDMX_FAULT_PEER_ADDR    the peer's IP;  RDMX_FAULT_LINK, RDMX_FAULT_PEER_LINK  the veths
+//   RDMX_FAULT_UNUSED_ADDR  an on-link IP nobody has;  RDMX_FAULT_NO_ROUTE_ADDR  unroutable
+#include <gtest/gtest.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <sstream>
+
+#include "common/test_util.hpp"
+
+namespace rdmx::test {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+std::string env(const char* name)
+{
+    const char* v = std::getenv(name);
+    return v ? v : "";
+}
+
+int sh(const std::string& cmd)
+{
+    int rc = std::system(cmd.c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string address(backend b, const std::string& host, std::uint16_t port)
+{
+    return std::string(b == backend::tcp ? "tcp://" : "rdma://") + host + ":" + std::to_string(port);
+}
+
+/// The peer process; killed and reaped on destruction whatever state it is in.
+class peer_process {
+public:
+    peer_process(backend b, int receives)
+    {
+        std::vector<std::string> args;
+        std::istringstream prefix(env("RDMX_FAULT_PEER_PREFIX"));
+        for (std::string w; prefix >> w;)
+            args.push_back(w);
+        args.push_back(env("RDMX_FAULT_PEER"));
+        args.push_back(address(b, env("RDMX_FAULT_PEER_ADDR"), 0));
+        args.push_back(std::to_string(receives));
+        int fds[2];
+        if (::pipe(fds) != 0)
+            throw std::runtime_error("pipe");
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            ::dup2(fds[1], 1);
+            ::close(fds[0]);
+            ::close(fds[1]);
+            std::vector<char*> argv;
+            for (auto& a : args)
+                argv.push_back(a.data());
+            argv.push_back(nullptr);
+            ::execvp(argv[0], argv.data());
+            _exit(127);
+        }
+        ::close(fds[1]);
+        // Wait (bounded) for "READY <port>".
+        std::string line;
+        pollfd pfd{fds[0], POLLIN, 0};
+        auto deadline = clock::now() + 30s;
+        char c;
+        while (clock::now() < deadline && line.find('\n') == std::string::npos) {
+            if (::poll(&pfd, 1, 100) > 0) {
+                if (::read(fds[0], &c, 1) != 1)
+                    break;
+                line += c;
+            }
+        }
+        ::close(fds[0]);
+        if (std::sscanf(line.c_str(), "READY %hu", &port_) != 1)
+            throw std::runtime_error("fault_peer did not start: '" + line + "'");
+    }
+    ~peer_process()
+    {
+        ::kill(pid_, SIGKILL);
+        ::kill(pid_, SIGCONT);
+        int st;
+        ::waitpid(pid_, &st, 0);
+    }
+    void signal(int sig) { ::kill(pid_, sig); }
+    std::uint16_t port() const { return port_; }
+
+private:
+    pid_t pid_ = -1;
+    std::uint16_t port_ = 0;
+};
+
+class fault : public testing::TestWithParam<backend> {
+protected:
+    void SetUp() override
+    {
+        b_ = GetParam();
+        peer_addr_ = env("RDMX_FAULT_PEER_ADDR");
+        if (peer_addr_.empty() || env("RDMX_FAULT_PEER").empty())
+            GTEST_SKIP() << "fault tests run in the test guest (tests/fault/run-faults.sh)";
+        dom_ = domain::open(address(b_, peer_addr_, 0));
+        ASSERT_EQ(dom_->backend(), b_);
+        local_.assign(1 << 20, std::byte{0});
+        mr_ = dom_->register_memory(local_.data(), local_.size(), access::local_write);
+    }
+    void TearDown() override
+    {
+        // Whatever a test did to the links, leave them as run-faults.sh made them.
+        if (!env("RDMX_FAULT_LINK").empty()) {
+            sh("ip link set dev " + env("RDMX_FAULT_LINK") + " up 2>/dev/null");
+            sh("tc qdisc del dev " + env("RDMX_FAULT_LINK") + " root 2>/dev/null");
+            sh(env("RDMX_FAULT_PEER_PREFIX") + " tc qdisc del dev " + env("RDMX_FAULT_PEER_LINK") +
+               " root 2>/dev/null");
+        }
+    }
+
+    std::unique_ptr<connection> connect_to(const peer_process& peer, const connection_options& opts,
+                                           remote_buffer& rb)
+    {
+        auto c = dom_->connect(address(b_, peer_addr_, peer.port()), opts);
+        auto parsed = remote_buffer::parse(c->peer_private_data().first(remote_buffer::wire_size));
+        if (!parsed)
+            throw std::runtime_error("peer sent no descriptor");
+        rb = *parsed;
+        return c;
+    }
+
+    struct stream_result {
+        std::size_t posted = 0, ok = 0, failed = 0, outstanding = 0;
+        std::error_code first_error;
+        clock::duration detection{};
+    };
+
+    /// Streams sends, writes and reads (keeping the send queue full) for `warmup`, calls
+    /// `inject`, and goes on until every outstanding request has completed after an error,
+    /// or `limit` passes. Detection time runs from the injection to the first error.
+    stream_result stream(connection& c, const remote_buffer& rb, clock::duration warmup,
+                         const std::function<void()>& inject, clock::duration limit)
+    {
+        stream_result r;
+        auto start = clock::now();
+        clock::time_point injected{};
+        std::size_t depth = c.limits().send_queue_depth;
+        completion cs[32];
+        while (clock::now() - start < limit) {
+            if (injected == clock::time_point{} && clock::now() - start >= warmup) {
+                inject();
+                injected = clock::now();
+            }
+            bool errored = r.failed > 0;
+            if (!errored && r.outstanding < depth) {
+                std::size_t i = r.posted;
+                std::size_t len = 64 + (i * 977) % 4000;
+                std::size_t off = (i * 4096) % (local_.size() - 4096);
+                sge s{mr_.get(), off, len};
+                std::error_code ec;
+                switch (i % 3) {
+                case 0: ec = c.post_send({&s, 1}, i); break;
+                case 1: ec = c.post_write({&s, 1}, *rb.slice(off, len), i); break;
+                default: ec = c.post_read({&s, 1}, *rb.slice(off, len), i); break;
+                }
+                if (!ec) {
+                    ++r.posted;
+                    ++r.outstanding;
+                } else if (ec != errc::would_block) {
+                    ADD_FAILURE() << "post: " << ec.message();
+                    break;
+                }
+            }
+            std::size_t n = c.poll(cs);
+            for (std::size_t k = 0; k < n; ++k) {
+                --r.outstanding;
+                if (!cs[k].status) {
+                    ++r.ok;
+                    continue;
+                }
+                if (r.failed++ == 0) {
+                    r.first_error = cs[k].status;
+                    r.detection = injected == clock::time_point{} ? clock::duration{} : clock::now() - injected;
+                }
+            }
+            if (r.failed > 0 && r.outstanding == 0)
+                break;
+            if (n == 0 && r.outstanding >= depth)
+                std::this_thread::sleep_for(100us);
+        }
+        return r;
+    }
+
+    static double ms(clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+    void report(const char* what, const stream_result& r)
+    {
+        std::printf("[ fault    ] %s on %s: detected in %.0f ms (%s); %zu ok, %zu failed, %zu outstanding\n",
+                    what, to_string(b_), ms(r.detection), r.first_error.message().c_str(), r.ok, r.failed,
+                    r.outstanding);
+        RecordProperty("detection_ms", static_cast<int>(ms(r.detection)));
+    }
+
+    backend b_{};
+    std::string peer_addr_;
+    std::unique_ptr<domain> dom_;
+    std::vector<std::byte> local_;
+    std::unique_ptr<memory_region> mr_;
+};
+
+std::string link_skip_reason()
+{
+    std::string why = env("RDMX_FAULT_NO_LINK_REASON");
+    return why.empty() ? "needs RDMX_FAULT_LINK (a link between the two ends)" : why;
+}
+
+connection_options quick_options()
+{
+    connection_options o;
+    o.send_queue_depth = 32;
+    o.ack_timeout = 100ms;
+    o.retry_count = 3;
+    o.rnr_retry_count = 3;
+    return o;
+}
+
+// Detection bound: the configured retries (ack_timeout x (retry_count + 1)), a quarter
+// more for the TCP engine's check interval, and slack for a guest under emulation.
+clock::duration bound(const connection_options& o)
+{
+    clock::duration retries = o.ack_timeout * (o.retry_count + 1);
+    return std::max<clock::duration>(retries, 1s) * 5 / 4 + 3s; // TCP's floor is 1 s
+}
+
+TEST_P(fault, peer_killed_mid_stream)
+{
+    peer_process peer(b_, 64);
+    auto opts = quick_options();
+    remote_buffer rb;
+    auto c = connect_to(peer, opts, rb);
+    auto r = stream(*c, rb, 500ms, [&] { peer.signal(SIGKILL); }, 30s);
+    report("peer killed (SIGKILL)", r);
+    EXPECT_GT(r.ok, 0u) << "nothing moved before the fault";
+    EXPECT_GT(r.failed, 0u) << "the dead peer went unnoticed";
+    EXPECT_EQ(r.outstanding, 0u) << "requests left hanging";
+    EXPECT_LT(r.detection, bound(opts));
+    EXPECT_NE(c->state(), connection_state::established);
+}
+
+TEST_P(fault, peer_stopped_is_detected_by_the_configured_timeout)
+{
+    // Few receives: once they are used up, sends need the (stopped) application.
+    peer_process peer(b_, 4);
+    auto opts = quick_options();
+    remote_buffer rb;
+    auto c = connect_to(peer, opts, rb);
+    auto r = stream(*c, rb, 50ms, [&] { peer.signal(SIGSTOP); }, 30s);
+    report("peer stopped (SIGSTOP)", r);
+    EXPECT_GT(r.failed, 0u);
+    EXPECT_EQ(r.outstanding, 0u);
+    // verbs: the kernel (rxe) still answers one-sided requests for a stopped process, so
+    // the sends beyond its posted receives are what fail, after the RNR retries. TCP: the
+    // peer's engine is stopped with it, so nothing answers and the ACK timeout expires.
+    EXPECT_TRUE(r.first_error == errc::rnr_retry_exceeded || r.first_error == errc::transport_retry_exceeded)
+        << r.first_error.message();
+    EXPECT_LT(r.detection, bound(opts) + opts.ack_timeout * 8);
+    EXPECT_EQ(c->state(), connection_state::error);
+}
+
+TEST_P(fault, link_down_mid_transfer_surfaces_errors)
+{
+    if (env("RDMX_FAULT_LINK").empty())
+        GTEST_SKIP() << link_skip_reason();
+    peer_process peer(b_, 64);
+    auto opts = quick_options();
+    remote_buffer rb;
+    auto c = connect_to(peer, opts, rb);
+    auto r = stream(*c, rb, 300ms, [&] { sh("ip link set dev " + env("RDMX_FAULT_LINK") + " down"); }, 30s);
+    report("link down", r);
+    EXPECT_GT(r.ok, 0u);
+    EXPECT_GT(r.failed, 0u);
+    EXPECT_EQ(r.outstanding, 0u);
+    EXPECT_LT(r.detection, bound(opts));
+    EXPECT_NE(c->state(), connection_state::established);
+}
+
+TEST_P(fault, lossy_reordering_link_delivers_every_byte)
+{
+    if (env("RDMX_FAULT_LINK").empty())
+        GTEST_SKIP() << link_skip_reason();
+    peer_process peer(b_, 64);
+    connection_options opts;
+    // verbs: retransmit lost tails quickly. TCP: the kernel retransmits; keep the default
+    // liveness bound well above its retransmission timeouts.
+    if (b_ == backend::verbs)
+        opts.ack_timeout = 20ms;
+    opts.retry_count = 7;
+    remote_buffer rb;
+    auto c = connect_to(peer, opts, rb);
+    // Loss and reordering on both directions of the veth pair.
+    const std::string netem = " root netem delay 1ms loss 3% reorder 10% 50%";
+    ASSERT_EQ(sh("tc qdisc add dev " + env("RDMX_FAULT_LINK") + netem), 0);
+    ASSERT_EQ(sh(env("RDMX_FAULT_PEER_PREFIX") + " tc qdisc add dev " + env("RDMX_FAULT_PEER_LINK") + netem), 0);
+    constexpr std::size_t chunk = 64 * 1024, total = 1 << 20;
+    std::vector<std::byte> back(total);
+    auto back_mr = dom_->register_memory(back.data(), back.size(), access::local_write);
+    for (unsigned round = 0; round < 2; ++round) {
+        for (std::size_t i = 0; i < total; ++i)
+            local_[i] = static_cast<std::byte>((i * 31 + round * 7 + (i >> 10)) & 0xff);
+        std::fill(back.begin(), back.end(), std::byte{0});
+        for (std::size_t off = 0; off < total; off += chunk) {
+            sge s{mr_.get(), off, chunk};
+            ASSERT_FALSE(c->post_write({&s, 1}, *rb.slice(off, chunk), off, send_flags::none));
+        }
+        for (std::size_t off = 0; off < total; off += chunk) {
+            sge s{back_mr.get(), off, chunk};
+            ASSERT_FALSE(c->post_read({&s, 1}, *rb.slice(off, chunk), off));
+            auto done = expect_ok(*c, 1, 60s);
+            ASSERT_EQ(done.size(), 1u);
+        }
+        EXPECT_TRUE(std::equal(local_.begin(), local_.begin() + total, back.begin())) << "round " << round;
+    }
+    EXPECT_EQ(c->state(), connection_state::established);
+}
+
+TEST_P(fault, connect_to_closed_port_on_the_other_host_is_refused)
+{
+    connection_options opts;
+    opts.timeout = 2s;
+    auto t0 = clock::now();
+    try {
+        dom_->connect(address(b_, peer_addr_, 1), opts);
+        ADD_FAILURE() << "connected to a closed port";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::connection_refused) << e.what();
+    }
+    EXPECT_LT(clock::now() - t0, 5s);
+}
+
+TEST_P(fault, connect_to_silent_address_fails_within_the_timeout)
+{
+    std::string silent = env("RDMX_FAULT_UNUSED_ADDR");
+    if (silent.empty())
+        GTEST_SKIP() << "needs RDMX_FAULT_UNUSED_ADDR";
+    connection_options opts;
+    opts.timeout = 2s;
+    auto t0 = clock::now();
+    try {
+        dom_->connect(address(b_, silent, 7471), opts);
+        ADD_FAILURE() << "connected to an address nobody has";
+    } catch (const rdmx::error& e) {
+        // Nobody answers ARP: distinct from a refusal, whichever the kernel reports first.
+        EXPECT_TRUE(e.code() == errc::unreachable || e.code() == errc::timed_out) << e.what();
+        std::printf("[ fault    ] silent address on %s: %s after %.0f ms\n", to_string(b_), e.what(),
+                    ms(clock::now() - t0));
+    }
+    // Each connection-management step is bounded by opts.timeout (verbs has three).
+    EXPECT_LT(clock::now() - t0, 3 * opts.timeout + 2s);
+}
+
+TEST_P(fault, connect_without_route_is_unreachable_at_once)
+{
+    std::string nowhere = env("RDMX_FAULT_NO_ROUTE_ADDR");
+    if (nowhere.empty())
+        GTEST_SKIP() << "needs RDMX_FAULT_NO_ROUTE_ADDR (only set where no packet can leave)";
+    connection_options opts;
+    opts.timeout = 2s;
+    auto t0 = clock::now();
+    try {
+        dom_->connect(address(b_, nowhere, 7471), opts);
+        ADD_FAILURE() << "connected without a route";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::unreachable) << e.what();
+        std::printf("[ fault    ] no route on %s: %s after %.0f ms\n", to_string(b_), e.what(),
+                    ms(clock::now() - t0));
+    }
+    EXPECT_LT(clock::now() - t0, opts.timeout + 1s);
+}
+
+INSTANTIATE_TEST_SUITE_P(backends, fault, testing::ValuesIn(selected_backends()), param_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(fault);
+
+} // namespace
+} // namespace rdmx::test
