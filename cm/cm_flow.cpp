@@ -101,12 +101,13 @@ void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     if (rdma_migrate_id(id_.get(), domain_.events().channel()))
         throw_errno(errno, "rdma_migrate_id");
     create_qp();
-    modify_qp(IBV_QPS_RTR);
-    modify_qp(IBV_QPS_RTS);
     rdma_conn_param param = conn_param(private_data);
     // Never promise more reads than the initiator asked for, nor accept more than we allow.
     param.responder_resources = std::min(param.responder_resources, request.initiator_depth);
     param.initiator_depth = std::min(param.initiator_depth, request.responder_resources);
+    // (A depth of 0 keeps rdma_cm's value, which is then 0 as well.)
+    modify_qp(IBV_QPS_RTR, param.responder_resources);
+    modify_qp(IBV_QPS_RTS, param.initiator_depth);
     set_state(cm_, connection_state::connecting);
     if (rdma_accept(id_.get(), &param))
         throw_errno(errno, "rdma_accept");

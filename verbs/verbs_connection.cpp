@@ -69,7 +69,7 @@ void verbs_connection::create_qp()
     modify_qp(IBV_QPS_INIT);
 }
 
-void verbs_connection::modify_qp(ibv_qp_state to)
+void verbs_connection::modify_qp(ibv_qp_state to, std::uint8_t rd_atomic)
 {
     ibv_qp_attr attr{};
     int mask = 0;
@@ -81,6 +81,8 @@ void verbs_connection::modify_qp(ibv_qp_state to)
         verb = "ibv_modify_qp(RTR)";
         attr.min_rnr_timer = opts_.min_rnr_timer & 31;
         mask |= IBV_QP_MIN_RNR_TIMER;
+        if (rd_atomic)
+            attr.max_dest_rd_atomic = rd_atomic;
     } else if (to == IBV_QPS_RTS) {
         verb = "ibv_modify_qp(RTS)";
         // Local ACK timeout: 4.096 us * 2^n (IBTA 9.7.6.1.3), the smallest n covering
@@ -93,6 +95,8 @@ void verbs_connection::modify_qp(ibv_qp_state to)
         attr.retry_cnt = std::min<std::uint8_t>(opts_.retry_count, 7);
         attr.rnr_retry = std::min<std::uint8_t>(opts_.rnr_retry_count, 7);
         mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+        if (rd_atomic)
+            attr.max_rd_atomic = rd_atomic;
     }
     if (int rc = ibv_modify_qp(qp_.get(), &attr, mask))
         throw_errno(rc, verb);

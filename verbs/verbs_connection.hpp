@@ -50,7 +50,10 @@ private:
     /// would give each side the RNR retry count the *peer* offered (IB CM REQ/REP) and a
     /// min_rnr_timer of 0 (655 ms); doing the transitions here makes connection_options
     /// mean this side's own behaviour, as it does on TCP.
-    void modify_qp(ibv_qp_state to);
+    /// `rd_atomic`, when not 0, overrides the negotiated read depth: max_dest_rd_atomic at
+    /// RTR, max_rd_atomic at RTS (the passive side applies what its accept promised, as
+    /// librdmacm's rdma_accept does).
+    void modify_qp(ibv_qp_state to, std::uint8_t rd_atomic = 0);
     /// Moves the QP to the error state so that everything posted is flushed.
     void flush_qp() noexcept;
     /// An error completion moved the QP to the error state: say so in state(), as the TCP
