@@ -73,6 +73,9 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
     if (rdma_connect(raw, &param))
         throw_cm("rdma_connect", address);
     cm::event_loop::wait_for_response(cm_, "rdma_connect", opts_.timeout);
+    // INIT again first, as librdmacm does: before the connection existed rdma_cm granted
+    // the QP no remote access; now it grants remote write (and read, if we serve reads).
+    modify_qp(IBV_QPS_INIT);
     modify_qp(IBV_QPS_RTR);
     modify_qp(IBV_QPS_RTS);
     if (rdma_establish(raw))

@@ -208,6 +208,27 @@ TEST_P(conformance, read_fetches_remote_bytes)
     EXPECT_EQ(local, remote);
 }
 
+TEST_P(conformance, one_sided_operations_work_in_both_directions)
+{
+    // The side that accepted writes into and reads from the side that connected: both
+    // QPs must grant remote access, whichever side initiated the connection.
+    auto p = connect_pair();
+    constexpr std::size_t size = 8192;
+    auto src = pattern(size, 21);
+    std::vector<std::byte> sink(size), back(size);
+    auto smr = server_dom_->register_memory(src.data(), size, access::none);
+    auto bmr = server_dom_->register_memory(back.data(), size, access::local_write);
+    auto kmr = client_dom_->register_memory(sink.data(), size, access::remote_write | access::remote_read);
+    sge w{smr.get(), 0, size};
+    ASSERT_FALSE(p.server->post_write({&w, 1}, kmr->remote(), 1));
+    expect_ok(*p.server, 1);
+    EXPECT_EQ(sink, src);
+    sge r{bmr.get(), 0, size};
+    ASSERT_FALSE(p.server->post_read({&r, 1}, kmr->remote(), 2));
+    expect_ok(*p.server, 1);
+    EXPECT_EQ(back, src);
+}
+
 TEST_P(conformance, read_then_fenced_write_returns_old_data)
 {
     auto p = connect_pair();
