@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto again = rdmx::remote_buffer::parse(out);
     FUZZ_CHECK(again && *again == *rb);
     // slice() of a valid descriptor stays inside it.
-    std::uint64_t off = rb->length ? rb->addr % (rb->length + 1) : 0;
+    // (length + 1 wraps to 0 for a descriptor of the whole address space: found by this fuzzer.)
+    std::uint64_t off = rb->length == UINT64_MAX ? rb->addr : rb->addr % (rb->length + 1);
     if (auto s = rb->slice(off, rb->length - off)) {
         FUZZ_CHECK(s->addr >= rb->addr && s->addr + s->length <= rb->addr + rb->length);
         FUZZ_CHECK(s->key == rb->key && s->backend == rb->backend);

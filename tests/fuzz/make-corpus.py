@@ -63,6 +63,9 @@ write("fuzz_descriptor", {
     "verbs-wide-key": descriptor(0x10000, 1, 1 << 32, backend=1),
     "wraps": descriptor(0xFFFFFFFFFFFFF000, 0x1000, 1),
     "end-of-space": descriptor(0xFFFFFFFFFFFFF000, 0xFFF, 1),
+    # Found by fuzz_descriptor: a valid descriptor of the whole address space (length + 1
+    # overflowed in the harness's own slice check).
+    "whole-address-space": descriptor(0, 0xFFFFFFFFFFFFFFFF, 0x1234, backend=1),
     "bad-backend": descriptor(0, 0, 0, backend=3),
 })
 
