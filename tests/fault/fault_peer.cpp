@@ -8,9 +8,19 @@
 // the accept's private data, posts RECEIVES receives of 64 KiB (default 64) and re-posts
 // each one as it completes, so the client can stream sends. It exits when the connection
 // ends, or after 120 s whatever happens (the tests never leave it behind).
+//
+// When it runs on another host (another guest), the test cannot signal it, so it obeys
+// control messages that arrive in the stream like any send: "CTL:KILL" (SIGKILL itself),
+// "CTL:STOP" (SIGSTOP itself), "CTL:NETEM ON" / "CTL:NETEM OFF" (loss and reordering on
+// its link $RDMX_FAULT_PEER_LINK, answered with a send "CTL:OK").
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +42,8 @@ int main(int argc, char** argv)
         auto mr = dom->register_memory(region.data(), region.size(),
                                        rdmx::access::remote_write | rdmx::access::remote_read);
         auto in_mr = dom->register_memory(inbox.data(), inbox.size(), rdmx::access::local_write);
+        char reply[8] = "CTL:OK";
+        auto reply_mr = dom->register_memory(reply, sizeof reply, rdmx::access::none);
         std::printf("READY %u\n", lst->port());
         std::fflush(stdout);
 
@@ -55,8 +67,25 @@ int main(int argc, char** argv)
                conn->state() == rdmx::connection_state::established) {
             std::size_t n = conn->wait(wc, 100ms);
             for (std::size_t i = 0; i < n; ++i) {
-                if (wc[i].status)
+                if (wc[i].status || wc[i].opcode != rdmx::opcode::recv)
                     continue;
+                const char* msg = reinterpret_cast<const char*>(inbox.data() + wc[i].wr_id * recv_size);
+                std::string ctl(msg, std::min<std::size_t>(wc[i].byte_len, 16));
+                if (ctl.starts_with("CTL:KILL"))
+                    ::kill(::getpid(), SIGKILL);
+                if (ctl.starts_with("CTL:STOP"))
+                    ::raise(SIGSTOP);
+                if (ctl.starts_with("CTL:NETEM")) {
+                    const char* link = std::getenv("RDMX_FAULT_PEER_LINK");
+                    std::string cmd = std::string("tc qdisc ") +
+                                      (ctl.starts_with("CTL:NETEM ON") ? "replace" : "del") + " dev " +
+                                      (link ? link : "eth1") + " root" +
+                                      (ctl.starts_with("CTL:NETEM ON") ? " netem delay 1ms loss 3% reorder 10% 50%" : "");
+                    int rc = std::system(cmd.c_str());
+                    std::fprintf(stderr, "fault_peer: %s -> %d\n", cmd.c_str(), rc);
+                    rdmx::sge r{reply_mr.get(), 0, 6};
+                    conn->post_send({&r, 1}, 1ull << 62, rdmx::send_flags::none);
+                }
                 rdmx::sge s{in_mr.get(), wc[i].wr_id * recv_size, recv_size};
                 conn->post_recv({&s, 1}, wc[i].wr_id);
             }

@@ -4,10 +4,18 @@
 // namespace joined to ours by a veth pair, each side with its own rxe device: two hosts
 // for real, inside the test guest (tests/fault/run-faults.sh sets them up).
 //
-// Environment (set by run-faults.sh):
-//   RDMX_FAULT_PEER         path of fault_peer
+// Two set-ups (tests/fault/run-*.sh):
+//   local peer:  fault_peer is started here, in another network namespace (TCP), and
+//                signalled directly;
+//   remote peer: fault_peer runs in another guest (another kernel, its own rxe device),
+//                restarted there by an agent; the test steers it with control messages
+//                sent through the connection itself ("CTL:KILL", see fault_peer.cpp).
+// Environment:
+//   RDMX_FAULT_PEER         path of fault_peer (local peer)
 //   RDMX_FAULT_PEER_PREFIX  command prefix that runs it in the other namespace
-//   RDMX_FAULT_PEER_ADDR    the peer's IP;  RDMX_FAULT_LINK, RDMX_FAULT_PEER_LINK  the veths
+//   RDMX_FAULT_REMOTE_PORT_VERBS, RDMX_FAULT_REMOTE_PORT_TCP  remote peer's ports
+//   RDMX_FAULT_PEER_ADDR    the peer's IP;  RDMX_FAULT_LINK, RDMX_FAULT_PEER_LINK  the links
+//   RDMX_FAULT_LINK_RDMA_DEVICE  the rxe device on RDMX_FAULT_LINK (waited for after link up)
 //   RDMX_FAULT_UNUSED_ADDR  an on-link IP nobody has;  RDMX_FAULT_NO_ROUTE_ADDR  unroutable
 #include <gtest/gtest.h>
 
@@ -50,6 +58,12 @@ class peer_process {
 public:
     peer_process(backend b, int receives)
     {
+        std::string remote_port = env(b == backend::verbs ? "RDMX_FAULT_REMOTE_PORT_VERBS" : "RDMX_FAULT_REMOTE_PORT_TCP");
+        if (!remote_port.empty()) {
+            // Runs in the other guest; its agent starts a fresh one after each test.
+            port_ = static_cast<std::uint16_t>(std::stoi(remote_port));
+            return;
+        }
         std::vector<std::string> args;
         std::istringstream prefix(env("RDMX_FAULT_PEER_PREFIX"));
         for (std::string w; prefix >> w;)
@@ -91,11 +105,14 @@ public:
     }
     ~peer_process()
     {
+        if (pid_ <= 0)
+            return;
         ::kill(pid_, SIGKILL);
         ::kill(pid_, SIGCONT);
         int st;
         ::waitpid(pid_, &st, 0);
     }
+    bool remote() const { return pid_ <= 0; }
     void signal(int sig) { ::kill(pid_, sig); }
     std::uint16_t port() const { return port_; }
 
@@ -116,22 +133,80 @@ protected:
         ASSERT_EQ(dom_->backend(), b_);
         local_.assign(1 << 20, std::byte{0});
         mr_ = dom_->register_memory(local_.data(), local_.size(), access::local_write);
+        ctl_.assign(64, std::byte{0});
+        ctl_mr_ = dom_->register_memory(ctl_.data(), ctl_.size(), access::local_write);
     }
     void TearDown() override
     {
-        // Whatever a test did to the links, leave them as run-faults.sh made them.
+        // Whatever a test did to the links, leave them as the set-up script made them.
         if (!env("RDMX_FAULT_LINK").empty()) {
-            sh("ip link set dev " + env("RDMX_FAULT_LINK") + " up 2>/dev/null");
+            restore_link();
             sh("tc qdisc del dev " + env("RDMX_FAULT_LINK") + " root 2>/dev/null");
-            sh(env("RDMX_FAULT_PEER_PREFIX") + " tc qdisc del dev " + env("RDMX_FAULT_PEER_LINK") +
-               " root 2>/dev/null");
+            if (!env("RDMX_FAULT_PEER_PREFIX").empty())
+                sh(env("RDMX_FAULT_PEER_PREFIX") + " tc qdisc del dev " + env("RDMX_FAULT_PEER_LINK") +
+                   " root 2>/dev/null");
         }
+    }
+
+    /// Link up again, and (bounded) wait until the rxe port on it is ACTIVE.
+    void restore_link()
+    {
+        sh("ip link set dev " + env("RDMX_FAULT_LINK") + " up 2>/dev/null");
+        std::string dev = env("RDMX_FAULT_LINK_RDMA_DEVICE");
+        for (int i = 0; !dev.empty() && i < 100; ++i) {
+            if (sh("grep -q ACTIVE /sys/class/infiniband/" + dev + "/ports/1/state") == 0)
+                break;
+            std::this_thread::sleep_for(100ms);
+        }
+    }
+
+    /// Kills or stops the peer: a signal when it is local, a control message through the
+    /// connection (posted by stream() at the injection point) when it is remote.
+    void hit_peer(peer_process& peer, int sig)
+    {
+        if (!peer.remote())
+            peer.signal(sig);
+        else
+            pending_ctl_ = sig == SIGKILL ? "CTL:KILL" : "CTL:STOP";
+    }
+
+    /// Loss and reordering on the peer's side of the link; returns once it is in place.
+    void peer_netem(peer_process& peer, connection& c, bool on)
+    {
+        if (!peer.remote()) {
+            std::string cmd = env("RDMX_FAULT_PEER_PREFIX") + " tc qdisc " + (on ? "add" : "del") + " dev " +
+                              env("RDMX_FAULT_PEER_LINK") + " root" +
+                              (on ? " netem delay 1ms loss 3% reorder 10% 50%" : "");
+            ASSERT_EQ(sh(cmd), 0) << cmd;
+            return;
+        }
+        std::string msg = on ? "CTL:NETEM ON" : "CTL:NETEM OFF";
+        std::memcpy(ctl_.data(), msg.data(), msg.size());
+        sge r{ctl_mr_.get(), 32, 32};
+        ASSERT_FALSE(c.post_recv({&r, 1}, 9000));
+        sge s{ctl_mr_.get(), 0, msg.size()};
+        ASSERT_FALSE(c.post_send({&s, 1}, 9001));
+        auto done = expect_ok(c, 2, 30s);
+        ASSERT_EQ(done.size(), 2u);
     }
 
     std::unique_ptr<connection> connect_to(const peer_process& peer, const connection_options& opts,
                                            remote_buffer& rb)
     {
-        auto c = dom_->connect(address(b_, peer_addr_, peer.port()), opts);
+        std::unique_ptr<connection> c;
+        // A remote peer may still be restarting (or, after a stop test, waiting for its
+        // agent's time limit): retry, bounded.
+        auto deadline = clock::now() + (peer.remote() ? 60s : 0s);
+        for (;;) {
+            try {
+                c = dom_->connect(address(b_, peer_addr_, peer.port()), opts);
+                break;
+            } catch (const rdmx::error&) {
+                if (clock::now() >= deadline)
+                    throw;
+                std::this_thread::sleep_for(200ms);
+            }
+        }
         auto parsed = remote_buffer::parse(c->peer_private_data().first(remote_buffer::wire_size));
         if (!parsed)
             throw std::runtime_error("peer sent no descriptor");
@@ -162,7 +237,15 @@ protected:
                 injected = clock::now();
             }
             bool errored = r.failed > 0;
-            if (!errored && r.outstanding < depth) {
+            if (!errored && r.outstanding < depth && !pending_ctl_.empty()) {
+                std::memcpy(ctl_.data(), pending_ctl_.data(), pending_ctl_.size());
+                sge s{ctl_mr_.get(), 0, pending_ctl_.size()};
+                if (!c.post_send({&s, 1}, ~std::uint64_t{0})) {
+                    pending_ctl_.clear();
+                    ++r.posted;
+                    ++r.outstanding;
+                }
+            } else if (!errored && r.outstanding < depth) {
                 std::size_t i = r.posted;
                 std::size_t len = 64 + (i * 977) % 4000;
                 std::size_t off = (i * 4096) % (local_.size() - 4096);
@@ -214,8 +297,9 @@ protected:
     backend b_{};
     std::string peer_addr_;
     std::unique_ptr<domain> dom_;
-    std::vector<std::byte> local_;
-    std::unique_ptr<memory_region> mr_;
+    std::vector<std::byte> local_, ctl_;
+    std::unique_ptr<memory_region> mr_, ctl_mr_;
+    std::string pending_ctl_; ///< a control message stream() posts as soon as it can
 };
 
 std::string link_skip_reason()
@@ -248,7 +332,7 @@ TEST_P(fault, peer_killed_mid_stream)
     auto opts = quick_options();
     remote_buffer rb;
     auto c = connect_to(peer, opts, rb);
-    auto r = stream(*c, rb, 500ms, [&] { peer.signal(SIGKILL); }, 30s);
+    auto r = stream(*c, rb, 500ms, [&] { hit_peer(peer, SIGKILL); }, 30s);
     report("peer killed (SIGKILL)", r);
     EXPECT_GT(r.ok, 0u) << "nothing moved before the fault";
     EXPECT_GT(r.failed, 0u) << "the dead peer went unnoticed";
@@ -264,7 +348,7 @@ TEST_P(fault, peer_stopped_is_detected_by_the_configured_timeout)
     auto opts = quick_options();
     remote_buffer rb;
     auto c = connect_to(peer, opts, rb);
-    auto r = stream(*c, rb, 50ms, [&] { peer.signal(SIGSTOP); }, 30s);
+    auto r = stream(*c, rb, 50ms, [&] { hit_peer(peer, SIGSTOP); }, 30s);
     report("peer stopped (SIGSTOP)", r);
     EXPECT_GT(r.failed, 0u);
     EXPECT_EQ(r.outstanding, 0u);
@@ -292,6 +376,10 @@ TEST_P(fault, link_down_mid_transfer_surfaces_errors)
     EXPECT_EQ(r.outstanding, 0u);
     EXPECT_LT(r.detection, bound(opts));
     EXPECT_NE(c->state(), connection_state::established);
+    // Bring the link back before the connection is destroyed: on rxe (Linux 6.1) a CM
+    // message (our DREQ) sent while the netdev is down puts rxe's own management QP in
+    // the error state, and no connection on that device works afterwards.
+    restore_link();
 }
 
 TEST_P(fault, lossy_reordering_link_delivers_every_byte)
@@ -310,7 +398,9 @@ TEST_P(fault, lossy_reordering_link_delivers_every_byte)
     // Loss and reordering on both directions of the veth pair.
     const std::string netem = " root netem delay 1ms loss 3% reorder 10% 50%";
     ASSERT_EQ(sh("tc qdisc add dev " + env("RDMX_FAULT_LINK") + netem), 0);
-    ASSERT_EQ(sh(env("RDMX_FAULT_PEER_PREFIX") + " tc qdisc add dev " + env("RDMX_FAULT_PEER_LINK") + netem), 0);
+    peer_netem(peer, *c, true);
+    if (HasFatalFailure())
+        return;
     constexpr std::size_t chunk = 64 * 1024, total = 1 << 20;
     std::vector<std::byte> back(total);
     auto back_mr = dom_->register_memory(back.data(), back.size(), access::local_write);
@@ -331,6 +421,7 @@ TEST_P(fault, lossy_reordering_link_delivers_every_byte)
         EXPECT_TRUE(std::equal(local_.begin(), local_.begin() + total, back.begin())) << "round " << round;
     }
     EXPECT_EQ(c->state(), connection_state::established);
+    peer_netem(peer, *c, false);
 }
 
 TEST_P(fault, connect_to_closed_port_on_the_other_host_is_refused)

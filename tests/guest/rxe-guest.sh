@@ -49,6 +49,10 @@ soft-RoCE device $RDMA_DEV on eth0 = $GUEST_IP/$GUEST_PREFIX.
   --smp N        guest vCPUs (default 2)
   --mem MB       guest memory (default 1024)
   --verbose      show guest boot messages on stderr
+  --link listen|connect:PORT:IP
+                 a second NIC (eth1, address IP/24, soft-RoCE device rxe1) on a
+                 QEMU socket network shared with another guest started with the
+                 other mode and the same PORT (127.0.0.1 only): two hosts
 
 COMMAND gets RDMX_GUEST_IP, RDMX_RDMA_DEVICE, HOME=/tmp, a standard PATH and
 any RDMX_* variables of the caller. Exit status: COMMAND's, or $HARNESS_FAIL if
@@ -63,6 +67,7 @@ timeout_s=600
 smp=2
 mem=1024
 verbose=${RDMX_GUEST_VERBOSE:-0}
+link=
 while (($#)); do
 	case $1 in
 	--cache) (($# >= 2)) || die "--cache needs a value"; cache=$2; shift 2 ;;
@@ -71,6 +76,7 @@ while (($#)); do
 	--smp) (($# >= 2)) || die "--smp needs a value"; smp=$2; shift 2 ;;
 	--mem) (($# >= 2)) || die "--mem needs a value"; mem=$2; shift 2 ;;
 	--verbose) verbose=1; shift ;;
+	--link) (($# >= 2)) || die "--link needs a value"; link=$2; shift 2 ;;
 	-h | --help) usage; exit 0 ;;
 	--) shift; break ;;
 	*) usage >&2; die "unknown argument: $1" ;;
@@ -82,6 +88,18 @@ done
 [[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive integer"
 [[ $mem =~ ^[1-9][0-9]*$ ]] || die "--mem must be a positive integer"
 [[ $verbose == 1 ]] || verbose=0
+# --link listen|connect:PORT:IP joins this guest to another one: a second NIC (eth1)
+# on a QEMU socket network (the two QEMUs talk over 127.0.0.1:PORT, nothing else), with
+# address IP/24 and its own soft-RoCE device rxe1. Two guests = two kernels = two hosts.
+link_ip= link_qemu=()
+if [[ -n $link ]]; then
+	[[ $link =~ ^(listen|connect):([0-9]+):([0-9]+\.[0-9]+\.[0-9]+\.([0-9]+))$ ]] ||
+		die "--link must be listen:PORT:IP or connect:PORT:IP"
+	link_ip=${BASH_REMATCH[3]}
+	# Each guest's eth1 needs its own MAC: QEMU's default is the same for every NIC.
+	link_qemu=(-netdev "socket,id=n1,${BASH_REMATCH[1]}=127.0.0.1:${BASH_REMATCH[2]}"
+		-device "virtio-net-pci,netdev=n1,mac=52:54:00:4d:01:$(printf %02x "${BASH_REMATCH[4]}")")
+fi
 
 for tool in qemu-system-x86_64 busybox apt-get apt-cache dpkg depmod modprobe flock timeout; do
 	command -v "$tool" >/dev/null || die "required host tool '$tool' not found"
@@ -295,6 +313,23 @@ until grep -q ACTIVE "/sys/class/infiniband/$RDMA_DEV/ports/1/state" 2>/dev/null
 	sleep 0.1
 done
 log "$RDMA_DEV active"
+if [ -n "$LINK_IP" ]; then
+	i=0
+	while [ ! -e /sys/class/net/eth1 ]; do
+		i=$((i + 1)); [ $i -gt 50 ] && fail "no eth1 for --link"
+		sleep 0.1
+	done
+	ip addr add "$LINK_IP/24" dev eth1 || fail "ip addr add $LINK_IP"
+	ip link set eth1 up || fail "ip link set eth1 up"
+	hostrun rdma link add rxe1 type rxe netdev eth1 2>/tmp/rdma.err ||
+		fail "rdma link add rxe1 failed: $(cat /tmp/rdma.err)"
+	i=0
+	until grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null; do
+		i=$((i + 1)); [ $i -gt 100 ] && fail "rxe1 not ACTIVE after 10 s"
+		sleep 0.1
+	done
+	log "rxe1 active on eth1 ($LINK_IP)"
+fi
 
 mkdir -p /newroot/run/rdmx
 cp /ctl/run.sh /newroot/run/rdmx/run.sh || fail "cannot copy run.sh"
@@ -410,8 +445,8 @@ if ((${#shares[@]})); then
 	done
 fi
 
-printf 'GUEST_IP=%s GUEST_PREFIX=%s RDMA_DEV=%s GUEST_PATH=%s\n' \
-	"$GUEST_IP" "$GUEST_PREFIX" "$RDMA_DEV" "$GUEST_PATH" >"$run/net"
+printf 'GUEST_IP=%s GUEST_PREFIX=%s RDMA_DEV=%s GUEST_PATH=%s LINK_IP=%s\n' \
+	"$GUEST_IP" "$GUEST_PREFIX" "$RDMA_DEV" "$GUEST_PATH" "$link_ip" >"$run/net"
 
 # run.sh: executed by the guest's init as /bin/sh (dash) inside the chroot.
 cwd=$(pwd -P)
@@ -425,6 +460,7 @@ cwd=$(pwd -P)
 		echo "export $name=$(shq "${kv#*=}")"
 	done < <(env -0)
 	echo "export RDMX_GUEST_IP=$(shq "$GUEST_IP") RDMX_RDMA_DEVICE=$(shq "$RDMA_DEV")"
+	[[ -z $link_ip ]] || echo "export RDMX_LINK_IP=$(shq "$link_ip") RDMX_LINK_DEV=eth1 RDMX_LINK_RDMA_DEVICE=rxe1"
 	echo "ulimit -l unlimited 2>/dev/null"
 	echo "cd $(shq "$cwd") 2>/dev/null || { echo $(shq "$prog: warning: $cwd is not visible in the guest (not under a --share?); running in /") >&2; cd /; }"
 	cmd=
@@ -463,7 +499,7 @@ boot() {
 		-machine pc "${accel[@]}" -smp "$smp" -m "$mem" \
 		-kernel "$kernel" -initrd "$initrd" -append "$append" \
 		-chardev stdio,id=con,signal=off -serial chardev:con \
-		-device virtio-net-pci,netdev=n0 -netdev user,id=n0,restrict=on \
+		-device virtio-net-pci,netdev=n0 -netdev user,id=n0,restrict=on "${link_qemu[@]}" \
 		-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
 		-virtfs "local,path=${run//,/,,},mount_tag=rdmxctl,security_model=none,readonly=on" \
 		"${qshares[@]}" \
