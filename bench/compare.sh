@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# One command that measures rdmx side by side with its peers and writes
+# bench/results/<date>.md, .json and .png (bandwidth and latency against size):
+#
+#   bench/compare.sh [--reps N] [--no-guest] [--no-tcp]
+#
+#   TCP backend on loopback  rdmx_perf  vs  ucx_perftest (UCX_TLS=tcp,self, lo: tag_lat,
+#                            ucp_put_lat, tag_bw, ucp_put_bw, ucp_get), fi_pingpong
+#                            (tcp msg, tcp;ofi_rxm rdm), iperf3 (one stream), qperf
+#   verbs on soft-RoCE       rdmx_perf  vs  perftest (ib_{send,write,read}_{lat,bw}), in one
+#                            QEMU guest boot (tests/guest/rxe-guest.sh)
+#
+# Regime: every pair runs its server pinned to CPU 0 and its client to CPU 1 (taskset; all
+# threads of a process, rdmx's engine thread included, share that CPU), the same for every
+# tool. Reps are interleaved: rep 1 runs every measurement once, then rep 2, ...; the load
+# average is recorded at the start of each rep. Every run is bounded by `timeout`. Medians
+# over reps are reported, with ratios rdmx / peer. A peer that cannot run is reported with
+# its error instead of a number.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+readonly ROOT=$PWD
+readonly BUILD=${RDMX_BUILD_DIR:-build}
+REPS=3
+GUEST=1
+TCP=1
+while (($#)); do
+    case $1 in
+    --reps) REPS=$2; shift 2 ;;
+    --no-guest) GUEST=0; shift ;;
+    --no-tcp) TCP=0; shift ;;
+    guest-verbs) shift; guest_mode=1; break ;;
+    *) echo "usage: $0 [--reps N] [--no-guest] [--no-tcp]" >&2; exit 2 ;;
+    esac
+done
+
+readonly SCPU=0 CCPU=1
+PERF=$ROOT/$BUILD/samples/rdmx_perf
+
+# One result line: tool test size metric value (latency in us one way, as each tool
+# reports it; bandwidth in MB/s = 1e6 B/s).
+record() { printf '{"rep": %s, "backend": "%s", "tool": "%s", "test": "%s", "size": %s, "metric": "%s", "value": %s}\n' \
+    "$rep" "$backend" "$1" "$2" "$3" "$4" "$5" >>"$RAW/results.jsonl"; }
+fail_note() { # tool test message
+    local msg=${3//\"/\'}
+    msg=$(printf '%s' "$msg" | tr '\n\t' '  ' | cut -c1-300)
+    printf '{"rep": %s, "backend": "%s", "tool": "%s", "test": "%s", "error": "%s"}\n' \
+        "$rep" "$backend" "$1" "$2" "$msg" >>"$RAW/errors.jsonl"
+    echo "    ! $1 $2: $msg" >&2
+}
+load_now() { cut -d' ' -f1 /proc/loadavg; }
+
+# Runs a server (pinned to SCPU, in the background) and a client (pinned to CCPU), each
+# bounded; prints the client's output. The server's output goes to $RAW/server.log.
+pair() { # seconds 'server command' 'client command'
+    local t=$1 srv=$2 cli=$3 rc=0
+    timeout "$t" taskset -c $SCPU bash -c "$srv" >"$RAW/server.log" 2>&1 &
+    local spid=$!
+    sleep "${PAIR_DELAY:-0.4}"
+    timeout "$t" taskset -c $CCPU bash -c "$cli" 2>&1 || rc=$?
+    wait "$spid" 2>/dev/null || true
+    return "$rc"
+}
+
+rdmx_run() { # backend-address test size iters [extra args]
+    local addr=$1 test=$2 size=$3 iters=$4 out
+    shift 4
+    if ! out=$(pair 60 "$PERF --server $addr" "$PERF $addr -t $test -s $size -n $iters --json $*"); then
+        fail_note rdmx "$test" "$out"
+        return
+    fi
+    python3 - "$out" <<'EOF' | while read -r t s m v; do record rdmx "$t" "$s" "$m" "$v"; done
+import json, sys
+doc = json.loads(sys.argv[1][sys.argv[1].index('{'):])
+for r in doc["results"]:
+    if "median_us" in r:
+        print(r["test"], r["size"], "lat_us", r["median_us"])
+    else:
+        print(r["test"], r["size"], "mb_s", r["mb_per_s"])
+        print(r["test"], r["size"], "cpu_s_per_gb", r["cpu_s_per_gb"])
+EOF
+}
+
+# ---------------------------------------------------------------------------------------
+# TCP backend on loopback
+
+ucx_run() { # test size iters
+    local test=$1 size=$2 iters=$3 out line
+    if ! out=$(UCX_TLS=tcp,self UCX_NET_DEVICES=lo pair 60 "ucx_perftest -p 13337" \
+        "ucx_perftest 127.0.0.1 -p 13337 -t $test -s $size -n $iters"); then
+        fail_note ucx "$test" "$out"
+        return
+    fi
+    line=$(grep '^Final:' <<<"$out" || true)
+    [ -n "$line" ] || { fail_note ucx "$test" "$out"; return; }
+    # Final: iters lat50% lat_avg lat_overall bw_avg bw_overall(MiB/s) rate_avg rate_overall
+    read -r _ _ lat50 _ _ _ bw _ <<<"$line"
+    case $test in
+    *lat) record ucx "$test" "$size" lat_us "$lat50" ;;
+    *) record ucx "$test" "$size" mb_s "$(awk -v b="$bw" 'BEGIN { printf "%.2f", b * 1.048576 }')" ;;
+    esac
+}
+
+fi_run() { # name provider endpoint size
+    local out line
+    if ! out=$(pair 30 "fi_pingpong -p '$2' -e $3 -I 2000 -S $4" "fi_pingpong -p '$2' -e $3 -I 2000 -S $4 127.0.0.1"); then
+        fail_note "$1" pingpong "$out"
+        return
+    fi
+    # bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec  (usec/xfer: one way)
+    line=$(awk -v s="$4" '$1 == s { print $7 }' <<<"$out" | tail -n 1)
+    [ -n "$line" ] && record "$1" pingpong "$4" lat_us "$line" || fail_note "$1" pingpong "$out"
+}
+
+iperf_run() { # size
+    local out
+    if ! out=$(pair 30 "iperf3 -s -1 -p 5299" "iperf3 -c 127.0.0.1 -p 5299 -l $1 -t 2 -J"); then
+        fail_note iperf3 stream "$out"
+        return
+    fi
+    record iperf3 stream "$1" mb_s "$(python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("%.2f" % (d["end"]["sum_received"]["bits_per_second"] / 8e6))' <<<"$out")"
+}
+
+qperf_run() { # test size
+    local out v
+    if ! out=$(PAIR_DELAY=0.6 pair 30 "qperf" "qperf 127.0.0.1 -t 1 -m $2 $1; qperf 127.0.0.1 quit"); then
+        fail_note qperf "$1" "$out"
+        return
+    fi
+    case $1 in
+    tcp_lat) v=$(awk '$1 == "latency" { x = $3; if ($4 == "ms") x *= 1000; if ($4 == "ns") x /= 1000; print x }' <<<"$out")
+        [ -n "$v" ] && record qperf tcp_lat "$2" lat_us "$v" || fail_note qperf "$1" "$out" ;;
+    tcp_bw) v=$(awk '$1 == "bw" { x = $3; if ($4 == "GB/sec") x *= 1000; if ($4 == "KB/sec") x /= 1000; print x }' <<<"$out")
+        [ -n "$v" ] && record qperf tcp_bw "$2" mb_s "$v" || fail_note qperf "$1" "$out" ;;
+    esac
+}
+
+tcp_rep() {
+    local a=tcp://127.0.0.1:18600
+    echo "  rdmx_perf (tcp)"
+    rdmx_run $a send_lat 8 5000 -s 4096 -s 65536
+    rdmx_run $a write_lat 8 5000
+    for s in 65536 1048576 4194304; do
+        local n=$((s == 65536 ? 8000 : s == 1048576 ? 800 : 200)) # ~0.5-0.8 GB per run
+        for t in write_bw send_bw read_bw; do rdmx_run $a $t $s $n; done
+    done
+    echo "  ucx_perftest"
+    for s in 8 4096 65536; do ucx_run tag_lat $s 5000; done
+    ucx_run ucp_put_lat 8 5000
+    for s in 65536 1048576 4194304; do
+        local n=$((s == 65536 ? 8000 : s == 1048576 ? 800 : 200))
+        for t in ucp_put_bw tag_bw ucp_get; do ucx_run $t $s $n; done
+    done
+    echo "  fi_pingpong"
+    fi_run fi_tcp_msg tcp msg 8
+    fi_run fi_tcp_rxm_rdm 'tcp;ofi_rxm' rdm 8
+    echo "  iperf3, qperf"
+    for s in 65536 1048576; do iperf_run $s; done # iperf3 writes at most 1 MiB per call
+    for s in 8 4096 65536; do qperf_run tcp_lat $s; done
+    for s in 65536 1048576 4194304; do qperf_run tcp_bw $s; done
+}
+
+# ---------------------------------------------------------------------------------------
+# verbs on soft-RoCE: runs inside the guest (compare.sh guest-verbs RAW REPS)
+
+perftest_run() { # tool size iters
+    local out line
+    if ! out=$(pair 120 "$1 -d rxe0 -R -s $2 -n $3" "$1 -d rxe0 -R -s $2 -n $3 $RDMX_GUEST_IP"); then
+        fail_note perftest "$1" "$out"
+        return
+    fi
+    line=$(awk -v s="$2" '$1 == s' <<<"$out" | tail -n 1)
+    [ -n "$line" ] || { fail_note perftest "$1" "$out"; return; }
+    case $1 in
+    *lat) record perftest "${1#ib_}" "$2" lat_us "$(awk '{ print $5 }' <<<"$line")" ;; # t_typical
+    *) record perftest "${1#ib_}" "$2" mb_s "$(awk '{ printf "%.2f", $4 * 1.048576 }' <<<"$line")" ;; # MiB/s
+    esac
+}
+
+guest_verbs() {
+    RAW=$1
+    backend=verbs
+    local a=rdma://$RDMX_GUEST_IP:18600
+    for ((rep = 1; rep <= $2; rep++)); do
+        echo "verbs rep $rep (load $(load_now))"
+        record load - 0 load "$(load_now)"
+        for s in 2 4096; do
+            for t in send_lat write_lat read_lat; do
+                perftest_run ib_$t $s 1000
+                rdmx_run $a $t $s 1000 -w 100
+            done
+        done
+        for t in send_bw write_bw read_bw; do
+            perftest_run ib_$t 65536 500
+            rdmx_run $a $t 65536 500 -w 50
+        done
+    done
+}
+
+if [ "${guest_mode:-0}" = 1 ]; then
+    guest_verbs "$@"
+    exit 0
+fi
+
+# ---------------------------------------------------------------------------------------
+# Host side: packages, build, the runs, the report
+
+need=()
+for p in ucx-utils libfabric-bin iperf3 qperf perftest gnuplot-nox python3; do
+    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+done
+if ((${#need[@]})); then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    echo "=== installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+fi
+[ -x "$PERF" ] || ./dev.sh build
+
+RAW=$(mktemp -d /tmp/rdmx-bench.XXXXXX)
+: >"$RAW/results.jsonl"
+: >"$RAW/errors.jsonl"
+started=$(date +%s)
+if ((TCP)); then
+    backend=tcp
+    for ((rep = 1; rep <= REPS; rep++)); do
+        echo "=== TCP rep $rep/$REPS (load $(load_now))"
+        record load - 0 load "$(load_now)"
+        tcp_rep
+    done
+fi
+if ((GUEST)); then
+    echo "=== verbs on soft-RoCE: one guest boot, $REPS reps"
+    backend=verbs rep=0
+    tests/guest/rxe-guest.sh --cache "$BUILD/guest-cache" --share "$ROOT" --share "$(realpath "$BUILD")" \
+        --share "$RAW" --timeout 900 -- bash "$ROOT/bench/compare.sh" guest-verbs "$RAW" "$REPS" ||
+        fail_note guest boot "rxe-guest.sh exited with $?"
+fi
+mkdir -p bench/results
+stamp=$(date +%Y-%m-%d)
+python3 bench/summarize.py "$RAW" "bench/results/$stamp" --reps "$REPS" --seconds $(($(date +%s) - started)) \
+    --machine "$(nproc) CPUs, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "=== wrote bench/results/$stamp.md, .json, .png (raw data in $RAW)"

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Turns the raw lines of bench/compare.sh into <out>.md, <out>.json and <out>.png.
+
+Medians over the interleaved reps; ratios are rdmx / peer (bandwidth: higher is better,
+latency: lower is better), each checked against the target of issue 3."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from collections import defaultdict
+
+ap = argparse.ArgumentParser()
+ap.add_argument("raw")
+ap.add_argument("out")
+ap.add_argument("--reps", type=int, default=0)
+ap.add_argument("--seconds", type=int, default=0)
+ap.add_argument("--machine", default="")
+a = ap.parse_args()
+
+
+def lines(name):
+    path = os.path.join(a.raw, name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+rows = lines("results.jsonl")
+errors = lines("errors.jsonl")
+vals = defaultdict(list)
+loads = defaultdict(list)
+for r in rows:
+    if r["metric"] == "load":
+        loads[r["backend"]].append(float(r["value"]))
+        continue
+    vals[(r["backend"], r["tool"], r["test"], int(r["size"]), r["metric"])].append(float(r["value"]))
+med = {k: statistics.median(v) for k, v in vals.items()}
+
+
+def get(backend, tool, test, size, metric):
+    return med.get((backend, tool, test, size, metric))
+
+
+def size_name(s):
+    return f"{s >> 20} MiB" if s >= 1 << 20 and s % (1 << 20) == 0 else f"{s >> 10} KiB" if s >= 1024 else f"{s} B"
+
+
+# (description, backend, rdmx (tool, test, size, metric), peer (tool, test, size, metric), target, higher_is_better)
+targets = []
+targets.append(("send/recv 8 B latency vs UCX tag_lat", "tcp", ("rdmx", "send_lat", 8, "lat_us"),
+                ("ucx", "tag_lat", 8, "lat_us"), 1.0, False))
+for s in (65536, 1 << 20, 4 << 20):
+    targets.append((f"write {size_name(s)} bw vs UCX ucp_put_bw", "tcp", ("rdmx", "write_bw", s, "mb_s"),
+                    ("ucx", "ucp_put_bw", s, "mb_s"), 1.5, True))
+targets.append(("write 1 MiB bw vs iperf3 (1 MiB writes)", "tcp", ("rdmx", "write_bw", 1 << 20, "mb_s"),
+                ("iperf3", "stream", 1 << 20, "mb_s"), 0.9, True))
+targets.append(("read 1 MiB bw vs UCX ucp_get", "tcp", ("rdmx", "read_bw", 1 << 20, "mb_s"),
+                ("ucx", "ucp_get", 1 << 20, "mb_s"), 2.0, True))
+for s in (65536, 1 << 20):
+    targets.append((f"send {size_name(s)} bw vs UCX tag_bw", "tcp", ("rdmx", "send_bw", s, "mb_s"),
+                    ("ucx", "tag_bw", s, "mb_s"), 1.0, True))
+for t in ("write_bw", "read_bw", "send_bw"):
+    targets.append((f"{t} 64 KiB vs perftest ib_{t}", "verbs", ("rdmx", t, 65536, "mb_s"),
+                    ("perftest", t, 65536, "mb_s"), 0.95, True))
+for t in ("send_lat", "write_lat", "read_lat"):
+    for s in (2, 4096):
+        targets.append((f"{t} {size_name(s)} vs perftest ib_{t}", "verbs", ("rdmx", t, s, "lat_us"),
+                        ("perftest", t, s, "lat_us"), 1.05, False))
+
+checked = []
+for desc, backend, mine, peer, goal, higher in targets:
+    x, y = get(backend, *mine), get(backend, *peer)
+    ratio = x / y if x is not None and y else None
+    ok = None if ratio is None else (ratio >= goal if higher else ratio <= goal)
+    checked.append({"target": desc, "backend": backend, "rdmx": x, "peer": y, "ratio": ratio,
+                    "goal": (">= " if higher else "<= ") + f"{goal}x", "met": ok,
+                    "unit": "MB/s" if mine[3] == "mb_s" else "us"})
+
+doc = {"machine": a.machine, "reps": a.reps, "seconds": a.seconds,
+       "regime": "server pinned to CPU 0, client to CPU 1 (taskset, all threads), loopback; "
+                 "verbs: rdma_rxe in a 2-vCPU QEMU (TCG) guest, server vCPU 0, client vCPU 1",
+       "units": {"lat_us": "microseconds, one way (read: round trip), median of the tool's samples",
+                 "mb_s": "1e6 bytes per second", "cpu_s_per_gb": "CPU seconds per 1e9 bytes, whole process"},
+       "load_at_rep_start": loads, "targets": checked,
+       "medians": [{"backend": k[0], "tool": k[1], "test": k[2], "size": k[3], "metric": k[4], "median": v,
+                    "min": min(vals[k]), "max": max(vals[k]), "n": len(vals[k])} for k, v in sorted(med.items())],
+       "errors": errors}
+with open(a.out + ".json", "w") as f:
+    json.dump(doc, f, indent=1)
+
+
+def fmt(v, unit=""):
+    return "-" if v is None else f"{v:.2f}{unit}"
+
+
+md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
+      f"Machine: {a.machine}. Reps: {a.reps} (interleaved), {a.seconds} s in all. Regime: {doc['regime']}.",
+      "Load average at the start of each rep: " + "; ".join(f"{b}: {', '.join(map(str, l))}" for b, l in loads.items()) + ".",
+      "Produced by `bench/compare.sh`. Bandwidth in MB/s (1e6 B/s); latency in us one way "
+      "(read: round trip), medians over reps.", "", "## Targets (ratio = rdmx / peer)", "",
+      "| target | rdmx | peer | ratio | goal | met |", "| --- | ---: | ---: | ---: | --- | --- |"]
+for c in checked:
+    met = "n/a" if c["met"] is None else ("yes" if c["met"] else "**no**")
+    md.append(f"| {c['backend']}: {c['target']} | {fmt(c['rdmx'])} {c['unit']} | {fmt(c['peer'])} {c['unit']} | "
+              f"{fmt(c['ratio'], 'x')} | {c['goal']} | {met} |")
+md += ["", "## All medians", "", "| backend | tool | test | size | metric | median | min | max | n |",
+       "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+for m in doc["medians"]:
+    md.append(f"| {m['backend']} | {m['tool']} | {m['test']} | {size_name(m['size'])} | {m['metric']} | "
+              f"{m['median']:.2f} | {m['min']:.2f} | {m['max']:.2f} | {m['n']} |")
+if errors:
+    md += ["", "## Runs that failed", ""]
+    seen = set()
+    for e in errors:
+        key = (e["tool"], e["test"], e["error"][:80])
+        if key in seen:
+            continue
+        seen.add(key)
+        md.append(f"- {e['backend']} {e['tool']} {e['test']} (rep {e['rep']}): `{e['error']}`")
+md += ["", f"![bandwidth and latency against size]({os.path.basename(a.out)}.png)", ""]
+with open(a.out + ".md", "w") as f:
+    f.write("\n".join(md))
+
+# --- plot: gnuplot, 2 x 2 panels
+series = {
+    "tcp_bw": [("rdmx", "write_bw"), ("rdmx", "send_bw"), ("rdmx", "read_bw"), ("ucx", "ucp_put_bw"),
+               ("ucx", "tag_bw"), ("ucx", "ucp_get"), ("iperf3", "stream"), ("qperf", "tcp_bw")],
+    "tcp_lat": [("rdmx", "send_lat"), ("rdmx", "write_lat"), ("ucx", "tag_lat"), ("ucx", "ucp_put_lat"),
+                ("qperf", "tcp_lat"), ("fi_tcp_msg", "pingpong"), ("fi_tcp_rxm_rdm", "pingpong")],
+    "verbs_bw": [("rdmx", t) for t in ("write_bw", "read_bw", "send_bw")] +
+                [("perftest", t) for t in ("write_bw", "read_bw", "send_bw")],
+    "verbs_lat": [("rdmx", t) for t in ("send_lat", "write_lat", "read_lat")] +
+                 [("perftest", t) for t in ("send_lat", "write_lat", "read_lat")],
+}
+tmp = tempfile.mkdtemp()
+plots = {}
+for panel, ss in series.items():
+    backend, kind = panel.split("_")
+    metric = "mb_s" if kind == "bw" else "lat_us"
+    cmds = []
+    for tool, test in ss:
+        pts = sorted((k[3], v) for k, v in med.items() if k[:3] == (backend, tool, test) and k[4] == metric)
+        if not pts:
+            continue
+        fn = os.path.join(tmp, f"{panel}_{tool}_{test}.dat")
+        with open(fn, "w") as f:
+            f.writelines(f"{s} {v}\n" for s, v in pts)
+        dash = "dt 1" if tool == "rdmx" else "dt 2"
+        cmds.append(f"'{fn}' using 1:2 with linespoints lw 2 {dash} title '{tool} {test}'")
+    plots[panel] = cmds
+titles = {"tcp_bw": "TCP loopback: bandwidth (MB/s)", "tcp_lat": "TCP loopback: latency (us)",
+          "verbs_bw": "soft-RoCE: bandwidth (MB/s)", "verbs_lat": "soft-RoCE: latency (us)"}
+gp = [f"set terminal pngcairo noenhanced size 1400,1000 font ',10'", f"set output '{os.path.abspath(a.out)}.png'",
+      "set multiplot layout 2,2", "set logscale x 2", "set grid", "set key left top font ',8'",
+      "set xlabel 'message size (bytes)'"]
+for panel in ("tcp_bw", "tcp_lat", "verbs_bw", "verbs_lat"):
+    gp.append(f"set title \"{titles[panel]}\"")
+    gp.append("set logscale y" if panel.endswith("lat") else "unset logscale y")
+    if plots[panel]:
+        gp.append("plot " + ", ".join(plots[panel]))
+    else:
+        gp.append("set label 1 'no data' at graph 0.45,0.5")
+        gp.append("unset logscale y")
+        gp.append("plot [1:2] [0:1] -1 notitle")
+        gp.append("unset label 1")
+gp.append("unset multiplot")
+subprocess.run(["gnuplot"], input="\n".join(gp), text=True, check=True)
