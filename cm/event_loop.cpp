@@ -182,37 +182,37 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
     st.changed.notify_all();
 }
 
-void event_loop::wait_for_response(cm_state& st, const char* verb, std::chrono::milliseconds timeout)
+namespace {
+
+// Waits until `done()` holds, the connection failed, or `timeout` passed; the caller's
+// verb leads every message.
+template <class Done>
+void wait_until(cm_state& st, Done done, const char* verb, std::chrono::milliseconds timeout)
 {
     std::unique_lock lock(st.mutex);
-    bool done = st.changed.wait_for(lock, timeout, [&] {
-        return st.responded || st.state == connection_state::error ||
-               st.state == connection_state::disconnected;
+    bool settled = st.changed.wait_for(lock, timeout, [&] {
+        return done() || st.state == connection_state::error || st.state == connection_state::disconnected;
     });
-    if (!done)
+    if (!settled)
         throw error(make_error_code(errc::timed_out),
                     std::string(verb) + ": no answer within " + std::to_string(timeout.count()) + " ms");
     if (st.state == connection_state::error)
         throw error(st.error, std::string(verb) + ": " + st.what, st.private_data);
-    if (!st.responded)
+    if (!done())
         throw error(make_error_code(errc::disconnected), std::string(verb) + ": peer disconnected");
+}
+
+} // namespace
+
+void event_loop::wait_for_response(cm_state& st, const char* verb, std::chrono::milliseconds timeout)
+{
+    wait_until(st, [&] { return st.responded; }, verb, timeout);
 }
 
 void event_loop::wait_for(cm_state& st, connection_state target, const char* verb,
                           std::chrono::milliseconds timeout)
 {
-    std::unique_lock lock(st.mutex);
-    bool done = st.changed.wait_for(lock, timeout, [&] {
-        return st.state == target || st.state == connection_state::error ||
-               st.state == connection_state::disconnected;
-    });
-    if (!done)
-        throw error(make_error_code(errc::timed_out),
-                    std::string(verb) + ": no answer within " + std::to_string(timeout.count()) + " ms");
-    if (st.state == connection_state::error)
-        throw error(st.error, std::string(verb) + ": " + st.what, st.private_data);
-    if (st.state != target)
-        throw error(make_error_code(errc::disconnected), std::string(verb) + ": peer disconnected");
+    wait_until(st, [&] { return st.state == target; }, verb, timeout);
 }
 
 } // namespace rdmx::cm

@@ -86,6 +86,46 @@ void fill_sges(std::span<const sge> in, ibv_sge* out) noexcept
 
 } // namespace
 
+namespace {
+
+// Builds provider work requests from ours in fixed stack batches of post_batch and hands
+// each batch to `post` (ibv_post_send / ibv_post_recv) with one doorbell. `fill` sets the
+// fields particular to the queue. On a provider error, *posted counts what went through.
+template <class IbvWr, class Request, class Fill, class Post>
+std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* posted, Fill fill,
+                                Post post) noexcept
+{
+    IbvWr w[post_batch];
+    ibv_sge s[post_batch][max_sge_per_wr];
+    std::size_t done = 0;
+    while (done < wrs.size()) {
+        std::size_t n = std::min(post_batch, wrs.size() - done);
+        for (std::size_t i = 0; i < n; ++i) {
+            const Request& wr = wrs[done + i];
+            fill_sges(wr.local, s[i]);
+            w[i] = {};
+            w[i].wr_id = wr.wr_id;
+            w[i].next = i + 1 < n ? &w[i + 1] : nullptr;
+            w[i].sg_list = s[i];
+            w[i].num_sge = static_cast<int>(wr.local.size());
+            fill(w[i], wr);
+        }
+        IbvWr* bad = nullptr;
+        if (int rc = post(w, &bad)) {
+            done += static_cast<std::size_t>(bad - w);
+            if (posted)
+                *posted = done;
+            return post_errno(rc);
+        }
+        done += n;
+    }
+    if (posted)
+        *posted = done;
+    return {};
+}
+
+} // namespace
+
 std::error_code verbs_connection::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
 {
     if (posted)
@@ -98,41 +138,19 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
         if (auto ec = detail::check_send(wr, &domain_, backend::verbs, limits_, total))
             return ec;
     }
-    ibv_send_wr w[post_batch];
-    ibv_sge s[post_batch][max_sge_per_wr];
-    std::size_t done = 0;
-    while (done < wrs.size()) {
-        std::size_t n = std::min(post_batch, wrs.size() - done);
-        for (std::size_t i = 0; i < n; ++i) {
-            const work_request& wr = wrs[done + i];
-            fill_sges(wr.local, s[i]);
-            w[i] = {};
-            w[i].wr_id = wr.wr_id;
-            w[i].next = i + 1 < n ? &w[i + 1] : nullptr;
-            w[i].sg_list = s[i];
-            w[i].num_sge = static_cast<int>(wr.local.size());
-            w[i].opcode = to_ibv(wr.opcode);
-            w[i].send_flags = to_ibv(wr.flags);
+    return post_in_batches<ibv_send_wr>(
+        wrs, posted,
+        [](ibv_send_wr& w, const work_request& wr) {
+            w.opcode = to_ibv(wr.opcode);
+            w.send_flags = to_ibv(wr.flags);
             if (wr.opcode == opcode::write_with_imm)
-                w[i].imm_data = htonl(wr.imm);
+                w.imm_data = htonl(wr.imm);
             if (wr.opcode != opcode::send) {
-                w[i].wr.rdma.remote_addr = wr.remote.addr;
-                w[i].wr.rdma.rkey = static_cast<std::uint32_t>(wr.remote.key);
+                w.wr.rdma.remote_addr = wr.remote.addr;
+                w.wr.rdma.rkey = static_cast<std::uint32_t>(wr.remote.key);
             }
-        }
-        ibv_send_wr* bad = nullptr;
-        int rc = ibv_post_send(qp_.get(), w, &bad);
-        if (rc) {
-            done += static_cast<std::size_t>(bad - w);
-            if (posted)
-                *posted = done;
-            return post_errno(rc);
-        }
-        done += n;
-    }
-    if (posted)
-        *posted = done;
-    return {};
+        },
+        [qp = qp_.get()](ibv_send_wr* w, ibv_send_wr** bad) { return ibv_post_send(qp, w, bad); });
 }
 
 std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
@@ -146,33 +164,9 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
         if (auto ec = detail::check_recv(wr, &domain_, limits_, total))
             return ec;
     }
-    ibv_recv_wr w[post_batch];
-    ibv_sge s[post_batch][max_sge_per_wr];
-    std::size_t done = 0;
-    while (done < wrs.size()) {
-        std::size_t n = std::min(post_batch, wrs.size() - done);
-        for (std::size_t i = 0; i < n; ++i) {
-            const recv_request& wr = wrs[done + i];
-            fill_sges(wr.local, s[i]);
-            w[i] = {};
-            w[i].wr_id = wr.wr_id;
-            w[i].next = i + 1 < n ? &w[i + 1] : nullptr;
-            w[i].sg_list = s[i];
-            w[i].num_sge = static_cast<int>(wr.local.size());
-        }
-        ibv_recv_wr* bad = nullptr;
-        int rc = ibv_post_recv(qp_.get(), w, &bad);
-        if (rc) {
-            done += static_cast<std::size_t>(bad - w);
-            if (posted)
-                *posted = done;
-            return post_errno(rc);
-        }
-        done += n;
-    }
-    if (posted)
-        *posted = done;
-    return {};
+    return post_in_batches<ibv_recv_wr>(
+        wrs, posted, [](ibv_recv_wr&, const recv_request&) {},
+        [qp = qp_.get()](ibv_recv_wr* w, ibv_recv_wr** bad) { return ibv_post_recv(qp, w, bad); });
 }
 
 std::size_t verbs_connection::poll(std::span<completion> out) noexcept
