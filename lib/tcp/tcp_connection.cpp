@@ -57,6 +57,7 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
       // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
       resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
+      standdown_timer_(dom.io()),
       // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
       // least, doubling) on a lossy link would look like a dead peer.
       progress_timeout_(std::max<std::chrono::steady_clock::duration>(
@@ -68,7 +69,13 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
     set_liveness_options(fd_, std::chrono::duration_cast<std::chrono::milliseconds>(progress_timeout_));
 }
 
-conn_state::~conn_state() = default;
+conn_state::~conn_state()
+{
+    // Stood down, the descriptor object does not hold the socket; close it here (the io
+    // context dropped the close handler, e.g. when the domain went first).
+    if (rx_app_owned_)
+        ::close(fd_);
+}
 
 void conn_state::start()
 {
@@ -76,6 +83,12 @@ void conn_state::start()
         std::lock_guard lk(self->mu_);
         self->rx_run();
         self->arm_progress_check();
+        // Asio's timer queue (one heap per engine) allocates when more timers are pending
+        // at once than ever before: make room for the stand-down check now, at set-up,
+        // rather than the first time the engine stands down.
+        self->standdown_timer_.expires_after(std::chrono::hours(1));
+        self->standdown_timer_.async_wait([](const boost::system::error_code&) {});
+        self->standdown_timer_.cancel();
     });
 }
 
@@ -222,8 +235,10 @@ std::error_code conn_state::post_recv(std::span<const recv_request> wrs, std::si
 std::size_t conn_state::poll(std::span<completion> out) noexcept
 {
     std::lock_guard lk(mu_);
-    if (cq_count_ == 0)
+    if (cq_count_ == 0) {
+        ++app_polls_;
         rx_poll();
+    }
     std::size_t n = std::min(out.size(), cq_count_);
     for (std::size_t i = 0; i < n; ++i) {
         out[i] = cq_[cq_head_];
@@ -237,6 +252,17 @@ std::error_code conn_state::request_notify(bool solicited_only) noexcept
 {
     std::lock_guard lk(mu_);
     notify_armed_ = solicited_only ? 2 : 1;
+    pump(); // an ACK that rx_poll left for this call: the caller may now sleep
+    if (rx_app_owned_ && !reclaim_posted_) {
+        // The application is about to sleep: the engine must read again.
+        reclaim_posted_ = true;
+        asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
+            std::lock_guard lk(self->mu_);
+            self->reclaim_posted_ = false;
+            if (!self->closed_)
+                self->reclaim_rx();
+        }));
+    }
     return {};
 }
 
@@ -269,7 +295,13 @@ void conn_state::close() noexcept
         boost::system::error_code ignored;
         self->rnr_timer_.cancel();
         self->progress_timer_.cancel(); // its handler holds the state (and its eventfd) alive
-        self->desc_.close(ignored);
+        self->standdown_timer_.cancel();
+        if (self->rx_app_owned_) {
+            self->rx_app_owned_ = false;
+            ::close(self->fd_);
+        } else {
+            self->desc_.close(ignored);
+        }
     });
 }
 
@@ -596,6 +628,7 @@ void conn_state::arm_write(bool would_block) noexcept
 {
     write_armed_ = true;
     if (would_block && on_engine()) {
+        reclaim_rx(); // the write wait needs the socket in the engine's epoll set
         // The socket said EAGAIN on this thread just now, so the wait is queued before the
         // reactor looks again: the edge that frees space cannot slip past it.
         desc_.async_wait(asio::posix::stream_descriptor::wait_write,
@@ -627,13 +660,104 @@ void conn_state::arm_read() noexcept
 {
     if (read_armed_ || rx_done_ || closed_)
         return;
+    if (rx_app_owned_) {
+        reclaim_rx(); // the engine reads again (after a stall): the wait needs the socket
+        return;
+    }
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
                      with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
                          std::lock_guard lk(self->mu_);
                          self->read_armed_ = false;
+                         if (self->app_took_data()) {
+                             self->stand_down();
+                             return;
+                         }
                          self->rx_run();
                      }));
+}
+
+bool conn_state::app_took_data() noexcept
+{
+    // Whether a busy-polling application has been reading what woke us, wake after wake:
+    // it polled since the previous wake, and nothing is left to read. An application that
+    // polls only now and then (and leaves one-sided requests to the engine meanwhile) has
+    // data waiting when the engine wakes, and keeps the engine reading.
+    bool polled = app_polls_ != app_polls_seen_;
+    app_polls_seen_ = app_polls_;
+    if (!polled || !app_may_read() || write_armed_) {
+        busy_wakes_ = 0;
+        return false;
+    }
+    std::byte probe;
+    ssize_t n = ::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (!(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) {
+        busy_wakes_ = 0;
+        return false;
+    }
+    return ++busy_wakes_ >= standdown_wakes;
+}
+
+bool conn_state::app_may_read() const noexcept
+{
+    // What rx_poll needs to read on its own; otherwise (a drain after an error, a stall
+    // that only the engine resumes, a sleeping application) the engine reads.
+    return notify_armed_ == 0 && !closed_ && !rx_done_ && !rx_stalled_ &&
+           state() == connection_state::established;
+}
+
+void conn_state::stand_down() noexcept
+{
+    // Engine thread, no wait outstanding on the descriptor (release() would drop it).
+    // The socket stays open (fd_); only the epoll registration goes.
+    [[maybe_unused]] int fd = desc_.release();
+    rx_app_owned_ = true;
+    busy_wakes_ = 0;
+    arm_standdown_check();
+}
+
+void conn_state::arm_standdown_check() noexcept
+{
+    standdown_timer_.expires_after(standdown_check);
+    auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        std::lock_guard lk(self->mu_);
+        if (!self->rx_app_owned_ || self->closed_)
+            return;
+        self->pump(); // an ACK that rx_poll left for the application's next call
+        if (self->app_polls_ != self->app_polls_seen_ && self->app_may_read()) {
+            self->app_polls_seen_ = self->app_polls_; // still polling: leave it the socket
+            self->arm_standdown_check();
+            return;
+        }
+        self->reclaim_rx();
+    };
+    standdown_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
+}
+
+void conn_state::reclaim_rx() noexcept
+{
+    if (!rx_app_owned_)
+        return;
+    rx_app_owned_ = false;
+    busy_wakes_ = 0;
+    app_polls_seen_ = app_polls_;
+    standdown_timer_.cancel();
+    boost::system::error_code ec;
+    desc_.assign(fd_, ec);
+    if (ec) {
+        // epoll_ctl(ADD) failed (out of memory): nobody could wait on this socket.
+        std::fprintf(stderr, "rdmx tcp: cannot watch the socket again (%s); connection to error\n",
+                     ec.message().c_str());
+        rx_done_ = tx_done_ = true;
+        ::shutdown(fd_, SHUT_RDWR);
+        fail(connection_state::error);
+        return;
+    }
+    // EPOLL_CTL_ADD reports data already waiting, so this wait misses nothing that arrived
+    // while the application owned the socket.
+    arm_read();
 }
 
 void conn_state::resume_rx() noexcept
@@ -650,14 +774,33 @@ void conn_state::rx_poll() noexcept
 {
     // A caller that polls receives what has arrived itself, instead of waiting for the
     // engine thread to wake up, read and hand it over: no thread hop per message. Only
-    // while the engine's read wait is armed: it fires on the next data and re-reads, so
-    // whichever thread reads first, nothing is missed and nothing is read twice (mu_).
-    if (!read_armed_ || closed_ || rx_done_ || rx_stalled_ || state() != connection_state::established)
+    // while the engine's read wait is armed (it fires on the next data and re-reads, so
+    // whichever thread reads first, nothing is missed and nothing is read twice: mu_), or
+    // while the engine has stood down and left the socket to this thread (stand_down).
+    if (!(read_armed_ || rx_app_owned_) || closed_ || rx_done_ || rx_stalled_ ||
+        state() != connection_state::established)
         return;
     for (int budget = 0; budget < rx_budget; ++budget)
         if (rx_step() != rx_status::again)
             break;
-    pump(); // the ACKs and read responses that the frames produced
+    // The ACKs and read responses that the frames produced. An ACK for a request that
+    // just completed here may wait for the caller's next post() or poll() (or the engine's
+    // stand-down check): a caller that answers a message sends one segment, not two.
+    if (rx_app_owned_ && cq_count_ > 0 && only_acks_owed())
+        return;
+    pump();
+}
+
+bool conn_state::only_acks_owed() const noexcept
+{
+    // Nothing but ACKs: no frame half sent, no request waiting (an ACK or read response
+    // that just arrived may have unblocked a fenced one), no read response or NAK owed.
+    if (cur_.kind != frame_kind::none || tx_next_ != sq_tail_)
+        return false;
+    for (std::uint64_t r = resp_head_; r < resp_tail_; ++r)
+        if (resp_[r % resp_.size()].op != frame_op::ack)
+            return false;
+    return true;
 }
 
 void conn_state::rx_run() noexcept

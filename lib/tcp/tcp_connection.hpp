@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -61,6 +62,17 @@ private:
     // Bytes one pump may send from the application thread / from the engine thread.
     static constexpr std::uint64_t app_tx_budget = 1u << 20;
     static constexpr std::uint64_t engine_tx_budget = 4u << 20;
+    // Receive ownership. An application that busy-polls reads the socket itself (rx_poll);
+    // the engine then stands down: it takes the socket out of its epoll set, so arriving
+    // data no longer wakes it on the poller's CPU and no longer contends for mu_. It stands
+    // down after `standdown_wakes` read wakes in a row that each found the application
+    // polling (an empty poll since the previous wake, no request_notify() pending) and the
+    // data that woke it already read by the application, and takes the socket back from
+    // request_notify(), when it must wait for writability, or when a check every
+    // `standdown_check` finds that the application stopped polling: one-sided requests are
+    // then served again without the application, at most about two checks late.
+    static constexpr int standdown_wakes = 3;
+    static constexpr std::chrono::microseconds standdown_check{1000};
 
     struct sq_entry {
         std::uint64_t wr_id = 0;
@@ -165,6 +177,12 @@ private:
     void on_nak(std::uint64_t seq, nak_code code) noexcept;
     void resume_rx() noexcept;
     void rx_poll() noexcept; ///< application thread, from poll()
+    bool app_may_read() const noexcept;
+    bool app_took_data() noexcept; ///< engine, on a read wake: should it stand down?
+    bool only_acks_owed() const noexcept;
+    void stand_down() noexcept;        ///< engine: leave the socket to the polling application
+    void reclaim_rx() noexcept;        ///< engine: take the socket back into the epoll set
+    void arm_standdown_check() noexcept;
     // --- liveness (engine thread) ---
     void arm_progress_check() noexcept;
     void check_progress() noexcept;
@@ -223,6 +241,11 @@ private:
     std::uint64_t rx_expect_ = 0; ///< next request sequence number from the peer
     bool rnr_wait_ = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
     bool read_armed_ = false;
+    bool rx_app_owned_ = false;   ///< engine stood down: the socket is out of its epoll set
+    bool reclaim_posted_ = false; ///< request_notify() asked the engine to take it back
+    int busy_wakes_ = 0;          ///< read wakes in a row that found the application polling
+    std::uint64_t app_polls_ = 0; ///< poll() calls that found the CQ empty
+    std::uint64_t app_polls_seen_ = 0; ///< app_polls_ when the engine last looked
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
     bool closed_ = false;     ///< the connection object is gone
@@ -234,6 +257,7 @@ private:
     handler_memory hmem_;
     asio::posix::stream_descriptor desc_; ///< engine thread only: readiness waits and close
     asio::steady_timer rnr_timer_;
+    asio::steady_timer standdown_timer_;
 
     // Liveness: while requests are outstanding, some byte must move (either way) at least
     // every progress_timeout_ (ack_timeout * (retry_count + 1)), or the peer is declared

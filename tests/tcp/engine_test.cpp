@@ -372,6 +372,49 @@ TEST_F(tcp_engine, solicited_only_notification)
     expect_ok(*p.client, 1);
 }
 
+TEST_F(tcp_engine, target_that_stops_polling_still_serves_one_sided_requests)
+{
+    // Busy-polling ping-pong lets both engines stand down and leave the sockets to poll()
+    // (docs/wire-format.md section 8); then the server's application goes quiet, and the
+    // client's writes and reads must still be served, and a send must still wake wait().
+    auto p = connect_pair();
+    std::vector<std::byte> cbuf(4096, std::byte{1}), sbuf(4096, std::byte{2});
+    auto cm = client_dom_->register_memory(cbuf.data(), cbuf.size(), access::local_write);
+    auto sm = server_dom_->register_memory(sbuf.data(), sbuf.size(),
+                                           access::local_write | access::remote_write | access::remote_read);
+    sge cs{cm.get(), 0, 8}, ss{sm.get(), 0, 8};
+    for (std::uint64_t i = 0; i < 300; ++i) {
+        ASSERT_FALSE(p.server->post_recv({&ss, 1}, i));
+        ASSERT_FALSE(p.client->post_recv({&cs, 1}, i));
+        ASSERT_FALSE(p.client->post_send({&cs, 1}, i));
+        expect_ok(*p.server, 1, 5s); // the ping
+        ASSERT_FALSE(p.server->post_send({&ss, 1}, i));
+        expect_ok(*p.server, 1, 5s); // our pong's completion
+        expect_ok(*p.client, 2, 5s); // the ping's completion and the pong
+    }
+    std::this_thread::sleep_for(5ms);
+    // The server's application calls nothing from here on, until wait().
+    for (std::size_t i = 0; i < 64; ++i)
+        cbuf[1024 + i] = static_cast<std::byte>(i);
+    sge w{cm.get(), 1024, 64}, r{cm.get(), 2048, 64};
+    ASSERT_FALSE(p.client->post_write({&w, 1}, sm->remote(512, 64), 1));
+    ASSERT_FALSE(p.client->post_read({&r, 1}, sm->remote(512, 64), 2));
+    expect_ok(*p.client, 2, 5s);
+    EXPECT_EQ(0, std::memcmp(sbuf.data() + 512, cbuf.data() + 1024, 64));
+    EXPECT_EQ(0, std::memcmp(cbuf.data() + 2048, cbuf.data() + 1024, 64));
+    ASSERT_FALSE(p.server->post_recv({&ss, 1}, 1000));
+    ASSERT_FALSE(p.client->post_send({&cs, 1}, 3));
+    completion c{};
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    std::size_t got = 0;
+    while (got == 0 && std::chrono::steady_clock::now() < deadline)
+        got = p.server->wait({&c, 1}, 100ms);
+    ASSERT_EQ(got, 1u);
+    EXPECT_FALSE(c.status);
+    EXPECT_EQ(c.wr_id, 1000u);
+    expect_ok(*p.client, 1, 5s);
+}
+
 // ---- hostile peers --------------------------------------------------------------------
 
 class hostile : public tcp_engine
