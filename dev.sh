@@ -199,7 +199,7 @@ test_all() {
     build
     build_clang
     rm -rf "$BUILD/tests/results"
-    log "meson test (suites: unit, tcp, verbs on soft-RoCE)"
+    log "meson test (suites: unit, tcp, verbs and fault on soft-RoCE guests, gpu)"
     local rc=0
     meson test -C "$BUILD" --print-errorlogs --num-processes 1 || rc=$?
     local main_log
