@@ -451,6 +451,20 @@ protected:
         EXPECT_TRUE(wait_state(c, connection_state::error));
         EXPECT_EQ(buf_, std::vector<std::byte>(4096, std::byte{0x11})) << "memory touched";
     }
+    /// Reads the next frame the engine sent to the raw peer: it must be NAK remote_access.
+    void expect_remote_access_nak(int fd, frame_header& r)
+    {
+        frame_header::bytes b;
+        std::size_t got = 0;
+        while (got < b.size()) {
+            ssize_t n = ::recv(fd, b.data() + got, b.size() - got, 0);
+            ASSERT_GT(n, 0);
+            got += static_cast<std::size_t>(n);
+        }
+        ASSERT_FALSE(frame_header::decode(b.data(), r));
+        EXPECT_EQ(r.op, frame_op::nak);
+        EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::remote_access));
+    }
     std::vector<std::byte> buf_;
     std::unique_ptr<memory_region> mr_;
 };
@@ -529,17 +543,8 @@ TEST_F(hostile, write_outside_the_registration_is_nacked_and_memory_untouched)
     send_header(fd, h);
     std::vector<std::byte> payload(64, std::byte{0xee});
     ASSERT_EQ(::send(fd, payload.data(), 64, MSG_NOSIGNAL), 64);
-    frame_header::bytes b;
-    std::size_t got = 0;
-    while (got < 40) {
-        ssize_t n = ::recv(fd, b.data() + got, 40 - got, 0);
-        ASSERT_GT(n, 0);
-        got += static_cast<std::size_t>(n);
-    }
     frame_header r;
-    ASSERT_FALSE(frame_header::decode(b.data(), r));
-    EXPECT_EQ(r.op, frame_op::nak);
-    EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::remote_access));
+    ASSERT_NO_FATAL_FAILURE(expect_remote_access_nak(fd, r));
     EXPECT_EQ(r.seq, 0u);
     expect_flushed_error(*c);
     ::close(fd);
@@ -562,17 +567,8 @@ TEST_F(hostile, ranges_that_wrap_around_are_nacked)
             std::vector<std::byte> payload(4096, std::byte{0xee});
             ASSERT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), 4096);
         }
-        frame_header::bytes b;
-        std::size_t got = 0;
-        while (got < 40) {
-            ssize_t n = ::recv(fd, b.data() + got, 40 - got, 0);
-            ASSERT_GT(n, 0);
-            got += static_cast<std::size_t>(n);
-        }
         frame_header r;
-        ASSERT_FALSE(frame_header::decode(b.data(), r));
-        EXPECT_EQ(r.op, frame_op::nak);
-        EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::remote_access));
+        ASSERT_NO_FATAL_FAILURE(expect_remote_access_nak(fd, r));
         expect_flushed_error(*c);
         ::close(fd);
     }
