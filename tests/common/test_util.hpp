@@ -42,10 +42,15 @@ inline std::string host_for(backend b)
     return h ? h : "";
 }
 
+inline std::string address(backend b, const std::string& host, std::uint16_t port)
+{
+    return std::string(b == backend::tcp ? "tcp://" : "rdma://") + host + ":" + std::to_string(port);
+}
+
+/// The address of this run's host for backend `b` (see host_for).
 inline std::string address(backend b, std::uint16_t port)
 {
-    std::string host = host_for(b);
-    return std::string(b == backend::tcp ? "tcp://" : "rdma://") + host + ":" + std::to_string(port);
+    return address(b, host_for(b), port);
 }
 
 inline std::string param_name(const testing::TestParamInfo<backend>& info)

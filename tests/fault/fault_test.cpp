@@ -1,33 +1,22 @@
 // Fault injection on both backends: a peer killed or stopped in the middle of a stream,
 // the link cut under a transfer, a lossy and reordering link, and connection attempts
-// that cannot succeed. The peer is a separate process (fault_peer) in another network
-// namespace joined to ours by a veth pair, each side with its own rxe device: two hosts
-// for real, inside the test guest (tests/fault/run-faults.sh sets them up).
-//
-// Two set-ups (tests/fault/run-*.sh):
-//   local peer:  fault_peer is started here, in another network namespace (TCP), and
-//                signalled directly;
-//   remote peer: fault_peer runs in another guest (another kernel, its own rxe device),
-//                restarted there by an agent; the test steers it with control messages
-//                sent through the connection itself ("CTL:KILL", see fault_peer.cpp).
-// Environment:
-//   RDMX_FAULT_PEER         path of fault_peer (local peer)
-//   RDMX_FAULT_PEER_PREFIX  command prefix that runs it in the other namespace
-//   RDMX_FAULT_REMOTE_PORT_VERBS, RDMX_FAULT_REMOTE_PORT_TCP  remote peer's ports
-//   RDMX_FAULT_PEER_ADDR    the peer's IP;  RDMX_FAULT_LINK, RDMX_FAULT_PEER_LINK  the links
+// that cannot succeed. Two hosts for real (tests/fault/run-two-hosts.sh): this suite runs
+// in one guest, fault_peer in another (another kernel, its own rxe device), restarted
+// there by an agent after each test. A process in another kernel cannot be signalled, so
+// the test steers the peer with control messages sent through the connection itself
+// ("CTL:KILL", "CTL:STOP", "CTL:NETEM ON", see fault_peer.cpp).
+// Environment (set by tests/fault/two-host-tests.sh):
+//   RDMX_FAULT_REMOTE_PORT_VERBS, RDMX_FAULT_REMOTE_PORT_TCP  the peer's ports
+//   RDMX_FAULT_PEER_ADDR    the peer's IP;  RDMX_FAULT_LINK  our side of the link
 //   RDMX_FAULT_LINK_RDMA_DEVICE  the rxe device on RDMX_FAULT_LINK (waited for after link up)
 //   RDMX_FAULT_UNUSED_ADDR  an on-link IP nobody has;  RDMX_FAULT_NO_ROUTE_ADDR  unroutable
 #include <gtest/gtest.h>
 
-#include <poll.h>
-#include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <sstream>
 
 #include "common/test_util.hpp"
 
@@ -48,87 +37,16 @@ int sh(const std::string& cmd)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-std::string address(backend b, const std::string& host, std::uint16_t port)
-{
-    return std::string(b == backend::tcp ? "tcp://" : "rdma://") + host + ":" + std::to_string(port);
-}
-
-/// The peer process; killed and reaped on destruction whatever state it is in.
-class peer_process {
-public:
-    peer_process(backend b, int receives)
-    {
-        std::string remote_port = env(b == backend::verbs ? "RDMX_FAULT_REMOTE_PORT_VERBS" : "RDMX_FAULT_REMOTE_PORT_TCP");
-        if (!remote_port.empty()) {
-            // Runs in the other guest; its agent starts a fresh one after each test.
-            port_ = static_cast<std::uint16_t>(std::stoi(remote_port));
-            return;
-        }
-        std::vector<std::string> args;
-        std::istringstream prefix(env("RDMX_FAULT_PEER_PREFIX"));
-        for (std::string w; prefix >> w;)
-            args.push_back(w);
-        args.push_back(env("RDMX_FAULT_PEER"));
-        args.push_back(address(b, env("RDMX_FAULT_PEER_ADDR"), 0));
-        args.push_back(std::to_string(receives));
-        int fds[2];
-        if (::pipe(fds) != 0)
-            throw std::runtime_error("pipe");
-        pid_ = ::fork();
-        if (pid_ == 0) {
-            ::dup2(fds[1], 1);
-            ::close(fds[0]);
-            ::close(fds[1]);
-            std::vector<char*> argv;
-            for (auto& a : args)
-                argv.push_back(a.data());
-            argv.push_back(nullptr);
-            ::execvp(argv[0], argv.data());
-            _exit(127);
-        }
-        ::close(fds[1]);
-        // Wait (bounded) for "READY <port>".
-        std::string line;
-        pollfd pfd{fds[0], POLLIN, 0};
-        auto deadline = clock::now() + 30s;
-        char c;
-        while (clock::now() < deadline && line.find('\n') == std::string::npos) {
-            if (::poll(&pfd, 1, 100) > 0) {
-                if (::read(fds[0], &c, 1) != 1)
-                    break;
-                line += c;
-            }
-        }
-        ::close(fds[0]);
-        if (std::sscanf(line.c_str(), "READY %hu", &port_) != 1)
-            throw std::runtime_error("fault_peer did not start: '" + line + "'");
-    }
-    ~peer_process()
-    {
-        if (pid_ <= 0)
-            return;
-        ::kill(pid_, SIGKILL);
-        ::kill(pid_, SIGCONT);
-        int st;
-        ::waitpid(pid_, &st, 0);
-    }
-    bool remote() const { return pid_ <= 0; }
-    void signal(int sig) { ::kill(pid_, sig); }
-    std::uint16_t port() const { return port_; }
-
-private:
-    pid_t pid_ = -1;
-    std::uint16_t port_ = 0;
-};
-
 class fault : public testing::TestWithParam<backend> {
 protected:
     void SetUp() override
     {
         b_ = GetParam();
         peer_addr_ = env("RDMX_FAULT_PEER_ADDR");
-        if (peer_addr_.empty() || env("RDMX_FAULT_PEER").empty())
-            GTEST_SKIP() << "fault tests run in the test guest (tests/fault/run-faults.sh)";
+        std::string port = env(b_ == backend::verbs ? "RDMX_FAULT_REMOTE_PORT_VERBS" : "RDMX_FAULT_REMOTE_PORT_TCP");
+        if (peer_addr_.empty() || port.empty())
+            GTEST_SKIP() << "fault tests run across two test guests (tests/fault/run-two-hosts.sh)";
+        peer_port_ = static_cast<std::uint16_t>(std::stoi(port));
         dom_ = domain::open(address(b_, peer_addr_, 0));
         ASSERT_EQ(dom_->backend(), b_);
         local_.assign(1 << 20, std::byte{0});
@@ -142,9 +60,6 @@ protected:
         if (!env("RDMX_FAULT_LINK").empty()) {
             restore_link();
             sh("tc qdisc del dev " + env("RDMX_FAULT_LINK") + " root 2>/dev/null");
-            if (!env("RDMX_FAULT_PEER_PREFIX").empty())
-                sh(env("RDMX_FAULT_PEER_PREFIX") + " tc qdisc del dev " + env("RDMX_FAULT_PEER_LINK") +
-                   " root 2>/dev/null");
         }
     }
 
@@ -160,26 +75,10 @@ protected:
         }
     }
 
-    /// Kills or stops the peer: a signal when it is local, a control message through the
-    /// connection (posted by stream() at the injection point) when it is remote.
-    void hit_peer(peer_process& peer, int sig)
+    /// Loss and reordering on the peer's side of the link (fault_peer runs tc); returns
+    /// once it is in place (the peer answers "CTL:OK").
+    void peer_netem(connection& c, bool on)
     {
-        if (!peer.remote())
-            peer.signal(sig);
-        else
-            pending_ctl_ = sig == SIGKILL ? "CTL:KILL" : "CTL:STOP";
-    }
-
-    /// Loss and reordering on the peer's side of the link; returns once it is in place.
-    void peer_netem(peer_process& peer, connection& c, bool on)
-    {
-        if (!peer.remote()) {
-            std::string cmd = env("RDMX_FAULT_PEER_PREFIX") + " tc qdisc " + (on ? "add" : "del") + " dev " +
-                              env("RDMX_FAULT_PEER_LINK") + " root" +
-                              (on ? " netem delay 1ms loss 3% reorder 10% 50%" : "");
-            ASSERT_EQ(sh(cmd), 0) << cmd;
-            return;
-        }
         std::string msg = on ? "CTL:NETEM ON" : "CTL:NETEM OFF";
         std::memcpy(ctl_.data(), msg.data(), msg.size());
         sge r{ctl_mr_.get(), 32, 32};
@@ -190,16 +89,15 @@ protected:
         ASSERT_EQ(done.size(), 2u);
     }
 
-    std::unique_ptr<connection> connect_to(const peer_process& peer, const connection_options& opts,
-                                           remote_buffer& rb)
+    std::unique_ptr<connection> connect_to(const connection_options& opts, remote_buffer& rb)
     {
         std::unique_ptr<connection> c;
-        // A remote peer may still be restarting (or, after a stop test, waiting for its
-        // agent's time limit): retry, bounded.
-        auto deadline = clock::now() + (peer.remote() ? 60s : 0s);
+        // The peer may still be restarting (after a stop test, its agent kills the stopped
+        // one first): retry, bounded.
+        auto deadline = clock::now() + 60s;
         for (;;) {
             try {
-                c = dom_->connect(address(b_, peer_addr_, peer.port()), opts);
+                c = dom_->connect(address(b_, peer_addr_, peer_port_), opts);
                 break;
             } catch (const rdmx::error&) {
                 if (clock::now() >= deadline)
@@ -296,6 +194,7 @@ protected:
 
     backend b_{};
     std::string peer_addr_;
+    std::uint16_t peer_port_ = 0;
     std::unique_ptr<domain> dom_;
     std::vector<std::byte> local_, ctl_;
     std::unique_ptr<memory_region> mr_, ctl_mr_;
@@ -328,11 +227,10 @@ clock::duration bound(const connection_options& o)
 
 TEST_P(fault, peer_killed_mid_stream)
 {
-    peer_process peer(b_, 64);
     auto opts = quick_options();
     remote_buffer rb;
-    auto c = connect_to(peer, opts, rb);
-    auto r = stream(*c, rb, 500ms, [&] { hit_peer(peer, SIGKILL); }, 30s);
+    auto c = connect_to(opts, rb);
+    auto r = stream(*c, rb, 500ms, [&] { pending_ctl_ = "CTL:KILL"; }, 30s);
     report("peer killed (SIGKILL)", r);
     EXPECT_GT(r.ok, 0u) << "nothing moved before the fault";
     EXPECT_GT(r.failed, 0u) << "the dead peer went unnoticed";
@@ -343,12 +241,11 @@ TEST_P(fault, peer_killed_mid_stream)
 
 TEST_P(fault, peer_stopped_is_detected_by_the_configured_timeout)
 {
-    // Few receives: once they are used up, sends need the (stopped) application.
-    peer_process peer(b_, 4);
+    // Once the 64 receives the peer posted are used up, sends need the (stopped) application.
     auto opts = quick_options();
     remote_buffer rb;
-    auto c = connect_to(peer, opts, rb);
-    auto r = stream(*c, rb, 50ms, [&] { hit_peer(peer, SIGSTOP); }, 30s);
+    auto c = connect_to(opts, rb);
+    auto r = stream(*c, rb, 50ms, [&] { pending_ctl_ = "CTL:STOP"; }, 30s);
     report("peer stopped (SIGSTOP)", r);
     EXPECT_GT(r.failed, 0u);
     EXPECT_EQ(r.outstanding, 0u);
@@ -365,10 +262,9 @@ TEST_P(fault, link_down_mid_transfer_surfaces_errors)
 {
     if (env("RDMX_FAULT_LINK").empty())
         GTEST_SKIP() << link_skip_reason();
-    peer_process peer(b_, 64);
     auto opts = quick_options();
     remote_buffer rb;
-    auto c = connect_to(peer, opts, rb);
+    auto c = connect_to(opts, rb);
     auto r = stream(*c, rb, 300ms, [&] { sh("ip link set dev " + env("RDMX_FAULT_LINK") + " down"); }, 30s);
     report("link down", r);
     EXPECT_GT(r.ok, 0u);
@@ -386,7 +282,6 @@ TEST_P(fault, lossy_reordering_link_delivers_every_byte)
 {
     if (env("RDMX_FAULT_LINK").empty())
         GTEST_SKIP() << link_skip_reason();
-    peer_process peer(b_, 64);
     connection_options opts;
     // verbs: retransmit lost tails quickly. TCP: the kernel retransmits; keep the default
     // liveness bound well above its retransmission timeouts.
@@ -394,11 +289,11 @@ TEST_P(fault, lossy_reordering_link_delivers_every_byte)
         opts.ack_timeout = 20ms;
     opts.retry_count = 7;
     remote_buffer rb;
-    auto c = connect_to(peer, opts, rb);
+    auto c = connect_to(opts, rb);
     // Loss and reordering on both directions of the veth pair.
     const std::string netem = " root netem delay 1ms loss 3% reorder 10% 50%";
     ASSERT_EQ(sh("tc qdisc add dev " + env("RDMX_FAULT_LINK") + netem), 0);
-    peer_netem(peer, *c, true);
+    peer_netem(*c, true);
     if (HasFatalFailure())
         return;
     constexpr std::size_t chunk = 64 * 1024, total = 1 << 20;
@@ -421,7 +316,7 @@ TEST_P(fault, lossy_reordering_link_delivers_every_byte)
         EXPECT_TRUE(std::equal(local_.begin(), local_.begin() + total, back.begin())) << "round " << round;
     }
     EXPECT_EQ(c->state(), connection_state::established);
-    peer_netem(peer, *c, false);
+    peer_netem(*c, false);
 }
 
 TEST_P(fault, connect_to_closed_port_on_the_other_host_is_refused)
