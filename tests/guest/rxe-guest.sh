@@ -3,7 +3,7 @@
 # has real soft-RoCE (rdma_rxe), because the host kernel has no RDMA support.
 #
 #   rxe-guest.sh --cache DIR [--share DIR]... [--timeout SEC] [--smp N]
-#                [--mem MB] [--verbose] -- COMMAND [ARGS...]
+#                [--mem MB] [--verbose] [--link MODE:PORT:IP] -- COMMAND [ARGS...]
 #
 # The guest boots Debian's current stock kernel (downloaded once into the
 # cache) with a tiny busybox initramfs, uses the host's / (read-only, over 9p)
@@ -37,7 +37,7 @@ die() { msg "error: $*"; exit "$HARNESS_FAIL"; }
 usage() {
 	cat <<EOF
 usage: $prog --cache DIR [--share DIR]... [--timeout SEC] [--smp N] [--mem MB]
-       [--verbose] -- COMMAND [ARGS...]
+       [--verbose] [--link listen|connect:PORT:IP] -- COMMAND [ARGS...]
 
 Runs COMMAND (argv preserved, via /bin/sh -c) as root in a QEMU guest whose
 root is the host's / (read-only) with fresh tmpfs on /tmp /run /var/tmp and a
