@@ -17,8 +17,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -91,8 +94,26 @@ struct fixture {
     /// A connected pair of loopback sockets: (ours, the engine's).
     std::pair<int, int> socket_pair()
     {
-        int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        FUZZ_CHECK(::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        // Each input is a connection, and their FINs are exchanged before either side
+        // closes, so thousands sit in TIME_WAIT at any moment (about 14k here). The kernel
+        // reuses such ports on loopback (tcp_tw_reuse), yet connect() can still find none
+        // free for a moment: EADDRNOTAVAIL, seen once in CI after ~38k inputs. That is the
+        // machine's port range, not a finding: wait and retry (bounded), and name any
+        // other failure.
+        int c = -1;
+        for (int attempt = 0;; ++attempt) {
+            c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            FUZZ_CHECK(c >= 0);
+            if (::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0)
+                break;
+            int err = errno;
+            ::close(c);
+            if (err != EADDRNOTAVAIL || attempt == 600) {
+                std::fprintf(stderr, "fuzz_engine: connect: %s\n", std::strerror(err));
+                FUZZ_CHECK(!"connect to the loopback listener");
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
         int s = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
         FUZZ_CHECK(s >= 0);
         return {c, s};
