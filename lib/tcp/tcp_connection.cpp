@@ -237,6 +237,7 @@ std::size_t conn_state::poll(std::span<completion> out) noexcept
     std::lock_guard lk(mu_);
     if (cq_count_ == 0) {
         ++app_polls_;
+        last_empty_poll_ = std::chrono::steady_clock::now();
         rx_poll();
     }
     std::size_t n = std::min(out.size(), cq_count_);
@@ -679,10 +680,12 @@ void conn_state::arm_read() noexcept
 
 bool conn_state::app_took_data() noexcept
 {
-    // Whether a busy-polling application has been reading what woke us, wake after wake:
-    // it polled since the previous wake, and nothing is left to read. An application that
-    // polls only now and then (and leaves one-sided requests to the engine meanwhile) has
-    // data waiting when the engine wakes, and keeps the engine reading.
+    // Whether a busy-polling application is reading what wakes us, wake after wake: it
+    // polled since the previous wake, and either nothing is left to read or it is polling
+    // right now (the engine, woken on the poller's CPU, often runs before the poller gets
+    // to the data). An application that polls only now and then (and leaves one-sided
+    // requests to the engine meanwhile) has data waiting when the engine wakes and has not
+    // polled for a while, and keeps the engine reading.
     bool polled = app_polls_ != app_polls_seen_;
     app_polls_seen_ = app_polls_;
     if (!polled || !app_may_read() || write_armed_) {
@@ -691,7 +694,9 @@ bool conn_state::app_took_data() noexcept
     }
     std::byte probe;
     ssize_t n = ::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (!(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) {
+    bool taken = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    bool polling_now = std::chrono::steady_clock::now() - last_empty_poll_ < busy_poll_window;
+    if (!taken && !polling_now) {
         busy_wakes_ = 0;
         return false;
     }
@@ -780,6 +785,7 @@ void conn_state::rx_poll() noexcept
     if (!(read_armed_ || rx_app_owned_) || closed_ || rx_done_ || rx_stalled_ ||
         state() != connection_state::established)
         return;
+    rx_short_ = false;
     for (int budget = 0; budget < rx_budget; ++budget)
         if (rx_step() != rx_status::again)
             break;
@@ -807,6 +813,7 @@ void conn_state::rx_run() noexcept
 {
     if (closed_ || rx_done_ || rx_stalled_)
         return;
+    rx_short_ = false;
     for (int budget = 0; budget < rx_budget; ++budget) {
         rx_status s = state() == connection_state::established ? rx_step() : rx_drain();
         if (s == rx_status::again)
@@ -845,28 +852,42 @@ conn_state::rx_status conn_state::rx_drain() noexcept
 conn_state::rx_status conn_state::rx_step() noexcept
 {
     if (rx_action_ != rx_action::none)
-        return rx_payload();
-    if (hdr_got_ < frame_header::wire_size) {
-        ssize_t n = ::recv(fd_, hdr_buf_ + hdr_got_, frame_header::wire_size - hdr_got_, MSG_DONTWAIT);
+        return staged() > 0 ? rx_staged_payload() : rx_payload();
+    if (staged() < frame_header::wire_size) {
+        // A read that came back short in this run drained the socket: another would only
+        // say EAGAIN. (Per run: the next one starts from a wake-up or a poll and reads.)
+        if (rx_short_)
+            return rx_status::wait;
+        if (stage_begin_ > 0) { // a partial header: to the front, the buffer is ours again
+            std::memmove(stage_, stage_ + stage_begin_, staged());
+            stage_end_ -= stage_begin_;
+            stage_begin_ = 0;
+        }
+        std::size_t want = stage_size - stage_end_;
+        ssize_t n = ::recv(fd_, stage_ + stage_end_, want, MSG_DONTWAIT);
         if (n <= 0)
             return rx_error(n, errno);
-        hdr_got_ += static_cast<std::size_t>(n);
-        if (hdr_got_ < frame_header::wire_size)
+        last_progress_ = std::chrono::steady_clock::now(); // the peer sent bytes: alive
+        stage_end_ += static_cast<std::size_t>(n);
+        rx_short_ = static_cast<std::size_t>(n) < want;
+        if (staged() < frame_header::wire_size)
             return rx_status::again;
     }
     frame_header h;
     const char* why = "";
-    if (frame_header::decode(hdr_buf_, h, &why)) {
+    if (frame_header::decode(stage_ + stage_begin_, h, &why)) {
         protocol_violation(why, false);
         return rx_status::stop;
     }
     if (h.is_request() && resp_tail_ - resp_head_ == resp_.size()) {
-        // Backpressure: leave the header in hdr_buf_ and stop reading until a response has
+        // Backpressure: leave the header staged and stop reading until a response has
         // gone out. A peer within max_rd_atomic never gets here.
         rx_stalled_ = true;
         return rx_status::stop;
     }
-    hdr_got_ = 0;
+    stage_begin_ += frame_header::wire_size;
+    if (stage_begin_ == stage_end_)
+        stage_begin_ = stage_end_ = 0;
     begin_frame(h);
     if (rx_action_ != rx_action::none && rx_left_ == 0)
         finish_frame();
@@ -966,15 +987,15 @@ void conn_state::begin_frame(const frame_header& h) noexcept
 
 conn_state::rx_status conn_state::rx_payload() noexcept
 {
+    if (rx_short_)
+        return rx_status::wait; // drained in this run (see rx_step)
     iovec iov[max_iov];
     region_state* pinned[max_iov];
     int niov = 0, npinned = 0;
     std::uint64_t planned = 0;
     // The domain's sink is the engine's; the application thread (rx_poll) has its own.
     std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
-    bool to_memory = rx_action_ == rx_action::recv || rx_action_ == rx_action::write ||
-                     rx_action_ == rx_action::write_imm || rx_action_ == rx_action::read_resp;
-    if (to_memory) {
+    if (payload_to_memory()) {
         std::uint32_t i = rx_seg_i_;
         std::uint64_t off = rx_seg_off_;
         while (planned < rx_left_ && i < rx_nseg_ && niov < max_iov - 1) {
@@ -1003,10 +1024,14 @@ conn_state::rx_status conn_state::rx_payload() noexcept
         iov[niov++] = {sink.data(), static_cast<std::size_t>(n)};
         planned = n;
     }
-    // Read ahead into the next header when this call can finish the payload: saves a
-    // system call per frame, and the header buffer is ours, so nothing is staged.
-    if (planned == rx_left_)
-        iov[niov++] = {hdr_buf_, frame_header::wire_size};
+    // Read ahead into the (empty) stage when this call can finish the payload: the next
+    // frames come with it, saving a system call per frame.
+    std::uint64_t want = planned;
+    if (planned == rx_left_) {
+        stage_begin_ = stage_end_ = 0;
+        iov[niov++] = {stage_, stage_size};
+        want += stage_size;
+    }
     msghdr mh{};
     mh.msg_iov = iov;
     mh.msg_iovlen = static_cast<std::size_t>(niov);
@@ -1018,25 +1043,60 @@ conn_state::rx_status conn_state::rx_payload() noexcept
         return rx_error(n, err);
     last_progress_ = std::chrono::steady_clock::now(); // the peer sent bytes: alive
     std::uint64_t got = static_cast<std::uint64_t>(n);
+    rx_short_ = got < want;
     std::uint64_t payload = std::min(got, rx_left_);
-    hdr_got_ = static_cast<std::size_t>(got - payload);
+    stage_end_ = static_cast<std::size_t>(got - payload);
     rx_left_ -= payload;
-    if (to_memory) {
-        // Walk the SGE position forward by what arrived (wherever it landed).
-        while (payload > 0 && rx_seg_i_ < rx_nseg_) {
-            std::uint64_t room = rx_segs_[rx_seg_i_].len - rx_seg_off_;
-            std::uint64_t step = std::min(room, payload);
-            rx_seg_off_ += step;
-            payload -= step;
-            if (rx_seg_off_ == rx_segs_[rx_seg_i_].len) {
-                ++rx_seg_i_;
-                rx_seg_off_ = 0;
-            }
-        }
-    }
+    if (payload_to_memory())
+        rx_advance(payload);
     if (rx_left_ == 0)
         finish_frame();
     return rx_done_ ? rx_status::stop : rx_status::again;
+}
+
+conn_state::rx_status conn_state::rx_staged_payload() noexcept
+{
+    // The payload bytes that arrived with the header: copied out of the stage.
+    std::uint64_t n = std::min<std::uint64_t>(staged(), rx_left_);
+    if (payload_to_memory()) {
+        const std::byte* src = stage_ + stage_begin_;
+        std::uint64_t left = n;
+        while (left > 0 && rx_seg_i_ < rx_nseg_) {
+            const seg& s = rx_segs_[rx_seg_i_];
+            std::uint64_t step = std::min(s.len - rx_seg_off_, left);
+            if (s.st && !pin(s.st, s.tag)) {
+                rx_fault_ = true; // deregistered: dropped, and the request fails at the end
+            } else {
+                std::memcpy(s.ptr + rx_seg_off_, src, step);
+                if (s.st)
+                    unpin(s.st);
+            }
+            src += step;
+            left -= step;
+            rx_advance(step);
+        }
+    }
+    stage_begin_ += static_cast<std::size_t>(n);
+    if (stage_begin_ == stage_end_)
+        stage_begin_ = stage_end_ = 0;
+    rx_left_ -= n;
+    if (rx_left_ == 0)
+        finish_frame();
+    return rx_done_ ? rx_status::stop : rx_status::again;
+}
+
+void conn_state::rx_advance(std::uint64_t n) noexcept
+{
+    // Walk the SGE position forward by what arrived (wherever it landed).
+    while (n > 0 && rx_seg_i_ < rx_nseg_) {
+        std::uint64_t step = std::min(rx_segs_[rx_seg_i_].len - rx_seg_off_, n);
+        rx_seg_off_ += step;
+        n -= step;
+        if (rx_seg_off_ == rx_segs_[rx_seg_i_].len) {
+            ++rx_seg_i_;
+            rx_seg_off_ = 0;
+        }
+    }
 }
 
 void conn_state::finish_frame() noexcept

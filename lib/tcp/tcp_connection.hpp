@@ -73,6 +73,7 @@ private:
     // then served again without the application, at most about two checks late.
     static constexpr int standdown_wakes = 3;
     static constexpr std::chrono::microseconds standdown_check{1000};
+    static constexpr std::chrono::microseconds busy_poll_window{20};
 
     struct sq_entry {
         std::uint64_t wr_id = 0;
@@ -170,6 +171,14 @@ private:
     rx_status rx_step() noexcept;
     rx_status rx_drain() noexcept;
     rx_status rx_payload() noexcept;
+    rx_status rx_staged_payload() noexcept;
+    void rx_advance(std::uint64_t n) noexcept;
+    std::size_t staged() const noexcept { return stage_end_ - stage_begin_; }
+    bool payload_to_memory() const noexcept
+    {
+        return rx_action_ == rx_action::recv || rx_action_ == rx_action::write ||
+               rx_action_ == rx_action::write_imm || rx_action_ == rx_action::read_resp;
+    }
     rx_status rx_error(ssize_t n, int err) noexcept;
     void begin_frame(const frame_header& h) noexcept;
     void finish_frame() noexcept;
@@ -228,8 +237,14 @@ private:
     bool in_pump_ = false;
 
     // Receive state.
-    std::byte hdr_buf_[frame_header::wire_size];
-    std::size_t hdr_got_ = 0;
+    // Staging: a read that starts a frame goes here, so that headers, frames without a
+    // payload (ACKs, read requests) and small payloads arrive several to one system call.
+    // Payload bytes that came with their header are copied out (at most stage_size per
+    // frame); the rest of a payload is read straight into its destination.
+    static constexpr std::size_t stage_size = 1024;
+    std::byte stage_[stage_size];
+    std::size_t stage_begin_ = 0, stage_end_ = 0; ///< unconsumed bytes: [begin, end)
+    bool rx_short_ = false; ///< a read in this receive run returned less than asked: drained
     frame_header rx_hdr_;
     rx_action rx_action_ = rx_action::none;
     std::uint64_t rx_left_ = 0;
@@ -246,6 +261,7 @@ private:
     int busy_wakes_ = 0;          ///< read wakes in a row that found the application polling
     std::uint64_t app_polls_ = 0; ///< poll() calls that found the CQ empty
     std::uint64_t app_polls_seen_ = 0; ///< app_polls_ when the engine last looked
+    std::chrono::steady_clock::time_point last_empty_poll_{}; ///< of the latest app_polls_
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
     bool closed_ = false;     ///< the connection object is gone
