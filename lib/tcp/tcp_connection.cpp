@@ -514,7 +514,11 @@ void conn_state::add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std:
 
 void conn_state::pump() noexcept
 {
-    if (closed_ || tx_done_ || write_armed_ || in_pump_)
+    // An application thread sends even while the engine holds a continuation (write_armed_):
+    // the engine may share its CPU and run only when the application yields it, so a busy
+    // application that leaves large transfers to the engine halves its own bandwidth. The
+    // continuation stays armed (arm_write adds none) and finds less or nothing left to do.
+    if (closed_ || tx_done_ || in_pump_ || (write_armed_ && on_engine()))
         return;
     in_pump_ = true;
     // Bounded work per call: post() must stay short on the application thread, and the
@@ -627,6 +631,8 @@ void conn_state::maybe_shutdown() noexcept
 
 void conn_state::arm_write(bool would_block) noexcept
 {
+    if (write_armed_)
+        return; // the engine's continuation (a post, or a wait for space) is still to come
     write_armed_ = true;
     if (would_block && on_engine()) {
         reclaim_rx(); // the write wait needs the socket in the engine's epoll set
