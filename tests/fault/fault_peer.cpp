@@ -5,8 +5,9 @@
 //
 // Listens on ADDRESS (port 0 picks one) and prints "READY <port>" on stdout. Accepts one
 // connection, handing the descriptor of a 1 MiB region the client may write and read as
-// the accept's private data, posts RECEIVES receives of 64 KiB (default 64) and re-posts
-// each one as it completes, so the client can stream sends. It exits when the connection
+// the accept's private data, posts RECEIVES receives of 64 KiB (default 64), sends
+// "CTL:OK" to say so, and re-posts each receive as it completes, so the client can stream
+// sends. It exits when the connection
 // ends, or after 120 s whatever happens (the tests never leave it behind).
 //
 // When it runs on another host (another guest), the test cannot signal it, so it obeys
@@ -60,6 +61,13 @@ int main(int argc, char** argv)
         for (std::size_t i = 0; i < receives; ++i) {
             rdmx::sge s{in_mr.get(), i * recv_size, recv_size};
             if (conn->post_recv({&s, 1}, i))
+                return 1;
+        }
+        {
+            // Tell the test its requests may come: before this, a send could find no
+            // receive posted and use up the test's few RNR retries on a slow guest.
+            rdmx::sge r{reply_mr.get(), 0, 6};
+            if (conn->post_send({&r, 1}, 1ull << 62, rdmx::send_flags::none))
                 return 1;
         }
         rdmx::completion wc[32];

@@ -109,6 +109,13 @@ protected:
         if (!parsed)
             throw std::runtime_error("peer sent no descriptor");
         rb = *parsed;
+        // The peer says "CTL:OK" once its receives are posted (fault_peer.cpp).
+        sge r{ctl_mr_.get(), 32, 32};
+        if (c->post_recv({&r, 1}, 9002))
+            throw std::runtime_error("post_recv for the peer's ready message failed");
+        auto ready = expect_ok(*c, 1, 30s);
+        if (ready.size() != 1 || std::memcmp(ctl_.data() + 32, "CTL:OK", 6) != 0)
+            throw std::runtime_error("the peer did not say it is ready");
         return c;
     }
 
@@ -276,6 +283,69 @@ TEST_P(fault, link_down_mid_transfer_surfaces_errors)
     // message (our DREQ) sent while the netdev is down puts rxe's own management QP in
     // the error state, and no connection on that device works afterwards.
     restore_link();
+}
+
+// The link dies under a connection with nothing outstanding. TCP: the kernel's keepalive
+// (tcp_socket.cpp: idle max(1 s, timeout / 2), probes a quarter of that apart, and
+// TCP_USER_TIMEOUT = the progress timeout) ends the connection while it is idle, and the
+// application sees it in state() without posting anything. verbs: an RC QP has no
+// keepalive; the loss shows at the next request, which fails instead of hanging.
+TEST_P(fault, link_down_on_an_idle_connection_is_detected)
+{
+    if (env("RDMX_FAULT_LINK").empty())
+        GTEST_SKIP() << link_skip_reason();
+    auto opts = quick_options();
+    remote_buffer rb;
+    auto c = connect_to(opts, rb);
+    {
+        // One write and one read first: the connection works, then goes quiet.
+        sge s{mr_.get(), 0, 4096};
+        ASSERT_FALSE(c->post_write({&s, 1}, *rb.slice(0, 4096), 1));
+        ASSERT_FALSE(c->post_read({&s, 1}, *rb.slice(0, 4096), 2));
+        ASSERT_EQ(expect_ok(*c, 2, 30s).size(), 2u);
+    }
+    ASSERT_EQ(c->state(), connection_state::established);
+    sh("ip link set dev " + env("RDMX_FAULT_LINK") + " down");
+    auto cut = clock::now();
+    if (b_ == backend::tcp) {
+        // Keepalive: 1 s idle, then the first unanswered probe ends it (TCP_USER_TIMEOUT
+        // 1 s); 4 probes 1 s apart at the most. Plus slack for the emulated guest.
+        const clock::duration limit = 5s + 3s;
+        while (c->state() == connection_state::established && clock::now() - cut < 2 * limit)
+            std::this_thread::sleep_for(20ms);
+        auto took = clock::now() - cut;
+        std::printf("[ fault    ] idle link down on tcp: state %s after %.0f ms\n", to_string(c->state()),
+                    ms(took));
+        RecordProperty("detection_ms", static_cast<int>(ms(took)));
+        EXPECT_NE(c->state(), connection_state::established) << "an idle connection to a vanished host went unnoticed";
+        EXPECT_LT(took, limit);
+        // What is posted now completes (flushed), it does not hang.
+        sge s{mr_.get(), 0, 64};
+        ASSERT_FALSE(c->post_send({&s, 1}, 3));
+        completion wc{};
+        auto deadline = clock::now() + 5s;
+        while (c->poll({&wc, 1}) == 0 && clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        EXPECT_EQ(wc.wr_id, 3u);
+        EXPECT_EQ(wc.status, errc::flushed) << wc.status.message();
+    } else {
+        std::this_thread::sleep_for(1s); // idle: nothing on an RC QP notices
+        sge s{mr_.get(), 0, 4096};
+        ASSERT_FALSE(c->post_write({&s, 1}, *rb.slice(0, 4096), 3));
+        auto posted = clock::now();
+        completion wc{};
+        while (c->poll({&wc, 1}) == 0 && clock::now() - posted < bound(opts))
+            std::this_thread::sleep_for(100us);
+        auto took = clock::now() - posted;
+        std::printf("[ fault    ] idle link down on verbs: next write failed after %.0f ms (%s)\n", ms(took),
+                    wc.status.message().c_str());
+        RecordProperty("detection_ms", static_cast<int>(ms(took)));
+        EXPECT_EQ(wc.wr_id, 3u);
+        EXPECT_TRUE(wc.status) << "a write over a dead link succeeded";
+        EXPECT_LT(took, bound(opts));
+        EXPECT_NE(c->state(), connection_state::established);
+    }
+    restore_link(); // before the connection goes (see link_down_mid_transfer_surfaces_errors)
 }
 
 TEST_P(fault, lossy_reordering_link_delivers_every_byte)
