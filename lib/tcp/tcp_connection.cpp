@@ -671,6 +671,11 @@ void conn_state::arm_read() noexcept
         reclaim_rx(); // the engine reads again (after a stall): the wait needs the socket
         return;
     }
+    if (staged_work()) {
+        // Frames already staged (a run ended on its budget): the socket may stay silent.
+        continue_rx();
+        return;
+    }
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
                      with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
@@ -771,6 +776,19 @@ void conn_state::reclaim_rx() noexcept
     arm_read();
 }
 
+void conn_state::continue_rx() noexcept
+{
+    if (rx_cont_posted_)
+        return;
+    rx_cont_posted_ = true;
+    asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
+        std::lock_guard lk(self->mu_);
+        self->rx_cont_posted_ = false;
+        if (!self->rx_app_owned_) // stood down: the polling application goes on itself
+            self->rx_run();
+    }));
+}
+
 void conn_state::resume_rx() noexcept
 {
     rx_stalled_ = false;
@@ -795,6 +813,8 @@ void conn_state::rx_poll() noexcept
     for (int budget = 0; budget < rx_budget; ++budget)
         if (rx_step() != rx_status::again)
             break;
+    if (!rx_app_owned_ && staged_work())
+        continue_rx(); // budget spent with frames staged: the engine's wait would not see them
     // The ACKs and read responses that the frames produced. An ACK for a request that
     // just completed here may wait for the caller's next post() or poll() (or the engine's
     // stand-down check): a caller that answers a message sends one segment, not two.
@@ -830,7 +850,7 @@ void conn_state::rx_run() noexcept
         return;
     }
     // Budget used up: let the engine serve other connections; readiness is re-checked
-    // when the wait is armed, so nothing is lost.
+    // when the wait is armed, and staged frames continue by a post, so nothing is lost.
     pump();
     arm_read();
 }
@@ -995,6 +1015,7 @@ conn_state::rx_status conn_state::rx_payload() noexcept
 {
     if (rx_short_)
         return rx_status::wait; // drained in this run (see rx_step)
+    stage_begin_ = stage_end_ = 0; // empty (rx_step): the read ahead below may fill it
     iovec iov[max_iov];
     region_state* pinned[max_iov];
     int niov = 0, npinned = 0;
@@ -1034,7 +1055,6 @@ conn_state::rx_status conn_state::rx_payload() noexcept
     // frames come with it, saving a system call per frame.
     std::uint64_t want = planned;
     if (planned == rx_left_) {
-        stage_begin_ = stage_end_ = 0;
         iov[niov++] = {stage_, stage_size};
         want += stage_size;
     }

@@ -174,6 +174,12 @@ private:
     rx_status rx_staged_payload() noexcept;
     void rx_advance(std::uint64_t n) noexcept;
     std::size_t staged() const noexcept { return stage_end_ - stage_begin_; }
+    /// Staged bytes that can be processed without reading: a whole header, or payload.
+    bool staged_work() const noexcept
+    {
+        return staged() > 0 && (rx_action_ != rx_action::none || staged() >= frame_header::wire_size);
+    }
+    void continue_rx() noexcept; ///< the engine goes on with staged frames (no socket event will come)
     bool payload_to_memory() const noexcept
     {
         return rx_action_ == rx_action::recv || rx_action_ == rx_action::write ||
@@ -245,6 +251,7 @@ private:
     std::byte stage_[stage_size];
     std::size_t stage_begin_ = 0, stage_end_ = 0; ///< unconsumed bytes: [begin, end)
     bool rx_short_ = false; ///< a read in this receive run returned less than asked: drained
+    bool rx_cont_posted_ = false; ///< continue_rx() is on its way
     frame_header rx_hdr_;
     rx_action rx_action_ = rx_action::none;
     std::uint64_t rx_left_ = 0;

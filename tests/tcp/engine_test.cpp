@@ -372,6 +372,113 @@ TEST_F(tcp_engine, solicited_only_notification)
     expect_ok(*p.client, 1);
 }
 
+TEST_F(tcp_engine, burst_of_small_frames_reaches_a_sleeping_receiver)
+{
+    // Hundreds of small sends arrive at once: the receiver's engine reads them a staging
+    // buffer at a time and stops after a budget of frames per run, with frames left in the
+    // buffer and nothing left in the socket to wake it. Every message must still arrive,
+    // in order, at a receiver that sleeps in wait() (and at one that polls now and then).
+    connection_options opts;
+    opts.send_queue_depth = 1024;
+    opts.recv_queue_depth = 1024;
+    auto p = connect_pair(opts);
+    constexpr std::size_t n = 1000;
+    std::vector<std::byte> src(n * 4), dst(n * 4);
+    for (std::size_t i = 0; i < src.size(); ++i)
+        src[i] = static_cast<std::byte>(i * 7 + 1);
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dm = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    for (int round = 0; round < 2; ++round) {
+        std::vector<recv_request> rr(n);
+        std::vector<sge> rs(n);
+        std::vector<work_request> wr(n);
+        std::vector<sge> ws(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            rs[i] = {dm.get(), i * 4, 4};
+            rr[i] = {.wr_id = i, .local = {&rs[i], 1}};
+            ws[i] = {sm.get(), i * 4, 4};
+            // Zero-length sends in between: frames without payload, one step each.
+            wr[i] = {.opcode = opcode::send, .wr_id = i, .local = {&ws[i], i % 3 == 0 ? 0u : 1u},
+                     .flags = i + 1 == n ? send_flags::signaled : send_flags::none};
+        }
+        ASSERT_FALSE(p.server->post_recv(rr));
+        std::fill(dst.begin(), dst.end(), std::byte{0});
+        ASSERT_FALSE(p.client->post(wr));
+        std::vector<completion> got;
+        completion c[64];
+        auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (got.size() < n && std::chrono::steady_clock::now() < deadline) {
+            std::size_t k = round == 0 ? p.server->wait(c, 100ms) : p.server->poll(c);
+            got.insert(got.end(), c, c + k);
+            if (round == 1 && k == 0)
+                std::this_thread::sleep_for(2ms);
+        }
+        ASSERT_EQ(got.size(), n) << (round == 0 ? "sleeping" : "polling") << " receiver";
+        for (std::size_t i = 0; i < n; ++i) {
+            ASSERT_FALSE(got[i].status) << got[i].status.message();
+            ASSERT_EQ(got[i].wr_id, i);
+            ASSERT_EQ(got[i].byte_len, i % 3 == 0 ? 0u : 4u);
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i % 3 != 0) {
+                ASSERT_EQ(0, std::memcmp(dst.data() + i * 4, src.data() + i * 4, 4)) << "message " << i;
+            }
+        }
+        expect_ok(*p.client, 1, 5s);
+    }
+}
+
+TEST_F(tcp_engine, frames_left_staged_at_the_end_of_a_receive_run_are_served)
+{
+    // Bursts of zero-length writes written in one piece by a raw peer, to a target whose
+    // application calls nothing: the engine reads them a staging buffer at a time and ends
+    // a run after a budget of frames, sometimes with frames staged and the socket empty, so
+    // that no readiness event will come. Every burst size up to 160 frames must be
+    // acknowledged to the last frame.
+    int fd = raw_client();
+    ASSERT_GE(fd, 0);
+    auto req = listener_->get_request(5s);
+    ASSERT_NE(req, nullptr);
+    auto c = req->accept();
+    ASSERT_TRUE(read_reply(fd));
+    std::uint64_t seq = 0;
+    for (std::size_t n = 1; n <= 160; ++n) {
+        std::vector<std::byte> wire(n * frame_header::wire_size);
+        for (std::size_t i = 0; i < n; ++i) {
+            frame_header h;
+            h.op = frame_op::write; // zero length: touches nothing, needs no key
+            h.seq = seq + i;
+            h.encode(wire.data() + i * frame_header::wire_size);
+        }
+        for (std::size_t off = 0; off < wire.size();) {
+            ssize_t k = ::send(fd, wire.data() + off, wire.size() - off, MSG_NOSIGNAL);
+            ASSERT_GT(k, 0);
+            off += static_cast<std::size_t>(k);
+        }
+        seq += n;
+        // ACKs are cumulative: read them until the one for the burst's last frame.
+        std::uint64_t acked = 0;
+        while (acked != seq) {
+            pollfd pfd{fd, POLLIN, 0};
+            ASSERT_EQ(::poll(&pfd, 1, 5000), 1) << "burst of " << n << " frames: acknowledged up to " << acked
+                                                << " of " << seq << ", the rest stayed staged";
+            frame_header::bytes b;
+            std::size_t got = 0;
+            while (got < b.size()) {
+                ssize_t k = ::recv(fd, b.data() + got, b.size() - got, 0);
+                ASSERT_GT(k, 0);
+                got += static_cast<std::size_t>(k);
+            }
+            frame_header r;
+            ASSERT_FALSE(frame_header::decode(b.data(), r));
+            ASSERT_EQ(r.op, frame_op::ack);
+            acked = r.seq + 1;
+        }
+    }
+    EXPECT_EQ(c->state(), connection_state::established);
+    ::close(fd);
+}
+
 TEST_F(tcp_engine, target_that_stops_polling_still_serves_one_sided_requests)
 {
     // Busy-polling ping-pong lets both engines stand down and leave the sockets to poll()
