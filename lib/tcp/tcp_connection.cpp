@@ -57,7 +57,7 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
       // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
       resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
-      standdown_timer_(dom.io()),
+      standdown_timer_(dom.io()), tx_check_timer_(dom.io()),
       // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
       // least, doubling) on a lossy link would look like a dead peer.
       progress_timeout_(std::max<std::chrono::steady_clock::duration>(
@@ -88,7 +88,10 @@ void conn_state::start()
         // rather than the first time the engine stands down.
         self->standdown_timer_.expires_after(std::chrono::hours(1));
         self->standdown_timer_.async_wait([](const boost::system::error_code&) {});
+        self->tx_check_timer_.expires_after(std::chrono::hours(1));
+        self->tx_check_timer_.async_wait([](const boost::system::error_code&) {});
         self->standdown_timer_.cancel();
+        self->tx_check_timer_.cancel();
     });
 }
 
@@ -235,9 +238,9 @@ std::error_code conn_state::post_recv(std::span<const recv_request> wrs, std::si
 std::size_t conn_state::poll(std::span<completion> out) noexcept
 {
     std::lock_guard lk(mu_);
+    last_poll_ = std::chrono::steady_clock::now();
+    ++app_polls_;
     if (cq_count_ == 0) {
-        ++app_polls_;
-        last_empty_poll_ = std::chrono::steady_clock::now();
         rx_poll();
     }
     std::size_t n = std::min(out.size(), cq_count_);
@@ -297,6 +300,7 @@ void conn_state::close() noexcept
         self->rnr_timer_.cancel();
         self->progress_timer_.cancel(); // its handler holds the state (and its eventfd) alive
         self->standdown_timer_.cancel();
+        self->tx_check_timer_.cancel();
         if (self->rx_app_owned_) {
             self->rx_app_owned_ = false;
             ::close(self->fd_);
@@ -527,7 +531,8 @@ void conn_state::pump() noexcept
     std::uint64_t budget = on_engine() ? engine_tx_budget : app_tx_budget;
     for (;;) {
         if (budget == 0) {
-            arm_write(false);
+            if (!app_keeps_tx())
+                arm_write(false);
             break;
         }
         tx_batch& b = batch_;
@@ -574,7 +579,8 @@ void conn_state::pump() noexcept
             if (err == EINTR)
                 continue;
             if (err == EAGAIN || err == EWOULDBLOCK) {
-                arm_write(true);
+                if (!app_keeps_tx())
+                    arm_write(true);
                 break;
             }
             // EPIPE, ECONNRESET: the peer is gone.
@@ -679,9 +685,13 @@ void conn_state::arm_read() noexcept
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
                      with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
-                         std::lock_guard lk(self->mu_);
+                         // The mutex held means the application is in a call (post, poll) right now.
+                         std::unique_lock lk(self->mu_, std::try_to_lock);
+                         bool app_in_call = !lk.owns_lock();
+                         if (app_in_call)
+                             lk.lock();
                          self->read_armed_ = false;
-                         if (self->app_took_data()) {
+                         if (self->app_took_data(app_in_call)) {
                              self->stand_down();
                              return;
                          }
@@ -689,7 +699,51 @@ void conn_state::arm_read() noexcept
                      }));
 }
 
-bool conn_state::app_took_data() noexcept
+bool conn_state::app_keeps_tx() noexcept
+{
+    // A busy-polling application keeps a transfer that stopped on the budget or on a full
+    // socket: its next post() or poll() goes on (the socket's space frees while it polls),
+    // instead of the engine waking on its CPU for every MiB. If it stops polling, the
+    // engine takes over: at the stand-down check when stood down, else at a check armed
+    // here (tx_check), at most about two checks late.
+    if (on_engine())
+        return false;
+    if (rx_app_owned_)
+        return true;
+    if (std::chrono::steady_clock::now() - last_poll_ >= busy_poll_window)
+        return false;
+    arm_tx_check();
+    return true;
+}
+
+void conn_state::arm_tx_check() noexcept
+{
+    if (tx_check_armed_)
+        return;
+    tx_check_armed_ = true;
+    tx_check_polls_ = app_polls_;
+    tx_check_timer_.expires_after(standdown_check);
+    auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        std::lock_guard lk(self->mu_);
+        self->tx_check_armed_ = false;
+        if (self->closed_)
+            return;
+        bool pending = self->cur_.kind != frame_kind::none || self->tx_next_ != self->sq_tail_ ||
+                       self->resp_head_ != self->resp_tail_;
+        if (self->rx_app_owned_)
+            return; // stood down: the stand-down check rules
+        if (pending && self->app_polls_ != self->tx_check_polls_) {
+            self->arm_tx_check(); // still polling: its calls go on sending
+            return;
+        }
+        self->pump(); // the application stopped polling: the engine goes on
+    };
+    tx_check_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
+}
+
+bool conn_state::app_took_data(bool app_in_call) noexcept
 {
     // Whether a busy-polling application is reading what wakes us, wake after wake: it
     // polled since the previous wake, and either nothing is left to read or it is polling
@@ -697,16 +751,18 @@ bool conn_state::app_took_data() noexcept
     // to the data). An application that polls only now and then (and leaves one-sided
     // requests to the engine meanwhile) has data waiting when the engine wakes and has not
     // polled for a while, and keeps the engine reading.
-    bool polled = app_polls_ != app_polls_seen_;
+    bool polled = app_in_call || app_polls_ != app_polls_seen_;
     app_polls_seen_ = app_polls_;
-    if (!polled || !app_may_read() || write_armed_) {
+    if (!polled || !app_may_read()) {
         busy_wakes_ = 0;
         return false;
     }
+    if (write_armed_)
+        return false; // a transmit continuation is due: not now, but this wake counts neither way
     std::byte probe;
     ssize_t n = ::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
     bool taken = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-    bool polling_now = std::chrono::steady_clock::now() - last_empty_poll_ < busy_poll_window;
+    bool polling_now = std::chrono::steady_clock::now() - last_poll_ < busy_poll_window;
     if (!taken && !polling_now) {
         busy_wakes_ = 0;
         return false;
@@ -741,13 +797,14 @@ void conn_state::arm_standdown_check() noexcept
         std::lock_guard lk(self->mu_);
         if (!self->rx_app_owned_ || self->closed_)
             return;
-        self->pump(); // an ACK that rx_poll left for the application's next call
         if (self->app_polls_ != self->app_polls_seen_ && self->app_may_read()) {
-            self->app_polls_seen_ = self->app_polls_; // still polling: leave it the socket
+            // Still polling: leave it the socket, and what is left to send (its next call
+            // sends it, deferred ACKs included).
+            self->app_polls_seen_ = self->app_polls_;
             self->arm_standdown_check();
             return;
         }
-        self->reclaim_rx();
+        self->reclaim_rx(); // and sends what the application left
     };
     standdown_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
 }
@@ -774,6 +831,8 @@ void conn_state::reclaim_rx() noexcept
     // EPOLL_CTL_ADD reports data already waiting, so this wait misses nothing that arrived
     // while the application owned the socket.
     arm_read();
+    // Transmission left to the application (app_keeps_tx) is the engine's again.
+    pump();
 }
 
 void conn_state::continue_rx() noexcept

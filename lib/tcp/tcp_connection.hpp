@@ -193,7 +193,9 @@ private:
     void resume_rx() noexcept;
     void rx_poll() noexcept; ///< application thread, from poll()
     bool app_may_read() const noexcept;
-    bool app_took_data() noexcept; ///< engine, on a read wake: should it stand down?
+    bool app_took_data(bool app_in_call) noexcept; ///< engine, on a read wake: stand down?
+    bool app_keeps_tx() noexcept; ///< transmission left to the polling application?
+    void arm_tx_check() noexcept;
     bool only_acks_owed() const noexcept;
     void stand_down() noexcept;        ///< engine: leave the socket to the polling application
     void reclaim_rx() noexcept;        ///< engine: take the socket back into the epoll set
@@ -268,7 +270,7 @@ private:
     int busy_wakes_ = 0;          ///< read wakes in a row that found the application polling
     std::uint64_t app_polls_ = 0; ///< poll() calls that found the CQ empty
     std::uint64_t app_polls_seen_ = 0; ///< app_polls_ when the engine last looked
-    std::chrono::steady_clock::time_point last_empty_poll_{}; ///< of the latest app_polls_
+    std::chrono::steady_clock::time_point last_poll_{}; ///< the application's latest poll()
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
     bool closed_ = false;     ///< the connection object is gone
@@ -281,6 +283,9 @@ private:
     asio::posix::stream_descriptor desc_; ///< engine thread only: readiness waits and close
     asio::steady_timer rnr_timer_;
     asio::steady_timer standdown_timer_;
+    asio::steady_timer tx_check_timer_; ///< app_keeps_tx() outside a stand-down
+    bool tx_check_armed_ = false;
+    std::uint64_t tx_check_polls_ = 0; ///< app_polls_ when the check was armed
 
     // Liveness: while requests are outstanding, some byte must move (either way) at least
     // every progress_timeout_ (ack_timeout * (retry_count + 1)), or the peer is declared

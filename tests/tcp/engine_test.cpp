@@ -479,6 +479,57 @@ TEST_F(tcp_engine, frames_left_staged_at_the_end_of_a_receive_run_are_served)
     ::close(fd);
 }
 
+TEST_F(tcp_engine, transfer_left_by_a_polling_application_completes_without_it)
+{
+    // A busy-polling application keeps sending a large transfer from its own post() and
+    // poll() calls instead of handing it to the engine (tcp_connection.cpp, app_keeps_tx).
+    // Once it stops calling, the engine must take over: the whole write lands while the
+    // initiator calls nothing at all. First right after a poll (a receiver draining fast
+    // may let the first sendmsg take it all), then after a busy ping-pong that let the
+    // engines stand down (the receiver then drains only after its stand-down check, so
+    // the initiator's socket fills and the transfer stops in the application's hands).
+    auto p = connect_pair();
+    constexpr std::size_t big = 24u << 20;
+    std::vector<std::byte> src(big), dst(big), ping(64);
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto dm = server_dom_->register_memory(dst.data(), dst.size(),
+                                           access::local_write | access::remote_write);
+    auto pm = client_dom_->register_memory(ping.data(), ping.size(), access::local_write);
+    auto qm = server_dom_->register_memory(ping.data(), ping.size(), access::local_write);
+    for (int phase = 0; phase < 2; ++phase) {
+        if (phase == 1) {
+            sge cs{pm.get(), 0, 8}, ss{qm.get(), 32, 8};
+            for (std::uint64_t i = 0; i < 300; ++i) {
+                ASSERT_FALSE(p.server->post_recv({&ss, 1}, i));
+                ASSERT_FALSE(p.client->post_recv({&cs, 1}, i));
+                ASSERT_FALSE(p.client->post_send({&cs, 1}, i));
+                expect_ok(*p.server, 1, 5s);
+                ASSERT_FALSE(p.server->post_send({&ss, 1}, i));
+                expect_ok(*p.server, 1, 5s);
+                expect_ok(*p.client, 2, 5s);
+            }
+        }
+        for (std::size_t i = 0; i < big; ++i)
+            src[i] = static_cast<std::byte>((i >> 12) + i * 13 + phase);
+        completion none[1];
+        ASSERT_EQ(p.client->poll(none), 0u); // polling, right now
+        sge w{sm.get(), 0, big};
+        ASSERT_FALSE(p.client->post_write({&w, 1}, dm->remote(0, big), 7));
+        // From here the client calls nothing until the bytes are there.
+        auto deadline = std::chrono::steady_clock::now() + 10s;
+        bool landed = false;
+        while (!landed && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(5ms);
+            landed = std::atomic_ref<std::byte>(dst[big - 1]).load() == src[big - 1] &&
+                     std::memcmp(dst.data(), src.data(), big) == 0;
+        }
+        EXPECT_TRUE(landed) << "phase " << phase << ": the write stopped when the application stopped calling";
+        auto cs = expect_ok(*p.client, 1, 5s);
+        ASSERT_EQ(cs.size(), 1u);
+        EXPECT_EQ(cs[0].wr_id, 7u);
+    }
+}
+
 TEST_F(tcp_engine, target_that_stops_polling_still_serves_one_sided_requests)
 {
     // Busy-polling ping-pong lets both engines stand down and leave the sockets to poll()
