@@ -13,6 +13,9 @@
 // Tests
 //   send_lat      ping-pong of sends; each side posts the next receive before it sends
 //   write_lat     ping-pong of RDMA writes; each side spins on the last byte of its buffer
+//                 and, in polling mode, polls its completions meanwhile (as ucx_perftest's
+//                 put_lat progresses its worker): on TCP that lets the spinning thread
+//                 serve the incoming write itself (--spin-only: memory only, as perftest)
 //   read_lat      one RDMA read at a time
 //   send_bw       a window of sends; the server keeps receives posted
 //   write_bw      a window of RDMA writes to the server's buffer
@@ -62,6 +65,7 @@ struct control {
     std::uint64_t warmup = 0;  ///< start: iterations before measuring
     std::uint32_t inline_max = 0;
     std::uint32_t event = 0;   ///< the server waits in event mode too
+    std::uint32_t spin_only = 0; ///< write_lat: the server spins on memory without polling
     rdmx::remote_buffer::bytes region{}; ///< hello / ready: the sender's data buffer
 };
 
@@ -79,6 +83,7 @@ struct options {
     std::uint32_t signal_every = 1;
     std::uint32_t inline_max = 64;
     bool event = false;
+    bool spin_only = false;
     std::string cpus;
     bool json = false;
     int timeout_ms = 10000;
@@ -238,20 +243,25 @@ struct session {
 
 /// Spins until the last byte of [p, p + size) reads `v` (the peer's RDMA write landed:
 /// RC writes arrive in order, so the last byte is the last to change).
-void spin_for(std::byte* p, std::size_t size, std::uint8_t v, std::chrono::milliseconds timeout)
+/// Spins until the last byte of the peer's write is `v`, calling `progress` on each turn.
+template <class Progress>
+void spin_for(std::byte* p, std::size_t size, std::uint8_t v, std::chrono::milliseconds timeout,
+              Progress&& progress)
 {
     std::atomic_ref<std::byte> last(p[size - 1]);
     auto deadline = clock_type::now() + timeout;
     std::uint32_t n = 0;
-    while (last.load(std::memory_order_acquire) != std::byte{v})
+    while (last.load(std::memory_order_acquire) != std::byte{v}) {
+        progress();
         if (++n % 4096 == 0 && clock_type::now() > deadline)
             throw std::runtime_error("write_lat: the peer's write did not arrive (peer gone?)");
+    }
 }
 
 /// Runs one side of a latency test; the client (`active`) measures. The server says
 /// ready once its first receive is posted.
 std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint64_t warmup, std::uint64_t iters,
-                                bool active, bool event, std::uint32_t inline_max)
+                                bool active, bool event, bool spin_only, std::uint32_t inline_max)
 {
     std::vector<double> samples;
     samples.reserve(iters);
@@ -264,11 +274,28 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
     rdmx::sge dst{s.mr.get(), 0, size};          // where the peer's sends land
     rdmx::remote_buffer remote = *s.peer.slice(0, size);
 
-    // Waits for `n` completions of any kind (sends, receives, reads).
+    // Waits for `n` completions of any kind (sends, receives, reads), counting those that
+    // progress() already found.
+    int banked = 0;
     auto complete = [&](int n) {
+        int take = std::min(n, banked);
+        banked -= take;
+        n -= take;
         rdmx::completion wc[4];
         while (n > 0)
             n -= static_cast<int>(p.get({wc, static_cast<std::size_t>(std::min(n, 4))}));
+    };
+    // write_lat, while spinning on memory: poll too (busy-polling mode, unless --spin-only).
+    auto progress = [&] {
+        if (event || spin_only)
+            return;
+        rdmx::completion wc[4];
+        std::size_t k = s.data->poll(wc);
+        for (std::size_t j = 0; j < k; ++j)
+            if (wc[j].status)
+                throw std::runtime_error("completion of wr_id " + std::to_string(wc[j].wr_id) + ": " +
+                                         wc[j].status.message());
+        banked += static_cast<int>(k);
     };
 
     if (t == test::send_lat)
@@ -297,11 +324,11 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
         case test::write_lat: {
             auto seq = static_cast<std::uint8_t>(i % 255 + 1);
             if (!active)
-                spin_for(s.target(), size, seq, s.timeout);
+                spin_for(s.target(), size, seq, s.timeout, progress);
             s.source()[size - 1] = std::byte{seq};
             check(s.data->post_write({&src, 1}, remote, i, flags), "post_write");
             if (active)
-                spin_for(s.target(), size, seq, s.timeout);
+                spin_for(s.target(), size, seq, s.timeout, progress);
             complete(1);
             break;
         }
@@ -513,7 +540,7 @@ int run_server(const options& o)
     s.data = accept(connection_opts(o));
     s.ctl = accept(connection_opts(o));
     s.setup_control();
-    bool event = false;
+    bool event = false, spin_only = false;
     for (;;) {
         control m = s.recv_control(std::chrono::hours(24));
         switch (m.kind) {
@@ -521,6 +548,7 @@ int run_server(const options& o)
             s.register_buffers(m.size);
             s.peer = *rdmx::remote_buffer::parse(m.region);
             event = m.event != 0;
+            spin_only = m.spin_only != 0;
             control r{.kind = control::ready};
             r.region = s.mr->remote(0, m.size).serialize();
             s.send_control(r);
@@ -531,7 +559,7 @@ int run_server(const options& o)
             // ready once they are.
             const std::uint64_t total = m.warmup + m.iters;
             if (m.t == test::send_lat || m.t == test::write_lat)
-                run_latency(s, m.t, m.size, m.warmup, m.iters, false, event, m.inline_max);
+                run_latency(s, m.t, m.size, m.warmup, m.iters, false, event, spin_only, m.inline_max);
             else if (m.t == test::send_bw || m.t == test::write_imm_bw)
                 run_bw_receiver(s, m.t, m.size, total, event);
             else // write_bw, read_bw, read_lat: nothing to do, the transport serves them
@@ -567,7 +595,10 @@ int run_client(const options& o)
     s.setup_control();
     s.register_buffers(largest);
 
-    control hello{.kind = control::hello, .size = largest, .event = o.event ? 1u : 0u};
+    control hello{.kind = control::hello,
+                  .size = largest,
+                  .event = o.event ? 1u : 0u,
+                  .spin_only = o.spin_only ? 1u : 0u};
     hello.region = s.mr->remote(0, largest).serialize();
     s.send_control(hello);
     control r = s.recv_control(s.timeout);
@@ -582,7 +613,7 @@ int run_client(const options& o)
         s.recv_control(s.timeout); // ready: the server's receives are posted
         result res{.t = o.t, .size = size, .iters = o.iters, .lat = {}, .bw = {}};
         if (is_latency(o.t)) {
-            res.lat = run_latency(s, o.t, size, o.warmup, o.iters, true, o.event, o.inline_max);
+            res.lat = run_latency(s, o.t, size, o.warmup, o.iters, true, o.event, o.spin_only, o.inline_max);
             std::sort(res.lat.begin(), res.lat.end());
         } else {
             res.bw = run_bw_client(s, o.t, size, o.warmup, o.iters, o.depth, o.post_list, o.signal_every,
@@ -628,6 +659,8 @@ int main(int argc, char** argv)
         ->capture_default_str()->check(CLI::Range(1u, 16384u));
     app.add_option("-I,--inline", o.inline_max, "send payloads up to this size inline")->capture_default_str();
     app.add_flag("-e,--event", o.event, "sleep on the completion channel instead of busy polling");
+    app.add_flag("--spin-only", o.spin_only,
+                 "write_lat: spin on memory without polling meanwhile (as perftest; default polls, as ucx_perftest)");
     app.add_option("--cpu", o.cpus, "pin to these CPUs (taskset list: 0 | 0,1 | 0-1)");
     app.add_flag("--json", o.json, "print one JSON document instead of the table");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on connecting and on every wait")->capture_default_str();
