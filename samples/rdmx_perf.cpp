@@ -80,7 +80,7 @@ struct options {
     std::uint64_t warmup = 100;
     std::uint32_t depth = 128;
     std::uint32_t post_list = 1;
-    std::uint32_t signal_every = 1;
+    std::uint32_t signal_every = 100; ///< perftest's default CQ moderation (--cq-mod 100)
     std::uint32_t inline_max = 64;
     bool event = false;
     bool spin_only = false;
@@ -655,7 +655,8 @@ int main(int argc, char** argv)
         ->capture_default_str()->check(CLI::Range(1u, 16384u));
     app.add_option("-l,--post-list", o.post_list, "requests per post() call (one doorbell)")
         ->capture_default_str()->check(CLI::Range(1u, 1024u));
-    app.add_option("-c,--signal-every", o.signal_every, "signal one request in N (bandwidth tests)")
+    app.add_option("-c,--signal-every", o.signal_every,
+                   "signal one request in N (bandwidth tests; at most --depth; perftest's cq_mod default)")
         ->capture_default_str()->check(CLI::Range(1u, 16384u));
     app.add_option("-I,--inline", o.inline_max, "send payloads up to this size inline")->capture_default_str();
     app.add_flag("-e,--event", o.event, "sleep on the completion channel instead of busy polling");
@@ -668,6 +669,7 @@ int main(int argc, char** argv)
     for (auto& [n, v] : test_names)
         if (n == test_name)
             o.t = v;
+    o.signal_every = std::min(o.signal_every, o.depth); // a full window must hold a signalled one
     if (o.post_list > o.depth) {
         std::fprintf(stderr, "rdmx_perf: --post-list must not exceed --depth\n");
         return 2;
