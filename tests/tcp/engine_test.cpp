@@ -92,6 +92,18 @@ protected:
         return r && r->type == handshake_type::accept;
     }
 
+    /// Reads one whole frame header that the engine sent to a raw peer.
+    static void read_header(int fd, frame_header& r)
+    {
+        frame_header::bytes b;
+        std::size_t got = 0;
+        while (got < b.size()) {
+            ssize_t n = ::recv(fd, b.data() + got, b.size() - got, 0);
+            ASSERT_GT(n, 0);
+            got += static_cast<std::size_t>(n);
+        }
+        ASSERT_FALSE(frame_header::decode(b.data(), r));
+    }
     std::unique_ptr<domain> server_dom_, client_dom_;
     std::unique_ptr<listener> listener_;
     std::uint16_t port_ = 0;
@@ -462,15 +474,8 @@ TEST_F(tcp_engine, frames_left_staged_at_the_end_of_a_receive_run_are_served)
             pollfd pfd{fd, POLLIN, 0};
             ASSERT_EQ(::poll(&pfd, 1, 5000), 1) << "burst of " << n << " frames: acknowledged up to " << acked
                                                 << " of " << seq << ", the rest stayed staged";
-            frame_header::bytes b;
-            std::size_t got = 0;
-            while (got < b.size()) {
-                ssize_t k = ::recv(fd, b.data() + got, b.size() - got, 0);
-                ASSERT_GT(k, 0);
-                got += static_cast<std::size_t>(k);
-            }
             frame_header r;
-            ASSERT_FALSE(frame_header::decode(b.data(), r));
+            ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
             ASSERT_EQ(r.op, frame_op::ack);
             acked = r.seq + 1;
         }
@@ -612,14 +617,7 @@ protected:
     /// Reads the next frame the engine sent to the raw peer: it must be NAK remote_access.
     void expect_remote_access_nak(int fd, frame_header& r)
     {
-        frame_header::bytes b;
-        std::size_t got = 0;
-        while (got < b.size()) {
-            ssize_t n = ::recv(fd, b.data() + got, b.size() - got, 0);
-            ASSERT_GT(n, 0);
-            got += static_cast<std::size_t>(n);
-        }
-        ASSERT_FALSE(frame_header::decode(b.data(), r));
+        ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
         EXPECT_EQ(r.op, frame_op::nak);
         EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::remote_access));
     }
