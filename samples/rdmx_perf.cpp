@@ -242,8 +242,8 @@ struct session {
 // Latency tests. `record` gets the time of each measured iteration.
 
 /// Spins until the last byte of [p, p + size) reads `v` (the peer's RDMA write landed:
-/// RC writes arrive in order, so the last byte is the last to change).
-/// Spins until the last byte of the peer's write is `v`, calling `progress` on each turn.
+/// RC writes arrive in order, so the last byte is the last to change), calling `progress`
+/// on each turn.
 template <class Progress>
 void spin_for(std::byte* p, std::size_t size, std::uint8_t v, std::chrono::milliseconds timeout,
               Progress&& progress)

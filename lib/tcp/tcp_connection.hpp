@@ -57,7 +57,7 @@ private:
     static constexpr int max_iov = 128;
     static constexpr int max_batch_frames = 16;
     static_assert(max_iov >= 2 * (1 + 32), "a batch must hold at least one full frame");
-    // Receive steps (system calls) per readiness event before yielding to other connections.
+    // Receive steps (frames, or reads) per run before yielding to other connections.
     static constexpr int rx_budget = 64;
     // Bytes one pump may send from the application thread / from the engine thread.
     static constexpr std::uint64_t app_tx_budget = 1u << 20;
@@ -66,11 +66,13 @@ private:
     // the engine then stands down: it takes the socket out of its epoll set, so arriving
     // data no longer wakes it on the poller's CPU and no longer contends for mu_. It stands
     // down after `standdown_wakes` read wakes in a row that each found the application
-    // polling (an empty poll since the previous wake, no request_notify() pending) and the
-    // data that woke it already read by the application, and takes the socket back from
-    // request_notify(), when it must wait for writability, or when a check every
-    // `standdown_check` finds that the application stopped polling: one-sided requests are
-    // then served again without the application, at most about two checks late.
+    // polling (a poll() since the previous wake or a call in progress, no request_notify()
+    // pending) and the data that woke it already read by the application or the
+    // application polling right then (a poll() within `busy_poll_window`), and takes the
+    // socket back from request_notify(), when it must wait for writability, or when a check
+    // every `standdown_check` finds that the application stopped polling: one-sided
+    // requests are then served again without the application, at most about two checks
+    // late. Transmission follows the same rule (app_keeps_tx).
     static constexpr int standdown_wakes = 3;
     static constexpr std::chrono::microseconds standdown_check{1000};
     static constexpr std::chrono::microseconds busy_poll_window{20};
@@ -268,7 +270,7 @@ private:
     bool rx_app_owned_ = false;   ///< engine stood down: the socket is out of its epoll set
     bool reclaim_posted_ = false; ///< request_notify() asked the engine to take it back
     int busy_wakes_ = 0;          ///< read wakes in a row that found the application polling
-    std::uint64_t app_polls_ = 0; ///< poll() calls that found the CQ empty
+    std::uint64_t app_polls_ = 0; ///< poll() calls
     std::uint64_t app_polls_seen_ = 0; ///< app_polls_ when the engine last looked
     std::chrono::steady_clock::time_point last_poll_{}; ///< the application's latest poll()
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
