@@ -198,6 +198,7 @@ private:
     bool app_took_data(bool app_in_call) noexcept; ///< engine, on a read wake: stand down?
     bool app_keeps_tx() noexcept; ///< transmission left to the polling application?
     void arm_tx_check() noexcept;
+    bool coalesce_post() noexcept; ///< leave this post()'s requests for the next call?
     bool only_acks_owed() const noexcept;
     void stand_down() noexcept;        ///< engine: leave the socket to the polling application
     void reclaim_rx() noexcept;        ///< engine: take the socket back into the epoll set
@@ -273,6 +274,7 @@ private:
     std::uint64_t app_polls_ = 0; ///< poll() calls
     std::uint64_t app_polls_seen_ = 0; ///< app_polls_ when the engine last looked
     std::chrono::steady_clock::time_point last_poll_{}; ///< the application's latest poll()
+    std::chrono::steady_clock::time_point last_call_end_{}; ///< when its latest post() / poll() returned
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
     bool closed_ = false;     ///< the connection object is gone

@@ -540,6 +540,53 @@ TEST_F(tcp_engine, transfer_left_by_a_polling_application_completes_without_it)
     }
 }
 
+TEST_F(tcp_engine, requests_left_for_coalescing_go_out_when_the_application_stops_calling)
+{
+    // A busy application posting one request per call with many in flight: post() leaves
+    // the newest requests for its next call, to send several in one sendmsg
+    // (coalesce_post). When the application stops calling right after a post, the engine
+    // must send them (from its own receive runs or its transmit check): the receiver gets
+    // every message while the sender calls nothing.
+    connection_options opts;
+    opts.send_queue_depth = 512;
+    opts.recv_queue_depth = 512;
+    auto p = connect_pair(opts);
+    constexpr std::size_t n = 400, len = 4096;
+    std::vector<std::byte> src(n * len), dst(n * len);
+    for (std::size_t i = 0; i < src.size(); ++i)
+        src[i] = static_cast<std::byte>(i * 31 + 7);
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dm = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    for (std::size_t i = 0; i < n; ++i) {
+        sge r{dm.get(), i * len, len};
+        ASSERT_FALSE(p.server->post_recv({&r, 1}, i));
+    }
+    completion none[4];
+    for (std::size_t i = 0; i < n; ++i) {
+        sge s{sm.get(), i * len, len};
+        ASSERT_FALSE(p.client->post_send({&s, 1}, i, i + 1 == n ? send_flags::signaled : send_flags::none));
+        // A tight loop: post and poll, then (the last 100) posts back to back, so that the
+        // last post() leaves requests behind.
+        if (i < n - 100) {
+            ASSERT_EQ(p.client->poll(none), 0u);
+        }
+    }
+    // From here only the server is called.
+    std::size_t got = 0;
+    completion wc[64];
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (got < n && std::chrono::steady_clock::now() < deadline) {
+        std::size_t k = p.server->poll(wc);
+        for (std::size_t j = 0; j < k; ++j) {
+            ASSERT_FALSE(wc[j].status) << wc[j].status.message();
+            ASSERT_EQ(wc[j].wr_id, got + j);
+        }
+        got += k;
+    }
+    ASSERT_EQ(got, n) << "the requests a post() left for the next call never went out";
+    EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), dst.size()));
+}
+
 TEST_F(tcp_engine, target_that_stops_polling_still_serves_one_sided_requests)
 {
     // Busy-polling ping-pong lets both engines stand down and leave the sockets to poll()
