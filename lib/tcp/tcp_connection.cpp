@@ -244,10 +244,9 @@ std::size_t conn_state::poll(std::span<completion> out) noexcept
     std::lock_guard lk(mu_);
     last_poll_ = std::chrono::steady_clock::now();
     ++app_polls_;
-    if (cq_count_ == 0)
-        rx_poll();
-    if (tx_next_ != sq_tail_)
-        pump(); // requests that post() left to be coalesced (or that rx_poll did not send)
+    bool pumped = cq_count_ == 0 && rx_poll();
+    if (!pumped && tx_next_ != sq_tail_)
+        pump(); // requests that post() left to be coalesced, when rx_poll did not send
     std::size_t n = std::min(out.size(), cq_count_);
     for (std::size_t i = 0; i < n; ++i) {
         out[i] = cq_[cq_head_];
@@ -892,7 +891,7 @@ void conn_state::resume_rx() noexcept
     }));
 }
 
-void conn_state::rx_poll() noexcept
+bool conn_state::rx_poll() noexcept
 {
     // A caller that polls receives what has arrived itself, instead of waiting for the
     // engine thread to wake up, read and hand it over: no thread hop per message. Only
@@ -901,7 +900,7 @@ void conn_state::rx_poll() noexcept
     // while the engine has stood down and left the socket to this thread (stand_down).
     if (!(read_armed_ || rx_app_owned_) || closed_ || rx_done_ || rx_stalled_ ||
         state() != connection_state::established)
-        return;
+        return false;
     rx_short_ = false;
     for (int budget = 0; budget < rx_budget; ++budget)
         if (rx_step() != rx_status::again)
@@ -912,8 +911,9 @@ void conn_state::rx_poll() noexcept
     // just completed here may wait for the caller's next post() or poll() (or the engine's
     // stand-down check): a caller that answers a message sends one segment, not two.
     if (rx_app_owned_ && cq_count_ > 0 && only_acks_owed())
-        return;
+        return false;
     pump();
+    return true;
 }
 
 bool conn_state::only_acks_owed() const noexcept

@@ -193,7 +193,7 @@ private:
     void on_ack(std::uint64_t seq) noexcept;
     void on_nak(std::uint64_t seq, nak_code code) noexcept;
     void resume_rx() noexcept;
-    void rx_poll() noexcept; ///< application thread, from poll()
+    bool rx_poll() noexcept; ///< application thread, from poll(); true if it ran pump()
     bool app_may_read() const noexcept;
     bool app_took_data(bool app_in_call) noexcept; ///< engine, on a read wake: stand down?
     bool app_keeps_tx() noexcept; ///< transmission left to the polling application?
