@@ -4,6 +4,7 @@
 #include "tcp/tcp_connection.hpp"
 
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -114,8 +115,16 @@ void conn_state::check_progress() noexcept
     if (closed_ || state() != connection_state::established)
         return; // nothing outstanding any more: the timer stops here
     auto now = std::chrono::steady_clock::now();
+    int unread = 0;
     if (sq_head_ == sq_tail_) {
         last_progress_ = now; // idle time is not silence
+    } else if (now - last_progress_ >= progress_timeout_ && ::ioctl(fd_, FIONREAD, &unread) == 0 &&
+               unread > 0 && rx_bytes_ + static_cast<std::uint64_t>(unread) > arrived_seen_) {
+        // Bytes arrived since the last look and wait unread: below the wake threshold of a
+        // slow payload (set_rcvlowat), or left to an application that stood the engine
+        // down. The peer is alive. (One that stopped mid-payload fails at the next look.)
+        last_progress_ = now;
+        arrived_seen_ = rx_bytes_ + static_cast<std::uint64_t>(unread);
     } else if (now - last_progress_ >= progress_timeout_) {
         // The peer has neither answered nor taken any byte for the whole budget of retries.
         complete_sq_head(errc::transport_retry_exceeded, 0);
@@ -138,6 +147,9 @@ std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t*
 {
     if (posted)
         *posted = 0;
+    // Read before the lock: time spent waiting for the engine to let go of it does not make
+    // a tight loop look idle.
+    const auto entry = std::chrono::steady_clock::now();
     std::lock_guard lk(mu_);
     for (const auto& wr : wrs) {
         std::uint64_t total = 0;
@@ -152,6 +164,8 @@ std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t*
             *posted = wrs.size();
         return {};
     }
+    app_busy_ = entry - last_call_end_ < busy_poll_window;
+    ++app_calls_;
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
         if (sq_tail_ - sq_head_ == lim_.send_queue_depth)
@@ -190,6 +204,12 @@ std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t*
     }
     if (posted)
         *posted = i;
+    if (rx_app_owned_ && entry - last_app_rx_ >= app_rx_interval) {
+        // Stood down, and the application posts without polling: read what came meanwhile
+        // (ACKs, the peer's requests). What that owes goes out with the requests.
+        last_app_rx_ = entry;
+        rx_read();
+    }
     if (coalesce_post())
         arm_tx_check(); // the next post() or poll() sends it, or the engine in 1 ms
     else
@@ -243,7 +263,10 @@ std::size_t conn_state::poll(std::span<completion> out) noexcept
 {
     std::lock_guard lk(mu_);
     last_poll_ = std::chrono::steady_clock::now();
+    last_app_rx_ = last_poll_;
     ++app_polls_;
+    ++app_calls_;
+    app_busy_ = true;
     bool pumped = cq_count_ == 0 && rx_poll();
     if (!pumped && tx_next_ != sq_tail_)
         pump(); // requests that post() left to be coalesced, when rx_poll did not send
@@ -261,6 +284,7 @@ std::error_code conn_state::request_notify(bool solicited_only) noexcept
 {
     std::lock_guard lk(mu_);
     notify_armed_ = solicited_only ? 2 : 1;
+    app_busy_ = false; // about to sleep: what is left to send is the engine's
     pump(); // an ACK that rx_poll left for this call: the caller may now sleep
     if (rx_app_owned_ && !reclaim_posted_) {
         // The application is about to sleep: the engine must read again.
@@ -286,6 +310,7 @@ std::error_code conn_state::ack_notify() noexcept
 void conn_state::disconnect() noexcept
 {
     std::lock_guard lk(mu_);
+    app_busy_ = false;
     fail(connection_state::disconnected);
     pump();
 }
@@ -687,6 +712,12 @@ void conn_state::arm_read() noexcept
         continue_rx();
         return;
     }
+    // In the middle of a large payload, wake only when a good part of it is there (or the
+    // peer closed, or the receive window is nearly full: the kernel wakes for those
+    // regardless): each wake costs this thread a switch and the sender an IPI.
+    set_rcvlowat(rx_action_ != rx_action::none && rx_left_ >= rcvlowat_min
+                     ? static_cast<int>(std::min<std::uint64_t>(rx_left_, rcvlowat_max))
+                     : 1);
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
                      with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
@@ -702,6 +733,15 @@ void conn_state::arm_read() noexcept
                          }
                          self->rx_run();
                      }));
+}
+
+void conn_state::set_rcvlowat(int bytes) noexcept
+{
+    if (bytes == rcvlowat_)
+        return;
+    // A hint: if the kernel refuses it, waking at every byte is still correct.
+    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) == 0)
+        rcvlowat_ = bytes;
 }
 
 bool conn_state::coalesce_post() noexcept
@@ -734,16 +774,17 @@ bool conn_state::coalesce_post() noexcept
 
 bool conn_state::app_keeps_tx() noexcept
 {
-    // A busy-polling application keeps a transfer that stopped on the budget or on a full
-    // socket: its next post() or poll() goes on (the socket's space frees while it polls),
-    // instead of the engine waking on its CPU for every MiB. If it stops polling, the
-    // engine takes over: at the stand-down check when stood down, else at a check armed
-    // here (tx_check), at most about two checks late.
+    // A busy application (polling, or posting in a tight loop: app_busy_) keeps a transfer
+    // that stopped on the budget or on a full socket: its next post() or poll() goes on
+    // (the socket's space frees meanwhile), instead of the engine waking on its CPU for
+    // every MiB. If it stops calling, the engine takes over: at once when it arms a
+    // notification, at the stand-down check when stood down, else at a check armed here
+    // (tx_check), at most about two checks late.
     if (on_engine())
         return false;
     if (rx_app_owned_)
         return true;
-    if (std::chrono::steady_clock::now() - last_poll_ >= busy_poll_window)
+    if (!app_busy_)
         return false;
     arm_tx_check();
     return true;
@@ -754,7 +795,7 @@ void conn_state::arm_tx_check() noexcept
     if (tx_check_armed_)
         return;
     tx_check_armed_ = true;
-    tx_check_polls_ = app_polls_;
+    tx_check_calls_ = app_calls_;
     tx_check_timer_.expires_after(standdown_check);
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
@@ -767,8 +808,8 @@ void conn_state::arm_tx_check() noexcept
                        self->resp_head_ != self->resp_tail_;
         if (self->rx_app_owned_)
             return; // stood down: the stand-down check rules
-        if (pending && self->app_polls_ != self->tx_check_polls_) {
-            self->arm_tx_check(); // still polling: its calls go on sending
+        if (pending && self->app_calls_ != self->tx_check_calls_) {
+            self->arm_tx_check(); // still calling: its calls go on sending
             return;
         }
         self->pump(); // the application stopped polling: the engine goes on
@@ -795,7 +836,7 @@ bool conn_state::app_took_data(bool app_in_call) noexcept
     std::byte probe;
     ssize_t n = ::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
     bool taken = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-    bool polling_now = std::chrono::steady_clock::now() - last_poll_ < busy_poll_window;
+    bool polling_now = app_in_call || std::chrono::steady_clock::now() - last_poll_ < busy_poll_window;
     if (!taken && !polling_now) {
         busy_wakes_ = 0;
         return false;
@@ -818,6 +859,7 @@ void conn_state::stand_down() noexcept
     [[maybe_unused]] int fd = desc_.release();
     rx_app_owned_ = true;
     busy_wakes_ = 0;
+    app_calls_seen_ = app_calls_;
     arm_standdown_check();
 }
 
@@ -830,10 +872,10 @@ void conn_state::arm_standdown_check() noexcept
         std::lock_guard lk(self->mu_);
         if (!self->rx_app_owned_ || self->closed_)
             return;
-        if (self->app_polls_ != self->app_polls_seen_ && self->app_may_read()) {
-            // Still polling: leave it the socket, and what is left to send (its next call
+        if (self->app_calls_ != self->app_calls_seen_ && self->app_may_read()) {
+            // Still calling: leave it the socket, and what is left to send (its next call
             // sends it, deferred ACKs included).
-            self->app_polls_seen_ = self->app_polls_;
+            self->app_calls_seen_ = self->app_calls_;
             self->arm_standdown_check();
             return;
         }
@@ -898,6 +940,20 @@ bool conn_state::rx_poll() noexcept
     // while the engine's read wait is armed (it fires on the next data and re-reads, so
     // whichever thread reads first, nothing is missed and nothing is read twice: mu_), or
     // while the engine has stood down and left the socket to this thread (stand_down).
+    if (!rx_read())
+        return false;
+    // The ACKs and read responses that the frames produced. An ACK for a request that
+    // just completed here may wait for the caller's next post() or poll() (or the engine's
+    // stand-down check): a caller that answers a message sends one segment, not two.
+    if (rx_app_owned_ && cq_count_ > 0 && only_acks_owed())
+        return false;
+    pump();
+    return true;
+}
+
+bool conn_state::rx_read() noexcept
+{
+    // rx_poll without sending: reads what has arrived, on the application thread.
     if (!(read_armed_ || rx_app_owned_) || closed_ || rx_done_ || rx_stalled_ ||
         state() != connection_state::established)
         return false;
@@ -907,12 +963,6 @@ bool conn_state::rx_poll() noexcept
             break;
     if (!rx_app_owned_ && staged_work())
         continue_rx(); // budget spent with frames staged: the engine's wait would not see them
-    // The ACKs and read responses that the frames produced. An ACK for a request that
-    // just completed here may wait for the caller's next post() or poll() (or the engine's
-    // stand-down check): a caller that answers a message sends one segment, not two.
-    if (rx_app_owned_ && cq_count_ > 0 && only_acks_owed())
-        return false;
-    pump();
     return true;
 }
 
@@ -987,6 +1037,7 @@ conn_state::rx_status conn_state::rx_step() noexcept
         if (n <= 0)
             return rx_error(n, errno);
         last_progress_ = std::chrono::steady_clock::now(); // the peer sent bytes: alive
+        rx_bytes_ += static_cast<std::uint64_t>(n);
         stage_end_ += static_cast<std::size_t>(n);
         rx_short_ = static_cast<std::size_t>(n) < want;
         if (staged() < frame_header::wire_size)
@@ -1161,6 +1212,7 @@ conn_state::rx_status conn_state::rx_payload() noexcept
     if (n <= 0)
         return rx_error(n, err);
     last_progress_ = std::chrono::steady_clock::now(); // the peer sent bytes: alive
+    rx_bytes_ += static_cast<std::uint64_t>(n);
     std::uint64_t got = static_cast<std::uint64_t>(n);
     rx_short_ = got < want;
     std::uint64_t payload = std::min(got, rx_left_);

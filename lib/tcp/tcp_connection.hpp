@@ -70,12 +70,19 @@ private:
     // pending) and the data that woke it already read by the application or the
     // application polling right then (a poll() within `busy_poll_window`), and takes the
     // socket back from request_notify(), when it must wait for writability, or when a check
-    // every `standdown_check` finds that the application stopped polling: one-sided
-    // requests are then served again without the application, at most about two checks
-    // late. Transmission follows the same rule (app_keeps_tx).
+    // every `standdown_check` finds that the application stopped calling post() and poll():
+    // one-sided requests are then served again without the application, at most about two
+    // checks late. While stood down, post() reads too, at most every `app_rx_interval`, so
+    // that an application that posts a long window without polling still serves the
+    // peer's requests. Transmission follows the same rule (app_keeps_tx).
     static constexpr int standdown_wakes = 3;
     static constexpr std::chrono::microseconds standdown_check{1000};
     static constexpr std::chrono::microseconds busy_poll_window{20};
+    static constexpr std::chrono::microseconds app_rx_interval{50};
+    // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
+    // wakes when min(left, rcvlowat_max) have arrived (SO_RCVLOWAT), not at the first byte.
+    static constexpr std::uint64_t rcvlowat_min = 64u << 10;
+    static constexpr std::uint64_t rcvlowat_max = 256u << 10;
 
     struct sq_entry {
         std::uint64_t wr_id = 0;
@@ -194,9 +201,11 @@ private:
     void on_nak(std::uint64_t seq, nak_code code) noexcept;
     void resume_rx() noexcept;
     bool rx_poll() noexcept; ///< application thread, from poll(); true if it ran pump()
+    bool rx_read() noexcept; ///< rx_poll without the sending; false if it could not read
     bool app_may_read() const noexcept;
     bool app_took_data(bool app_in_call) noexcept; ///< engine, on a read wake: stand down?
-    bool app_keeps_tx() noexcept; ///< transmission left to the polling application?
+    bool app_keeps_tx() noexcept;
+    void set_rcvlowat(int bytes) noexcept; ///< transmission left to the polling application?
     void arm_tx_check() noexcept;
     bool coalesce_post() noexcept; ///< leave this post()'s requests for the next call?
     bool only_acks_owed() const noexcept;
@@ -268,6 +277,9 @@ private:
     std::uint64_t rx_expect_ = 0; ///< next request sequence number from the peer
     bool rnr_wait_ = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
     bool read_armed_ = false;
+    int rcvlowat_ = 1; ///< the socket's SO_RCVLOWAT (set_rcvlowat)
+    std::uint64_t rx_bytes_ = 0;     ///< bytes read from the socket (frames, not the drain)
+    std::uint64_t arrived_seen_ = 0; ///< rx_bytes_ + unread bytes at the progress check's last look
     bool rx_app_owned_ = false;   ///< engine stood down: the socket is out of its epoll set
     bool reclaim_posted_ = false; ///< request_notify() asked the engine to take it back
     int busy_wakes_ = 0;          ///< read wakes in a row that found the application polling
@@ -275,6 +287,14 @@ private:
     std::uint64_t app_polls_seen_ = 0; ///< app_polls_ when the engine last looked
     std::chrono::steady_clock::time_point last_poll_{}; ///< the application's latest poll()
     std::chrono::steady_clock::time_point last_call_end_{}; ///< when its latest post() / poll() returned
+    /// The application is busy: this call is a poll(), or a post() in a tight loop (within
+    /// busy_poll_window of its previous call). Measured from call to call, not from the
+    /// latest poll(): one call that sends a MiB takes longer than the window, and a window
+    /// of large writes is posted for tens of milliseconds between polls.
+    bool app_busy_ = false;
+    std::uint64_t app_calls_ = 0; ///< post() and poll() calls
+    std::uint64_t app_calls_seen_ = 0; ///< app_calls_ at the latest stand-down check
+    std::chrono::steady_clock::time_point last_app_rx_{}; ///< the application's latest read (rx_poll)
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
     bool closed_ = false;     ///< the connection object is gone
@@ -289,7 +309,7 @@ private:
     asio::steady_timer standdown_timer_;
     asio::steady_timer tx_check_timer_; ///< app_keeps_tx() outside a stand-down
     bool tx_check_armed_ = false;
-    std::uint64_t tx_check_polls_ = 0; ///< app_polls_ when the check was armed
+    std::uint64_t tx_check_calls_ = 0; ///< app_calls_ when the check was armed
 
     // Liveness: while requests are outstanding, some byte must move (either way) at least
     // every progress_timeout_ (ack_timeout * (retry_count + 1)), or the peer is declared

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -628,6 +629,141 @@ TEST_F(tcp_engine, target_that_stops_polling_still_serves_one_sided_requests)
     EXPECT_FALSE(c.status);
     EXPECT_EQ(c.wr_id, 1000u);
     expect_ok(*p.client, 1, 5s);
+}
+
+TEST_F(tcp_engine, target_that_only_posts_still_serves_one_sided_requests)
+{
+    // Once stood down, the engine stays down while the application keeps calling post(),
+    // polls or not (the stand-down check counts every call). An application that posts a
+    // long window without polling must then read from post() itself: the peer's read has
+    // to be served while the server is still posting, not once it stops.
+    auto p = connect_pair();
+    std::vector<std::byte> cbuf(4096, std::byte{1}), sbuf(4096, std::byte{2});
+    auto cm = client_dom_->register_memory(cbuf.data(), cbuf.size(),
+                                           access::local_write | access::remote_write);
+    auto sm = server_dom_->register_memory(sbuf.data(), sbuf.size(),
+                                           access::local_write | access::remote_read);
+    sge cs{cm.get(), 0, 8}, ss{sm.get(), 0, 8};
+    for (std::uint64_t i = 0; i < 300; ++i) { // busy ping-pong: both engines stand down
+        ASSERT_FALSE(p.server->post_recv({&ss, 1}, i));
+        ASSERT_FALSE(p.client->post_recv({&cs, 1}, i));
+        ASSERT_FALSE(p.client->post_send({&cs, 1}, i));
+        expect_ok(*p.server, 1, 5s);
+        ASSERT_FALSE(p.server->post_send({&ss, 1}, i));
+        expect_ok(*p.server, 1, 5s);
+        expect_ok(*p.client, 2, 5s);
+    }
+    for (std::size_t i = 0; i < 64; ++i)
+        sbuf[2048 + i] = static_cast<std::byte>(i * 3 + 1);
+    std::atomic<bool> read_done{false};
+    std::atomic<std::uint64_t> posts{0}, posts_at_done{0};
+    std::thread poster([&] {
+        // Unsignaled writes into the client's memory, back to back, never a poll().
+        sge w{sm.get(), 0, 64};
+        auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (!read_done.load() && std::chrono::steady_clock::now() < deadline) {
+            auto ec = p.server->post_write({&w, 1}, cm->remote(3072, 64), 0, send_flags::none);
+            if (!ec)
+                posts.fetch_add(1);
+            else if (ec != errc::would_block)
+                break;
+        }
+        posts_at_done = posts.load();
+        std::this_thread::sleep_for(20ms); // still not polling: only the read counted
+    });
+    // Well into the posting loop. The send queue's slots come back only from ACKs that
+    // post() reads, so without those reads the count stalls at the queue depth.
+    auto until = std::chrono::steady_clock::now() + 3s;
+    while (posts.load() < 1000 && std::chrono::steady_clock::now() < until)
+        std::this_thread::yield();
+    if (posts.load() < 1000) {
+        read_done = true;
+        poster.join();
+        FAIL() << "post() stalled at " << posts.load() << " requests: nothing reads the ACKs";
+    }
+    sge r{cm.get(), 512, 64};
+    ASSERT_FALSE(p.client->post_read({&r, 1}, sm->remote(2048, 64), 9));
+    auto got = poll_n(*p.client, 1, 3s);
+    read_done = true;
+    poster.join();
+    ASSERT_EQ(got.size(), 1u) << "the read was not served while the target only posted";
+    EXPECT_FALSE(got[0].status) << got[0].status.message();
+    EXPECT_EQ(got[0].wr_id, 9u);
+    EXPECT_GT(posts_at_done.load(), 1000u);
+    EXPECT_EQ(0, std::memcmp(cbuf.data() + 512, sbuf.data() + 2048, 64));
+}
+
+TEST_F(tcp_engine, slow_large_payload_is_not_taken_for_a_dead_peer)
+{
+    // In the middle of a large payload the engine wakes only once a good part of it has
+    // arrived (SO_RCVLOWAT, set_rcvlowat). A peer that sends one slowly thus leaves bytes
+    // unread in the socket for longer than the progress bound: that peer is alive, so the
+    // target's own outstanding request must not fail with transport_retry_exceeded, and
+    // the write must land whole.
+    int fd = raw_client();
+    ASSERT_GE(fd, 0);
+    auto req = listener_->get_request(5s);
+    ASSERT_NE(req, nullptr);
+    connection_options o;
+    o.ack_timeout = 100ms; // with retry_count 1: the 1 s floor of the progress bound
+    o.retry_count = 1;
+    auto c = req->accept(o);
+    ASSERT_TRUE(read_reply(fd));
+    constexpr std::size_t len = 512u << 10;
+    std::vector<std::byte> dst(len), payload(len), ping(8, std::byte{5});
+    for (std::size_t i = 0; i < len; ++i)
+        payload[i] = static_cast<std::byte>(i * 7 + (i >> 10));
+    auto dm = server_dom_->register_memory(dst.data(), len, access::local_write | access::remote_write);
+    auto pm = server_dom_->register_memory(ping.data(), ping.size(), access::none);
+    sge s{pm.get(), 0, 8};
+    ASSERT_FALSE(c->post_send({&s, 1}, 1)); // outstanding until the raw peer ACKs it, at the end
+    frame_header h;
+    h.op = frame_op::write;
+    h.seq = 0;
+    h.length = static_cast<std::uint32_t>(len);
+    h.addr = dm->remote(0, len).addr;
+    h.key = dm->remote(0, len).key;
+    frame_header::bytes hb;
+    h.encode(hb.data());
+    ASSERT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), 40);
+    // 8 KiB every 100 ms for 2 s: 160 KiB, below the wake threshold, over the 1 s bound.
+    std::size_t off = 0;
+    for (int i = 0; i < 20; ++i, off += 8192) {
+        ASSERT_EQ(::send(fd, payload.data() + off, 8192, MSG_NOSIGNAL), 8192);
+        std::this_thread::sleep_for(100ms);
+    }
+    EXPECT_EQ(c->state(), connection_state::established) << "a slow peer was taken for a dead one";
+    while (off < len) {
+        ssize_t n = ::send(fd, payload.data() + off, len - off, MSG_NOSIGNAL);
+        ASSERT_GT(n, 0);
+        off += static_cast<std::size_t>(n);
+    }
+    // Our write's ACK and the target's send, in either order.
+    bool acked = false, sent = false;
+    while (!(acked && sent)) {
+        frame_header r;
+        ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+        if (r.op == frame_op::ack) {
+            EXPECT_EQ(r.seq, 0u);
+            acked = true;
+        } else {
+            ASSERT_EQ(r.op, frame_op::send) << "unexpected frame";
+            std::byte body[8];
+            ASSERT_EQ(::recv(fd, body, 8, MSG_WAITALL), 8);
+            sent = true;
+        }
+    }
+    frame_header a;
+    a.op = frame_op::ack;
+    a.seq = 0;
+    a.encode(hb.data());
+    ASSERT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), 40);
+    auto done = expect_ok(*c, 1, 5s); // also orders the engine's writes to dst before the compare
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].wr_id, 1u);
+    EXPECT_EQ(c->state(), connection_state::established);
+    EXPECT_EQ(0, std::memcmp(dst.data(), payload.data(), len));
+    ::close(fd);
 }
 
 // ---- hostile peers --------------------------------------------------------------------
