@@ -8,7 +8,9 @@
 // The client drives everything: it tells the server the test and each message size over a
 // second, small control connection (so control messages never land in the receives of
 // the measured one), and measures on its side. As perftest does, latency tests report
-// half the round trip for send and write, and the whole round trip for read.
+// half the round trip for send and write, and the whole round trip for read, and signal
+// one send or write in --signal-every (perftest's --cq-mod, default 100), waiting only for
+// those completions; bandwidth tests signal the same way.
 //
 // Tests
 //   send_lat      ping-pong of sends; each side posts the next receive before it sends
@@ -66,6 +68,7 @@ struct control {
     std::uint32_t inline_max = 0;
     std::uint32_t event = 0;   ///< the server waits in event mode too
     std::uint32_t spin_only = 0; ///< write_lat: the server spins on memory without polling
+    std::uint32_t signal_every = 1; ///< latency: the server's sends / writes, as the client's
     rdmx::remote_buffer::bytes region{}; ///< hello / ready: the sender's data buffer
 };
 
@@ -261,15 +264,22 @@ void spin_for(std::byte* p, std::size_t size, std::uint8_t v, std::chrono::milli
 /// Runs one side of a latency test; the client (`active`) measures. The server says
 /// ready once its first receive is posted.
 std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint64_t warmup, std::uint64_t iters,
-                                bool active, bool event, bool spin_only, std::uint32_t inline_max)
+                                bool active, bool event, bool spin_only, std::uint32_t inline_max,
+                                std::uint32_t signal_every)
 {
     std::vector<double> samples;
     samples.reserve(iters);
     poller p(*s.data, event, s.timeout);
     const std::uint64_t total = warmup + iters;
-    const auto flags = size <= inline_max && t != test::read_lat
-                           ? rdmx::send_flags::signaled | rdmx::send_flags::inline_data
-                           : rdmx::send_flags::signaled;
+    const auto inl = size <= inline_max && t != test::read_lat ? rdmx::send_flags::inline_data
+                                                               : rdmx::send_flags::none;
+    // As perftest (--cq-mod): sends and writes are signalled one in signal_every (and the
+    // last), and only those completions are waited for; a read always is (its completion
+    // is the measurement).
+    auto signaled = [&](std::uint64_t i) {
+        return t == test::read_lat || (i + 1) % signal_every == 0 || i + 1 == warmup + iters;
+    };
+    auto flags = [&](std::uint64_t i) { return signaled(i) ? inl | rdmx::send_flags::signaled : inl; };
     rdmx::sge src{s.mr.get(), s.max_size, size}; // our source (or read sink)
     rdmx::sge dst{s.mr.get(), 0, size};          // where the peer's sends land
     rdmx::remote_buffer remote = *s.peer.slice(0, size);
@@ -309,16 +319,17 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
         switch (t) {
         case test::send_lat:
             if (active) {
-                check(s.data->post_send({&src, 1}, i, flags), "post_send");
-                complete(2); // our send, the peer's answer
+                check(s.data->post_send({&src, 1}, i, flags(i)), "post_send");
+                complete(signaled(i) ? 2 : 1); // the peer's answer (and our send)
                 if (i + 1 < total)
                     check(s.data->post_recv({&dst, 1}, i), "post_recv");
             } else {
                 complete(1); // the ping; the next receive goes up before we answer
                 if (i + 1 < total)
                     check(s.data->post_recv({&dst, 1}, i), "post_recv");
-                check(s.data->post_send({&src, 1}, i, flags), "post_send");
-                complete(1);
+                check(s.data->post_send({&src, 1}, i, flags(i)), "post_send");
+                if (signaled(i))
+                    complete(1);
             }
             break;
         case test::write_lat: {
@@ -326,14 +337,15 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
             if (!active)
                 spin_for(s.target(), size, seq, s.timeout, progress);
             s.source()[size - 1] = std::byte{seq};
-            check(s.data->post_write({&src, 1}, remote, i, flags), "post_write");
+            check(s.data->post_write({&src, 1}, remote, i, flags(i)), "post_write");
             if (active)
                 spin_for(s.target(), size, seq, s.timeout, progress);
-            complete(1);
+            if (signaled(i))
+                complete(1);
             break;
         }
         case test::read_lat:
-            check(s.data->post_read({&src, 1}, remote, i), "post_read");
+            check(s.data->post_read({&src, 1}, remote, i, flags(i)), "post_read");
             complete(1);
             break;
         default: break;
@@ -559,7 +571,8 @@ int run_server(const options& o)
             // ready once they are.
             const std::uint64_t total = m.warmup + m.iters;
             if (m.t == test::send_lat || m.t == test::write_lat)
-                run_latency(s, m.t, m.size, m.warmup, m.iters, false, event, spin_only, m.inline_max);
+                run_latency(s, m.t, m.size, m.warmup, m.iters, false, event, spin_only, m.inline_max,
+                            std::max(1u, m.signal_every));
             else if (m.t == test::send_bw || m.t == test::write_imm_bw)
                 run_bw_receiver(s, m.t, m.size, total, event);
             else // write_bw, read_bw, read_lat: nothing to do, the transport serves them
@@ -609,11 +622,12 @@ int run_client(const options& o)
     std::vector<result> results;
     for (std::size_t size : sizes) {
         s.send_control({.kind = control::start, .t = o.t, .size = size, .iters = o.iters, .warmup = o.warmup,
-                        .inline_max = o.inline_max});
+                        .inline_max = o.inline_max, .signal_every = o.signal_every});
         s.recv_control(s.timeout); // ready: the server's receives are posted
         result res{.t = o.t, .size = size, .iters = o.iters, .lat = {}, .bw = {}};
         if (is_latency(o.t)) {
-            res.lat = run_latency(s, o.t, size, o.warmup, o.iters, true, o.event, o.spin_only, o.inline_max);
+            res.lat = run_latency(s, o.t, size, o.warmup, o.iters, true, o.event, o.spin_only, o.inline_max,
+                                  o.signal_every);
             std::sort(res.lat.begin(), res.lat.end());
         } else {
             res.bw = run_bw_client(s, o.t, size, o.warmup, o.iters, o.depth, o.post_list, o.signal_every,
@@ -656,7 +670,7 @@ int main(int argc, char** argv)
     app.add_option("-l,--post-list", o.post_list, "requests per post() call (one doorbell)")
         ->capture_default_str()->check(CLI::Range(1u, 1024u));
     app.add_option("-c,--signal-every", o.signal_every,
-                   "signal one request in N (bandwidth tests; at most --depth; perftest's cq_mod default)")
+                   "signal one request in N (sends and writes, latency tests too; at most --depth; as perftest's --cq-mod)")
         ->capture_default_str()->check(CLI::Range(1u, 16384u));
     app.add_option("-I,--inline", o.inline_max, "send payloads up to this size inline")->capture_default_str();
     app.add_flag("-e,--event", o.event, "sleep on the completion channel instead of busy polling");

@@ -940,12 +940,14 @@ bool conn_state::rx_poll() noexcept
     // while the engine's read wait is armed (it fires on the next data and re-reads, so
     // whichever thread reads first, nothing is missed and nothing is read twice: mu_), or
     // while the engine has stood down and left the socket to this thread (stand_down).
+    const std::uint64_t carried_out = rx_expect_;
     if (!rx_read())
         return false;
     // The ACKs and read responses that the frames produced. An ACK for a request that
-    // just completed here may wait for the caller's next post() or poll() (or the engine's
+    // arrived in this very call (a completion to return, or a one-sided write that the
+    // caller may be spinning on) may wait for its next post() or poll() (or the engine's
     // stand-down check): a caller that answers a message sends one segment, not two.
-    if (rx_app_owned_ && cq_count_ > 0 && only_acks_owed())
+    if (rx_app_owned_ && (cq_count_ > 0 || rx_expect_ != carried_out) && only_acks_owed())
         return false;
     pump();
     return true;
