@@ -1,5 +1,6 @@
 #include "tcp/tcp_wire.hpp"
 
+#include <bit>
 #include <cstring>
 
 #include <rdmx/error.hpp>
@@ -9,17 +10,51 @@ namespace rdmx::tcp
 namespace
 {
 
+// Little-endian fields of n = 1, 2, 4 or 8 bytes at any alignment. One load or store each
+// (memcpy), not a loop of bytes: the header is decoded for every frame on the hot path.
+template <class T>
+T to_le(T v) noexcept
+{
+    if constexpr (std::endian::native == std::endian::big) {
+        if constexpr (sizeof(T) == 2)
+            v = __builtin_bswap16(v);
+        else if constexpr (sizeof(T) == 4)
+            v = __builtin_bswap32(v);
+        else if constexpr (sizeof(T) == 8)
+            v = __builtin_bswap64(v);
+    }
+    return v;
+}
+template <class T>
+void store(std::byte* p, std::uint64_t v) noexcept
+{
+    T t = to_le(static_cast<T>(v));
+    std::memcpy(p, &t, sizeof t);
+}
+template <class T>
+std::uint64_t load(const std::byte* p) noexcept
+{
+    T t;
+    std::memcpy(&t, p, sizeof t);
+    return to_le(t);
+}
 void put_le(std::byte* p, std::uint64_t v, int n) noexcept
 {
-    for (int i = 0; i < n; ++i)
-        p[i] = static_cast<std::byte>(v >> (8 * i));
+    switch (n) {
+    case 1: store<std::uint8_t>(p, v); break;
+    case 2: store<std::uint16_t>(p, v); break;
+    case 4: store<std::uint32_t>(p, v); break;
+    default: store<std::uint64_t>(p, v); break;
+    }
 }
 std::uint64_t get_le(const std::byte* p, int n) noexcept
 {
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i)
-        v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-    return v;
+    switch (n) {
+    case 1: return load<std::uint8_t>(p);
+    case 2: return load<std::uint16_t>(p);
+    case 4: return load<std::uint32_t>(p);
+    default: return load<std::uint64_t>(p);
+    }
 }
 
 std::error_code bad(const char** why, const char* reason) noexcept
