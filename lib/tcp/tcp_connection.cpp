@@ -812,7 +812,7 @@ void conn_state::arm_tx_check() noexcept
             self->arm_tx_check(); // still calling: its calls go on sending
             return;
         }
-        self->pump(); // the application stopped polling: the engine goes on
+        self->pump(); // the application stopped calling: the engine goes on
     };
     tx_check_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
 }

@@ -204,8 +204,8 @@ private:
     bool rx_read() noexcept; ///< rx_poll without the sending; false if it could not read
     bool app_may_read() const noexcept;
     bool app_took_data(bool app_in_call) noexcept; ///< engine, on a read wake: stand down?
-    bool app_keeps_tx() noexcept;
-    void set_rcvlowat(int bytes) noexcept; ///< transmission left to the polling application?
+    bool app_keeps_tx() noexcept; ///< transmission left to the busy application?
+    void set_rcvlowat(int bytes) noexcept; ///< the socket's SO_RCVLOWAT, when it changes
     void arm_tx_check() noexcept;
     bool coalesce_post() noexcept; ///< leave this post()'s requests for the next call?
     bool only_acks_owed() const noexcept;
@@ -294,7 +294,7 @@ private:
     bool app_busy_ = false;
     std::uint64_t app_calls_ = 0; ///< post() and poll() calls
     std::uint64_t app_calls_seen_ = 0; ///< app_calls_ at the latest stand-down check
-    std::chrono::steady_clock::time_point last_app_rx_{}; ///< the application's latest read (rx_poll)
+    std::chrono::steady_clock::time_point last_app_rx_{}; ///< latest poll(), or post() that read
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
     bool closed_ = false;     ///< the connection object is gone

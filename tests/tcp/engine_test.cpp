@@ -121,6 +121,21 @@ bool wait_state(connection& c, connection_state s, std::chrono::milliseconds t =
     return c.state() == s;
 }
 
+/// A busy ping-pong of small sends, 300 round trips: enough read wake-ups that find the
+/// application polling for both engines to stand down (docs/wire-format.md section 8).
+void busy_ping_pong(connection& client, connection& server, const sge& cs, const sge& ss)
+{
+    for (std::uint64_t i = 0; i < 300; ++i) {
+        ASSERT_FALSE(server.post_recv({&ss, 1}, i));
+        ASSERT_FALSE(client.post_recv({&cs, 1}, i));
+        ASSERT_FALSE(client.post_send({&cs, 1}, i));
+        expect_ok(server, 1, 5s); // the ping
+        ASSERT_FALSE(server.post_send({&ss, 1}, i));
+        expect_ok(server, 1, 5s); // the pong's completion
+        expect_ok(client, 2, 5s); // the ping's completion and the pong
+    }
+}
+
 TEST_F(tcp_engine, device_limits_name_tcp)
 {
     EXPECT_EQ(server_dom_->limits().device_name, "tcp");
@@ -505,15 +520,7 @@ TEST_F(tcp_engine, transfer_left_by_a_polling_application_completes_without_it)
     for (int phase = 0; phase < 2; ++phase) {
         if (phase == 1) {
             sge cs{pm.get(), 0, 8}, ss{qm.get(), 32, 8};
-            for (std::uint64_t i = 0; i < 300; ++i) {
-                ASSERT_FALSE(p.server->post_recv({&ss, 1}, i));
-                ASSERT_FALSE(p.client->post_recv({&cs, 1}, i));
-                ASSERT_FALSE(p.client->post_send({&cs, 1}, i));
-                expect_ok(*p.server, 1, 5s);
-                ASSERT_FALSE(p.server->post_send({&ss, 1}, i));
-                expect_ok(*p.server, 1, 5s);
-                expect_ok(*p.client, 2, 5s);
-            }
+            ASSERT_NO_FATAL_FAILURE(busy_ping_pong(*p.client, *p.server, cs, ss));
         }
         for (std::size_t i = 0; i < big; ++i)
             src[i] = static_cast<std::byte>((i >> 12) + i * 13 + phase);
@@ -599,15 +606,7 @@ TEST_F(tcp_engine, target_that_stops_polling_still_serves_one_sided_requests)
     auto sm = server_dom_->register_memory(sbuf.data(), sbuf.size(),
                                            access::local_write | access::remote_write | access::remote_read);
     sge cs{cm.get(), 0, 8}, ss{sm.get(), 0, 8};
-    for (std::uint64_t i = 0; i < 300; ++i) {
-        ASSERT_FALSE(p.server->post_recv({&ss, 1}, i));
-        ASSERT_FALSE(p.client->post_recv({&cs, 1}, i));
-        ASSERT_FALSE(p.client->post_send({&cs, 1}, i));
-        expect_ok(*p.server, 1, 5s); // the ping
-        ASSERT_FALSE(p.server->post_send({&ss, 1}, i));
-        expect_ok(*p.server, 1, 5s); // our pong's completion
-        expect_ok(*p.client, 2, 5s); // the ping's completion and the pong
-    }
+    ASSERT_NO_FATAL_FAILURE(busy_ping_pong(*p.client, *p.server, cs, ss));
     std::this_thread::sleep_for(5ms);
     // The server's application calls nothing from here on, until wait().
     for (std::size_t i = 0; i < 64; ++i)
@@ -644,15 +643,7 @@ TEST_F(tcp_engine, target_that_only_posts_still_serves_one_sided_requests)
     auto sm = server_dom_->register_memory(sbuf.data(), sbuf.size(),
                                            access::local_write | access::remote_read);
     sge cs{cm.get(), 0, 8}, ss{sm.get(), 0, 8};
-    for (std::uint64_t i = 0; i < 300; ++i) { // busy ping-pong: both engines stand down
-        ASSERT_FALSE(p.server->post_recv({&ss, 1}, i));
-        ASSERT_FALSE(p.client->post_recv({&cs, 1}, i));
-        ASSERT_FALSE(p.client->post_send({&cs, 1}, i));
-        expect_ok(*p.server, 1, 5s);
-        ASSERT_FALSE(p.server->post_send({&ss, 1}, i));
-        expect_ok(*p.server, 1, 5s);
-        expect_ok(*p.client, 2, 5s);
-    }
+    ASSERT_NO_FATAL_FAILURE(busy_ping_pong(*p.client, *p.server, cs, ss)); // both engines stand down
     for (std::size_t i = 0; i < 64; ++i)
         sbuf[2048 + i] = static_cast<std::byte>(i * 3 + 1);
     std::atomic<bool> read_done{false};
