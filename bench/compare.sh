@@ -190,16 +190,31 @@ guest_verbs() {
     for ((rep = 1; rep <= $2; rep++)); do
         echo "verbs rep $rep (load $(load_now))"
         record load - 0 load "$(load_now)"
+        # Within a rep each rdmx run sits next to its perftest run; which of the two goes
+        # first alternates from rep to rep, so that what one leaves behind in the guest
+        # (rxe's deferred QP clean-up, the previous server's exit) weighs on both alike.
+        local order=(perftest rdmx)
+        ((rep % 2 == 1)) || order=(rdmx perftest)
         for s in 2 4096; do
             for t in send_lat write_lat read_lat; do
-                perftest_run ib_$t $s 1000
-                # ib_write_lat spins on memory only; so does rdmx_perf here (--spin-only)
-                rdmx_run $a $t $s 1000 -w 100 $([ $t = write_lat ] && echo --spin-only)
+                for tool in "${order[@]}"; do
+                    if [ $tool = perftest ]; then
+                        perftest_run ib_$t $s 1000
+                    else
+                        # ib_write_lat spins on memory only; so does rdmx_perf here (--spin-only)
+                        rdmx_run $a $t $s 1000 -w 100 $([ $t = write_lat ] && echo --spin-only)
+                    fi
+                done
             done
         done
         for t in send_bw write_bw read_bw; do
-            perftest_run ib_$t 65536 500
-            rdmx_run $a $t 65536 500 -w 50
+            for tool in "${order[@]}"; do
+                if [ $tool = perftest ]; then
+                    perftest_run ib_$t 65536 500
+                else
+                    rdmx_run $a $t 65536 500 -w 50
+                fi
+            done
         done
     done
 }
