@@ -154,12 +154,7 @@ public:
     {
         auto deadline = clock_type::now() + timeout_;
         for (std::uint32_t spins = 1;; ++spins) {
-            std::size_t n = event_ ? c_.wait(out, 100ms) : c_.poll(out);
-            for (std::size_t i = 0; i < n; ++i)
-                if (out[i].status)
-                    throw std::runtime_error("completion of wr_id " + std::to_string(out[i].wr_id) +
-                                             ": " + out[i].status.message());
-            if (n > 0)
+            if (std::size_t n = event_ ? checked(out, c_.wait(out, 100ms)) : try_get(out))
                 return n;
             // The clock only now and then: in an emulated guest a clock read costs as much
             // as a poll, and would double the time between two looks at the queue.
@@ -167,6 +162,8 @@ public:
                 throw std::runtime_error("no completion within the timeout (peer gone?)");
         }
     }
+    /// What one poll finds (possibly nothing); throws on an error completion.
+    std::size_t try_get(std::span<rdmx::completion> out) { return checked(out, c_.poll(out)); }
     /// Exactly one completion.
     rdmx::completion one()
     {
@@ -176,6 +173,15 @@ public:
     }
 
 private:
+    static std::size_t checked(std::span<const rdmx::completion> out, std::size_t n)
+    {
+        for (std::size_t i = 0; i < n; ++i)
+            if (out[i].status)
+                throw std::runtime_error("completion of wr_id " + std::to_string(out[i].wr_id) + ": " +
+                                         out[i].status.message());
+        return n;
+    }
+
     rdmx::connection& c_;
     bool event_;
     std::chrono::milliseconds timeout_;
@@ -279,7 +285,7 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
     // last), and only those completions are waited for; a read always is (its completion
     // is the measurement).
     auto signaled = [&](std::uint64_t i) {
-        return t == test::read_lat || (i + 1) % signal_every == 0 || i + 1 == warmup + iters;
+        return t == test::read_lat || (i + 1) % signal_every == 0 || i + 1 == total;
     };
     auto flags = [&](std::uint64_t i) { return signaled(i) ? inl | rdmx::send_flags::signaled : inl; };
     rdmx::sge src{s.mr.get(), s.max_size, size}; // our source (or read sink)
@@ -302,12 +308,7 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
         if (event || spin_only)
             return;
         rdmx::completion wc[4];
-        std::size_t k = s.data->poll(wc);
-        for (std::size_t j = 0; j < k; ++j)
-            if (wc[j].status)
-                throw std::runtime_error("completion of wr_id " + std::to_string(wc[j].wr_id) + ": " +
-                                         wc[j].status.message());
-        banked += static_cast<int>(k);
+        banked += static_cast<int>(p.try_get(wc));
     };
 
     if (t == test::send_lat)

@@ -748,13 +748,11 @@ bool conn_state::coalesce_post() noexcept
 {
     // A busy application posting one request per call while the pipe is full: its requests
     // wait for its next call and leave several to one sendmsg (up to a batch: 16 frames,
-    // 1 MiB), as a post list would. Only when the caller is in a tight loop (its previous
-    // post() or poll() returned within busy_poll_window) and enough is in flight (16
-    // requests or 64 KiB) that the link does not idle meanwhile; latency (one request at a
-    // time) never waits. The transmit check (arm_tx_check) bounds the wait if the
-    // application stops calling.
-    if (on_engine() || state() != connection_state::established ||
-        std::chrono::steady_clock::now() - last_call_end_ >= busy_poll_window)
+    // 1 MiB), as a post list would. Only when the caller is in a tight loop (app_busy_, as
+    // post() just set it) and enough is in flight (16 requests or 64 KiB) that the link does
+    // not idle meanwhile; latency (one request at a time) never waits. The transmit check
+    // (arm_tx_check) bounds the wait if the application stops calling.
+    if (on_engine() || state() != connection_state::established || !app_busy_)
         return false;
     std::uint64_t bytes = 0;
     int n = 0;
@@ -804,10 +802,10 @@ void conn_state::arm_tx_check() noexcept
         self->tx_check_armed_ = false;
         if (self->closed_)
             return;
-        bool pending = self->cur_.kind != frame_kind::none || self->tx_next_ != self->sq_tail_ ||
-                       self->resp_head_ != self->resp_tail_;
         if (self->rx_app_owned_)
             return; // stood down: the stand-down check rules
+        bool pending = self->cur_.kind != frame_kind::none || self->tx_next_ != self->sq_tail_ ||
+                       self->resp_head_ != self->resp_tail_;
         if (pending && self->app_calls_ != self->tx_check_calls_) {
             self->arm_tx_check(); // still calling: its calls go on sending
             return;
@@ -1057,9 +1055,7 @@ conn_state::rx_status conn_state::rx_step() noexcept
         rx_stalled_ = true;
         return rx_status::stop;
     }
-    stage_begin_ += frame_header::wire_size;
-    if (stage_begin_ == stage_end_)
-        stage_begin_ = stage_end_ = 0;
+    unstage(frame_header::wire_size);
     begin_frame(h);
     if (rx_action_ != rx_action::none && rx_left_ == 0)
         finish_frame();
@@ -1249,9 +1245,7 @@ conn_state::rx_status conn_state::rx_staged_payload() noexcept
             rx_advance(step);
         }
     }
-    stage_begin_ += static_cast<std::size_t>(n);
-    if (stage_begin_ == stage_end_)
-        stage_begin_ = stage_end_ = 0;
+    unstage(static_cast<std::size_t>(n));
     rx_left_ -= n;
     if (rx_left_ == 0)
         finish_frame();

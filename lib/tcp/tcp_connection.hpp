@@ -183,6 +183,13 @@ private:
     rx_status rx_staged_payload() noexcept;
     void rx_advance(std::uint64_t n) noexcept;
     std::size_t staged() const noexcept { return stage_end_ - stage_begin_; }
+    /// Consumes n staged bytes; an emptied stage starts again at its front.
+    void unstage(std::size_t n) noexcept
+    {
+        stage_begin_ += n;
+        if (stage_begin_ == stage_end_)
+            stage_begin_ = stage_end_ = 0;
+    }
     /// Staged bytes that can be processed without reading: a whole header, or payload.
     bool staged_work() const noexcept
     {
