@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include <rdmx/connection.hpp>
+#include <rdmx/memory.hpp>
 
 namespace rdmx::detail {
 
@@ -16,18 +17,64 @@ namespace rdmx::detail {
 /// lengths far from 32-bit overflow on TCP).
 inline constexpr std::uint64_t max_message_size = 1ull << 30;
 
+/// Success as a value. `std::error_code{}` calls std::system_category(), an out-of-line
+/// libstdc++ function, and the data path returns success a few times per request.
+inline const std::error_code no_error{};
+
+// The checks return errc{} (zero) for success, so that the data path builds an error_code
+// only for a failure. They are inline: they run on every request of both backends.
+
 /// Checks a local scatter/gather list: count within `max_sge`, every region registered in
 /// domain `owner`, every range inside its region, and local_write where the NIC writes.
 /// On success sets `total` to the summed length.
-std::error_code check_local(std::span<const sge> list, const void* owner, std::uint32_t max_sge,
-                            bool needs_local_write, std::uint64_t& total) noexcept;
+inline errc check_local(std::span<const sge> list, const void* owner, std::uint32_t max_sge,
+                        bool needs_local_write, std::uint64_t& total) noexcept
+{
+    if (list.size() > max_sge)
+        return errc::invalid_argument;
+    std::uint64_t sum = 0;
+    for (const sge& s : list) {
+        if (s.region == nullptr || s.region->owner() != owner)
+            return errc::invalid_argument;
+        if (s.offset > s.region->size() || s.length > s.region->size() - s.offset)
+            return errc::invalid_argument;
+        if (needs_local_write && s.length > 0 && !any(s.region->access() & access::local_write))
+            return errc::local_protection;
+        sum += s.length;
+    }
+    if (sum > max_message_size)
+        return errc::invalid_argument;
+    total = sum;
+    return {};
+}
 
 /// Full check of a send-queue request against the connection's limits.
-std::error_code check_send(const work_request& wr, const void* owner, rdmx::backend b,
-                           const connection_limits& lim, std::uint64_t& total) noexcept;
+inline errc check_send(const work_request& wr, const void* owner, rdmx::backend b,
+                       const connection_limits& lim, std::uint64_t& total) noexcept
+{
+    const bool is_read = wr.opcode == opcode::read;
+    switch (wr.opcode) {
+    case opcode::send:
+    case opcode::write:
+    case opcode::write_with_imm:
+    case opcode::read: break;
+    default: return errc::invalid_argument;
+    }
+    if (errc e = check_local(wr.local, owner, lim.max_send_sge, is_read, total); e != errc{})
+        return e;
+    if (has(wr.flags, send_flags::inline_data) && (is_read || total > lim.max_inline))
+        return errc::invalid_argument;
+    if (wr.opcode != opcode::send) {
+        // The descriptor came from the peer: it must be for this backend and the transfer
+        // must fit in the range it names. The target checks again (keys can be forged).
+        if (wr.remote.backend != b || total > wr.remote.length)
+            return errc::invalid_argument;
+    }
+    return {};
+}
 
-inline std::error_code check_recv(const recv_request& wr, const void* owner,
-                                  const connection_limits& lim, std::uint64_t& total) noexcept
+inline errc check_recv(const recv_request& wr, const void* owner, const connection_limits& lim,
+                       std::uint64_t& total) noexcept
 {
     return check_local(wr.local, owner, lim.max_recv_sge, true, total);
 }

@@ -153,7 +153,7 @@ std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t*
     std::lock_guard lk(mu_);
     for (const auto& wr : wrs) {
         std::uint64_t total = 0;
-        if (auto ec = detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total))
+        if (errc ec = detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total); ec != errc{})
             return ec;
     }
     if (state() != connection_state::established) {
@@ -227,7 +227,7 @@ std::error_code conn_state::post_recv(std::span<const recv_request> wrs, std::si
     std::lock_guard lk(mu_);
     for (const auto& wr : wrs) {
         std::uint64_t total = 0;
-        if (auto ec = detail::check_recv(wr, dom_.owner(), lim_, total))
+        if (errc ec = detail::check_recv(wr, dom_.owner(), lim_, total); ec != errc{})
             return ec;
     }
     if (state() != connection_state::established) {
