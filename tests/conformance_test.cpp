@@ -401,6 +401,105 @@ TEST_P(conformance, post_list_and_inline_send)
     EXPECT_EQ(dst, expected);
 }
 
+TEST_P(conformance, long_post_list_mixes_operations_and_sge_counts)
+{
+    // Longer than one provider batch (16 on verbs), whose work requests are filled in place:
+    // each request must carry its own opcode, SGEs, remote address and immediate, whatever
+    // the request before it in the same slot was.
+    connection_options opts;
+    opts.send_queue_depth = 64;
+    opts.recv_queue_depth = 64;
+    auto p = connect_pair(opts);
+    constexpr std::size_t n = 40, sz = 64;
+    auto src = pattern(n * sz, 5), remote_init = pattern(n * sz, 6);
+    std::vector<std::byte> target(remote_init), inbox(n * sz), back(n * sz);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto bmr = client_dom_->register_memory(back.data(), back.size(), access::local_write);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(),
+                                            access::remote_write | access::remote_read);
+    auto imr = server_dom_->register_memory(inbox.data(), inbox.size(), access::local_write);
+    auto op_of = [](std::size_t i) {
+        constexpr opcode ops[4] = {opcode::send, opcode::write, opcode::write_with_imm, opcode::read};
+        return ops[i % 4];
+    };
+    // A receive for every send and write_with_imm, in order, each into the request's slot.
+    std::vector<sge> rs(n);
+    std::vector<recv_request> rr;
+    for (std::size_t i = 0; i < n; ++i)
+        if (op_of(i) == opcode::send || op_of(i) == opcode::write_with_imm) {
+            rs[i] = {imr.get(), i * sz, sz};
+            rr.push_back({i, {&rs[i], 1}});
+        }
+    std::size_t rposted = 0;
+    ASSERT_FALSE(p.server->post_recv(rr, &rposted));
+    ASSERT_EQ(rposted, rr.size());
+    // Some requests of each kind gather from two SGEs (second half first), others from one.
+    auto two_sges = [](std::size_t i) { return (i + i / 4) % 2 == 0; };
+    std::vector<sge> ss(2 * n);
+    std::vector<work_request> wr(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        const opcode op = op_of(i);
+        auto* mr = op == opcode::read ? bmr.get() : smr.get();
+        std::span<const sge> local;
+        if (two_sges(i)) {
+            ss[2 * i] = {mr, i * sz + sz / 2, sz / 2};
+            ss[2 * i + 1] = {mr, i * sz, sz / 2};
+            local = {&ss[2 * i], 2};
+        } else {
+            ss[2 * i] = {mr, i * sz, sz};
+            local = {&ss[2 * i], 1};
+        }
+        wr[i] = {.opcode = op, .wr_id = 1000 + i, .local = local,
+                 .remote = op == opcode::send ? remote_buffer{} : tmr->remote(i * sz, sz),
+                 .flags = send_flags::signaled, .imm = op == opcode::write_with_imm ? 0xab000000u + static_cast<std::uint32_t>(i) : 0u};
+    }
+    std::size_t posted = 0;
+    ASSERT_FALSE(p.client->post(wr, &posted));
+    ASSERT_EQ(posted, n);
+
+    auto sc = expect_ok(*p.client, n);
+    ASSERT_EQ(sc.size(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(sc[i].wr_id, 1000 + i) << "completions in posting order";
+        const opcode want = op_of(i) == opcode::write_with_imm ? opcode::write : op_of(i);
+        EXPECT_EQ(sc[i].opcode, want) << "request " << i;
+    }
+    auto rc = expect_ok(*p.server, rr.size());
+    ASSERT_EQ(rc.size(), rr.size());
+    for (std::size_t k = 0; k < rc.size(); ++k) {
+        const std::size_t i = rr[k].wr_id;
+        EXPECT_EQ(rc[k].wr_id, i);
+        EXPECT_EQ(rc[k].byte_len, sz) << "request " << i; // of a write_with_imm: the write's
+        EXPECT_EQ(rc[k].with_imm, op_of(i) == opcode::write_with_imm) << "request " << i;
+        if (op_of(i) == opcode::write_with_imm) {
+            EXPECT_EQ(rc[k].imm, 0xab000000u + i);
+        }
+    }
+    // What each slot must hold: the source, gathered (halves swapped where two SGEs), or for
+    // a read the target's first contents, scattered the same way.
+    auto gathered = [&](const std::vector<std::byte>& from, std::size_t i) {
+        std::vector<std::byte> v(from.begin() + i * sz, from.begin() + (i + 1) * sz);
+        if (two_sges(i))
+            std::rotate(v.begin(), v.begin() + sz / 2, v.end());
+        return v;
+    };
+    auto slot = [&](const std::vector<std::byte>& v, std::size_t i) {
+        return std::vector<std::byte>(v.begin() + i * sz, v.begin() + (i + 1) * sz);
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+        switch (op_of(i)) {
+        case opcode::send: EXPECT_EQ(slot(inbox, i), gathered(src, i)) << "send " << i; break;
+        case opcode::write:
+        case opcode::write_with_imm: EXPECT_EQ(slot(target, i), gathered(src, i)) << "write " << i; break;
+        default: {
+            // The read scattered the target's bytes: gathered() swaps the halves back.
+            EXPECT_EQ(gathered(back, i), slot(remote_init, i)) << "read " << i;
+            EXPECT_EQ(slot(target, i), slot(remote_init, i)) << "read target " << i;
+        }
+        }
+    }
+}
+
 TEST_P(conformance, unknown_key_is_a_remote_access_error)
 {
     auto p = connect_pair();

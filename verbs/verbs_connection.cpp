@@ -21,6 +21,10 @@ verbs_connection::verbs_connection(verbs_domain& dom, const connection_options& 
     limits_.max_inline = std::min(opts.max_inline, dev.max_inline);
     limits_.max_rd_atomic = std::clamp<std::uint32_t>(opts.max_rd_atomic, 1,
                                                       std::min(dev.max_qp_rd_atom, dev.max_qp_init_rd_atom));
+    send_wrs_ = {std::vector<ibv_send_wr>(post_batch), std::vector<ibv_sge>(post_batch * limits_.max_send_sge),
+                 limits_.max_send_sge};
+    recv_wrs_ = {std::vector<ibv_recv_wr>(post_batch), std::vector<ibv_sge>(post_batch * limits_.max_recv_sge),
+                 limits_.max_recv_sge};
 
     channel_.reset(ibv_create_comp_channel(dom.native_context()));
     if (!channel_)

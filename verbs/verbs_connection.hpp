@@ -4,6 +4,8 @@
 
 #include <rdmx/connection.hpp>
 
+#include <vector>
+
 #include "cm/event_loop.hpp"
 #include "verbs/handles.hpp"
 
@@ -11,8 +13,8 @@ namespace rdmx::verbs {
 
 class verbs_domain;
 
-/// Requests per ibv_post_send call when converting a post list, and SGEs per request; both
-/// bound the stack arrays of the data path (no allocation per operation).
+/// Requests per ibv_post_send / ibv_post_recv call when converting a post list, and SGEs
+/// per request; both bound the work-request arrays each connection builds once.
 inline constexpr std::size_t post_batch = 16;
 inline constexpr std::uint32_t max_sge_per_wr = 32;
 inline constexpr int poll_batch = 32;
@@ -73,6 +75,20 @@ private:
     cq_ptr cq_;
     cm_id_ptr id_;
     qp_ptr qp_;
+
+    /// The provider work requests of the data path, allocated and zeroed once, as perftest
+    /// builds its own: a post writes only the fields a request sets, so nothing is
+    /// allocated or cleared per operation (a 128-byte clear per request is a `rep stos`,
+    /// which an emulated guest runs one word at a time). post_batch requests each, with
+    /// limits_.max_send_sge (max_recv_sge) SGEs per request.
+    template <class IbvWr>
+    struct wr_array {
+        std::vector<IbvWr> wr;
+        std::vector<ibv_sge> sge;
+        std::size_t sge_per_wr = 0;
+    };
+    wr_array<ibv_send_wr> send_wrs_;
+    wr_array<ibv_recv_wr> recv_wrs_;
 };
 
 } // namespace rdmx::verbs

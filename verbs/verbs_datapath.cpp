@@ -1,5 +1,6 @@
 // The verbs data path: post lists, polling, notification. noexcept, no allocation: work
-// requests and SGEs are built in fixed stack arrays and handed to the provider in batches.
+// requests are filled into arrays each connection builds once, and handed to the provider
+// in batches.
 #include <arpa/inet.h>
 
 #include <cerrno>
@@ -84,29 +85,26 @@ void fill_sges(std::span<const sge> in, ibv_sge* out) noexcept
     }
 }
 
-} // namespace
-
-namespace {
-
-// Builds provider work requests from ours in fixed stack batches of Batch and hands each
-// batch to `post` (ibv_post_send / ibv_post_recv) with one doorbell. `fill` sets the fields
-// particular to the queue. On a provider error, *posted counts what went through.
-template <std::size_t Batch, class IbvWr, class Request, class Fill, class Post>
-std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* posted, Fill fill,
+// Fills provider work requests from ours, in batches of post_batch in `arr`, and hands
+// each batch to `post` (ibv_post_send / ibv_post_recv) with one doorbell. `fill` sets the
+// fields particular to the queue; every field either writes is written for every request,
+// and the rest of arr stays as zeroed at set-up. On a provider error, *posted counts what
+// went through. The requests were checked: each has at most arr.sge_per_wr SGEs.
+template <class IbvWr, class Request, class Fill, class Post>
+std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* posted, auto& arr, Fill fill,
                                 Post post) noexcept
 {
-    IbvWr w[Batch];
-    ibv_sge s[Batch][max_sge_per_wr];
+    IbvWr* w = arr.wr.data();
     std::size_t done = 0;
     while (done < wrs.size()) {
-        std::size_t n = std::min(Batch, wrs.size() - done);
+        std::size_t n = std::min(post_batch, wrs.size() - done);
         for (std::size_t i = 0; i < n; ++i) {
             const Request& wr = wrs[done + i];
-            fill_sges(wr.local, s[i]);
-            w[i] = {};
+            ibv_sge* s = arr.sge.data() + i * arr.sge_per_wr;
+            fill_sges(wr.local, s);
             w[i].wr_id = wr.wr_id;
             w[i].next = i + 1 < n ? &w[i + 1] : nullptr;
-            w[i].sg_list = s[i];
+            w[i].sg_list = s;
             w[i].num_sge = static_cast<int>(wr.local.size());
             fill(w[i], wr);
         }
@@ -124,17 +122,6 @@ std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* poste
     return detail::no_error;
 }
 
-// A single request (the latency case) gets a frame of one request instead of post_batch:
-// the batch frame is about 10 KiB of stack, which a one-request post would mostly skip but
-// still spread its accesses over.
-template <class IbvWr, class Request, class Fill, class Post>
-std::error_code post_list(std::span<const Request> wrs, std::size_t* posted, Fill fill, Post post) noexcept
-{
-    if (wrs.size() == 1)
-        return post_in_batches<1, IbvWr>(wrs, posted, fill, post);
-    return post_in_batches<post_batch, IbvWr>(wrs, posted, fill, post);
-}
-
 } // namespace
 
 std::error_code verbs_connection::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
@@ -149,17 +136,15 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
         if (errc ec = detail::check_send(wr, &domain_, backend::verbs, limits_, total); ec != errc{})
             return ec;
     }
-    return post_list<ibv_send_wr>(
-        wrs, posted,
+    return post_in_batches<ibv_send_wr>(
+        wrs, posted, send_wrs_,
         [](ibv_send_wr& w, const work_request& wr) {
             w.opcode = to_ibv(wr.opcode);
             w.send_flags = to_ibv(wr.flags);
-            if (wr.opcode == opcode::write_with_imm)
-                w.imm_data = htonl(wr.imm);
-            if (wr.opcode != opcode::send) {
-                w.wr.rdma.remote_addr = wr.remote.addr;
-                w.wr.rdma.rkey = static_cast<std::uint32_t>(wr.remote.key);
-            }
+            w.imm_data = wr.opcode == opcode::write_with_imm ? htonl(wr.imm) : 0;
+            const bool one_sided = wr.opcode != opcode::send;
+            w.wr.rdma.remote_addr = one_sided ? wr.remote.addr : 0;
+            w.wr.rdma.rkey = one_sided ? static_cast<std::uint32_t>(wr.remote.key) : 0;
         },
         [qp = qp_.get()](ibv_send_wr* w, ibv_send_wr** bad) { return ibv_post_send(qp, w, bad); });
 }
@@ -175,8 +160,8 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
         if (errc ec = detail::check_recv(wr, &domain_, limits_, total); ec != errc{})
             return ec;
     }
-    return post_list<ibv_recv_wr>(
-        wrs, posted, [](ibv_recv_wr&, const recv_request&) {},
+    return post_in_batches<ibv_recv_wr>(
+        wrs, posted, recv_wrs_, [](ibv_recv_wr&, const recv_request&) {},
         [qp = qp_.get()](ibv_recv_wr* w, ibv_recv_wr** bad) { return ibv_post_recv(qp, w, bad); });
 }
 
