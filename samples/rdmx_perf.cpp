@@ -32,7 +32,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -206,7 +209,28 @@ void check(std::error_code ec, const char* what)
 struct session {
     std::unique_ptr<rdmx::domain> dom;
     std::unique_ptr<rdmx::connection> data, ctl;
-    std::vector<std::byte> buf, ctl_buf;
+    /// Page-aligned and page-padded, as perftest's buffers: what the peer writes shares no
+    /// page with the heap objects this process touches on every operation.
+    struct page_buffer {
+        struct free_deleter {
+            void operator()(std::byte* p) const { std::free(p); }
+        };
+        std::unique_ptr<std::byte[], free_deleter> p;
+        std::size_t n = 0;
+        void assign(std::size_t size)
+        {
+            const std::size_t page = 4096, padded = (size + page - 1) / page * page;
+            p.reset(static_cast<std::byte*>(std::aligned_alloc(page, padded)));
+            if (!p)
+                throw std::bad_alloc();
+            std::memset(p.get(), 0, padded);
+            n = size;
+        }
+        std::byte* data() const { return p.get(); }
+        std::size_t size() const { return n; }
+    };
+    page_buffer buf;
+    std::vector<std::byte> ctl_buf;
     std::unique_ptr<rdmx::memory_region> mr, ctl_mr;
     rdmx::remote_buffer peer{}; ///< the first half of the peer's buffer
     std::size_t max_size = 0;
@@ -218,7 +242,7 @@ struct session {
     void register_buffers(std::size_t max)
     {
         max_size = max;
-        buf.assign(2 * max, std::byte{0});
+        buf.assign(2 * max);
         mr = dom->register_memory(buf.data(), buf.size(),
                                   rdmx::access::local_write | rdmx::access::remote_write |
                                       rdmx::access::remote_read);
@@ -300,13 +324,14 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
     rdmx::remote_buffer remote = *s.peer.slice(0, size);
 
     // Waits for `n` completions of any kind (sends, receives, reads), counting those that
-    // progress() already found.
+    // progress() already found. One array for all the waits: a completion's error_code
+    // costs a libstdc++ call to construct.
     int banked = 0;
+    rdmx::completion wc[4];
     auto complete = [&](int n) {
         int take = std::min(n, banked);
         banked -= take;
         n -= take;
-        rdmx::completion wc[4];
         while (n > 0)
             n -= static_cast<int>(p.get({wc, static_cast<std::size_t>(std::min(n, 4))}));
     };
@@ -314,7 +339,6 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
     auto progress = [&] {
         if (event || spin_only)
             return;
-        rdmx::completion wc[4];
         banked += static_cast<int>(p.try_get(wc));
     };
 
