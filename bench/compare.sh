@@ -2,7 +2,7 @@
 # One command that measures rdmx side by side with its peers and writes
 # bench/results/<date>.md, .json and .png (bandwidth and latency against size):
 #
-#   bench/compare.sh [--reps N] [--guest-reps N] [--no-guest] [--no-tcp]
+#   bench/compare.sh [--reps N] [--guest-reps N] [--guest-lat-reps N] [--no-guest] [--no-tcp]
 #
 #   TCP backend on loopback  rdmx_perf  vs  ucx_perftest (UCX_TLS=tcp,self, lo: tag_lat,
 #                            ucp_put_lat, tag_bw, ucp_put_bw, ucp_get), fi_pingpong
@@ -20,19 +20,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 readonly ROOT=$PWD
 readonly BUILD=${RDMX_BUILD_DIR:-build}
-REPS=3
+REPS=5 # TCP: a rep is about 45 s; with 3, two slow reps of one tool set its median
 GUEST_REPS=5 # rxe under TCG: whole runs stall at ~4 ms per message when a vCPU waits for
              # a host CPU (either tool, at random); more reps keep the median honest
+# rxe latency under TCG is bimodal from run to run (about 15 or about 25 us at 2 B, either
+# tool, in proportions that change from boot to boot): a median of 5 runs follows how many
+# land in each mode, so the latency pairs (a few seconds each) run more reps.
+GUEST_LAT_REPS=9
 GUEST=1
 TCP=1
 while (($#)); do
     case $1 in
     --reps) REPS=$2; shift 2 ;;
     --guest-reps) GUEST_REPS=$2; shift 2 ;;
+    --guest-lat-reps) GUEST_LAT_REPS=$2; shift 2 ;;
     --no-guest) GUEST=0; shift ;;
     --no-tcp) TCP=0; shift ;;
     guest-verbs) shift; guest_mode=1; break ;;
-    *) echo "usage: $0 [--reps N] [--guest-reps N] [--no-guest] [--no-tcp]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--reps N] [--guest-reps N] [--guest-lat-reps N] [--no-guest] [--no-tcp]" >&2; exit 2 ;;
     esac
 done
 
@@ -183,11 +188,11 @@ perftest_run() { # tool size iters
     esac
 }
 
-guest_verbs() {
+guest_verbs() { # RAW BW_REPS LAT_REPS
     RAW=$1
     backend=verbs
-    local a=rdma://$RDMX_GUEST_IP:18600
-    for ((rep = 1; rep <= $2; rep++)); do
+    local a=rdma://$RDMX_GUEST_IP:18600 reps=$(($2 > $3 ? $2 : $3))
+    for ((rep = 1; rep <= reps; rep++)); do
         echo "verbs rep $rep (load $(load_now))"
         record load - 0 load "$(load_now)"
         # Within a rep each rdmx run sits next to its perftest run; which of the two goes
@@ -195,18 +200,21 @@ guest_verbs() {
         # (rxe's deferred QP clean-up, the previous server's exit) weighs on both alike.
         local order=(perftest rdmx)
         ((rep % 2 == 1)) || order=(rdmx perftest)
-        for s in 2 4096; do
-            for t in send_lat write_lat read_lat; do
-                for tool in "${order[@]}"; do
-                    if [ $tool = perftest ]; then
-                        perftest_run ib_$t $s 1000
-                    else
-                        # ib_write_lat spins on memory only; so does rdmx_perf here (--spin-only)
-                        rdmx_run $a $t $s 1000 -w 100 $([ $t = write_lat ] && echo --spin-only)
-                    fi
+        if ((rep <= $3)); then
+            for s in 2 4096; do
+                for t in send_lat write_lat read_lat; do
+                    for tool in "${order[@]}"; do
+                        if [ $tool = perftest ]; then
+                            perftest_run ib_$t $s 1000
+                        else
+                            # ib_write_lat spins on memory only; so does rdmx_perf here (--spin-only)
+                            rdmx_run $a $t $s 1000 -w 100 $([ $t = write_lat ] && echo --spin-only)
+                        fi
+                    done
                 done
             done
-        done
+        fi
+        ((rep <= $2)) || continue
         for t in send_bw write_bw read_bw; do
             for tool in "${order[@]}"; do
                 if [ $tool = perftest ]; then
@@ -252,14 +260,14 @@ if ((TCP)); then
     done
 fi
 if ((GUEST)); then
-    echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS reps"
+    echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS bandwidth and $GUEST_LAT_REPS latency reps"
     backend=verbs rep=0
     tests/guest/rxe-guest.sh --cache "$BUILD/guest-cache" --share "$ROOT" --share "$(realpath "$BUILD")" \
-        --share "$RAW" --timeout 1200 -- bash "$ROOT/bench/compare.sh" guest-verbs "$RAW" "$GUEST_REPS" ||
+        --share "$RAW" --timeout 1200 -- bash "$ROOT/bench/compare.sh" guest-verbs "$RAW" "$GUEST_REPS" "$GUEST_LAT_REPS" ||
         fail_note guest boot "rxe-guest.sh exited with $?"
 fi
 mkdir -p bench/results
 stamp=$(date +%Y-%m-%d)
-python3 bench/summarize.py "$RAW" "bench/results/$stamp" --reps "$REPS" --guest-reps "$GUEST_REPS" --seconds $(($(date +%s) - started)) \
+python3 bench/summarize.py "$RAW" "bench/results/$stamp" --reps "$REPS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
     --machine "$(nproc) CPUs, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "=== wrote bench/results/$stamp.md, .json, .png (raw data in $RAW)"
