@@ -500,6 +500,59 @@ TEST_P(conformance, long_post_list_mixes_operations_and_sge_counts)
     }
 }
 
+TEST_P(conformance, post_list_longer_than_the_send_queue_posts_a_prefix)
+{
+    // A list that does not fit: the prefix that fits is posted, *posted says how much, and
+    // the rest goes in a later post once completions made room.
+    connection_options opts;
+    opts.send_queue_depth = 8;
+    auto p = connect_pair(opts);
+    constexpr std::size_t n = 20, sz = 32;
+    auto src = pattern(n * sz, 7);
+    std::vector<std::byte> target(n * sz);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(), access::remote_write);
+    std::vector<sge> ss(n);
+    std::vector<work_request> wr(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        ss[i] = {smr.get(), i * sz, sz};
+        wr[i] = {.opcode = opcode::write, .wr_id = i, .local = {&ss[i], 1}, .remote = tmr->remote(i * sz, sz)};
+    }
+    std::size_t done = 0;
+    std::size_t first = 0;
+    std::error_code ec = p.client->post(wr, &first);
+    ASSERT_EQ(ec, errc::would_block) << ec.message();
+    ASSERT_GE(first, std::size_t{8}); // the device may round the queue up
+    ASSERT_LT(first, n);
+    std::vector<std::size_t> order;
+    while (done < n) {
+        for (auto& c : expect_ok(*p.client, first - done))
+            order.push_back(c.wr_id);
+        done = first;
+        if (done == n)
+            break;
+        std::size_t more = 0;
+        ec = p.client->post(std::span(wr).subspan(done), &more);
+        ASSERT_TRUE(!ec || ec == errc::would_block) << ec.message();
+        ASSERT_GT(more, 0u);
+        first = done + more;
+    }
+    std::vector<std::size_t> want(n);
+    std::iota(want.begin(), want.end(), std::size_t{0});
+    EXPECT_EQ(order, want);
+    EXPECT_EQ(target, src);
+
+    // A short list, then a longer one: every request of the second goes out (on verbs the
+    // batch slots are chained once and each post cuts the chain after its last request).
+    std::size_t got = 0;
+    ASSERT_FALSE(p.client->post(std::span(wr).first(3), &got));
+    EXPECT_EQ(got, 3u);
+    EXPECT_EQ(expect_ok(*p.client, 3).size(), 3u);
+    ASSERT_FALSE(p.client->post(std::span(wr).first(8), &got));
+    EXPECT_EQ(got, 8u);
+    EXPECT_EQ(expect_ok(*p.client, 8).size(), 8u);
+}
+
 TEST_P(conformance, unknown_key_is_a_remote_access_error)
 {
     auto p = connect_pair();

@@ -76,16 +76,28 @@ private:
     cm_id_ptr id_;
     qp_ptr qp_;
 
-    /// The provider work requests of the data path, allocated and zeroed once, as perftest
-    /// builds its own: a post writes only the fields a request sets, so nothing is
-    /// allocated or cleared per operation (a 128-byte clear per request is a `rep stos`,
-    /// which an emulated guest runs one word at a time). post_batch requests each, with
-    /// limits_.max_send_sge (max_recv_sge) SGEs per request.
+    /// The provider work requests of the data path, built once, as perftest builds its own:
+    /// a post writes only the fields a request sets, so nothing is allocated or cleared per
+    /// operation (a 128-byte clear per request is a `rep stos`, which an emulated guest runs
+    /// one word at a time). post_batch slots chained by `next` for lists, and one more, on
+    /// its own, for a single request; each slot has sge_per_wr SGEs of its own
+    /// (limits_.max_send_sge or max_recv_sge).
     template <class IbvWr>
     struct wr_array {
         std::vector<IbvWr> wr;
         std::vector<ibv_sge> sge;
         std::size_t sge_per_wr = 0;
+
+        explicit wr_array(std::size_t sges)
+            : wr(post_batch + 1), sge((post_batch + 1) * sges), sge_per_wr(sges)
+        {
+            for (std::size_t i = 0; i <= post_batch; ++i) {
+                wr[i].sg_list = sge.data() + i * sges;
+                wr[i].next = i + 1 < post_batch ? &wr[i + 1] : nullptr;
+            }
+        }
+        wr_array(const wr_array&) = delete; // `next` and `sg_list` point into it
+        wr_array& operator=(const wr_array&) = delete;
     };
     wr_array<ibv_send_wr> send_wrs_;
     wr_array<ibv_recv_wr> recv_wrs_;

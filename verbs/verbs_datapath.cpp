@@ -85,31 +85,49 @@ void fill_sges(std::span<const sge> in, ibv_sge* out) noexcept
     }
 }
 
-// Fills provider work requests from ours, in batches of post_batch in `arr`, and hands
-// each batch to `post` (ibv_post_send / ibv_post_recv) with one doorbell. `fill` sets the
-// fields particular to the queue; every field either writes is written for every request,
-// and the rest of arr stays as zeroed at set-up. On a provider error, *posted counts what
-// went through. The requests were checked: each has at most arr.sge_per_wr SGEs.
+// One request into its slot. The slot's sg_list (and its place in the chain) were set when
+// the connection built the array; everything a request sets is written here, always.
+template <class IbvWr, class Request, class Fill>
+void fill_one(IbvWr& w, const Request& wr, Fill fill) noexcept
+{
+    fill_sges(wr.local, w.sg_list);
+    w.wr_id = wr.wr_id;
+    w.num_sge = static_cast<int>(wr.local.size());
+    fill(w, wr);
+}
+
+// Fills provider work requests from ours into `arr` and hands them to `post`
+// (ibv_post_send / ibv_post_recv): a single request from its own slot, a list in batches of
+// post_batch with one doorbell each. `fill` sets the fields particular to the queue. On a
+// provider error, *posted counts what went through. The requests were checked: each has
+// at most arr.sge_per_wr SGEs.
 template <class IbvWr, class Request, class Fill, class Post>
 std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* posted, auto& arr, Fill fill,
                                 Post post) noexcept
 {
+    IbvWr* bad = nullptr;
+    if (wrs.size() == 1) {
+        // The latency case: straight through, with no chain to cut and mend.
+        IbvWr& w = arr.wr[post_batch];
+        fill_one(w, wrs[0], fill);
+        if (int rc = post(&w, &bad))
+            return post_errno(rc);
+        if (posted)
+            *posted = 1;
+        return detail::no_error;
+    }
     IbvWr* w = arr.wr.data();
     std::size_t done = 0;
     while (done < wrs.size()) {
         std::size_t n = std::min(post_batch, wrs.size() - done);
-        for (std::size_t i = 0; i < n; ++i) {
-            const Request& wr = wrs[done + i];
-            ibv_sge* s = arr.sge.data() + i * arr.sge_per_wr;
-            fill_sges(wr.local, s);
-            w[i].wr_id = wr.wr_id;
-            w[i].next = i + 1 < n ? &w[i + 1] : nullptr;
-            w[i].sg_list = s;
-            w[i].num_sge = static_cast<int>(wr.local.size());
-            fill(w[i], wr);
-        }
-        IbvWr* bad = nullptr;
-        if (int rc = post(w, &bad)) {
+        for (std::size_t i = 0; i < n; ++i)
+            fill_one(w[i], wrs[done + i], fill);
+        // The batch slots are chained once, at set-up: cut the chain after the last request
+        // and mend it after the call.
+        w[n - 1].next = nullptr;
+        int rc = post(w, &bad);
+        w[n - 1].next = n < post_batch ? &w[n] : nullptr;
+        if (rc) {
             done += static_cast<std::size_t>(bad - w);
             if (posted)
                 *posted = done;
