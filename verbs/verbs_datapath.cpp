@@ -125,10 +125,13 @@ std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* poste
         // The batch slots are chained once, at set-up: cut the chain after the last request
         // and mend it after the call.
         w[n - 1].next = nullptr;
+        bad = nullptr;
         int rc = post(w, &bad);
         w[n - 1].next = n < post_batch ? &w[n] : nullptr;
         if (rc) {
-            done += static_cast<std::size_t>(bad - w);
+            // The provider names the first request it did not take (ibv_post_send(3)); one
+            // that names none is counted as having taken none of this batch.
+            done += bad ? static_cast<std::size_t>(bad - w) : 0;
             if (posted)
                 *posted = done;
             return post_errno(rc);
