@@ -188,10 +188,20 @@ perftest_run() { # tool size iters
     esac
 }
 
+guest_run() { # perftest|rdmx test size iters [rdmx_perf options...]: one run of either tool
+    local tool=$1 t=$2 s=$3 n=$4
+    shift 4
+    if [ "$tool" = perftest ]; then
+        perftest_run "ib_$t" "$s" "$n"
+    else
+        rdmx_run "rdma://$RDMX_GUEST_IP:18600" "$t" "$s" "$n" "$@"
+    fi
+}
+
 guest_verbs() { # RAW BW_REPS LAT_REPS
     RAW=$1
     backend=verbs
-    local a=rdma://$RDMX_GUEST_IP:18600 reps=$(($2 > $3 ? $2 : $3))
+    local reps=$(($2 > $3 ? $2 : $3))
     for ((rep = 1; rep <= reps; rep++)); do
         echo "verbs rep $rep (load $(load_now))"
         record load - 0 load "$(load_now)"
@@ -203,13 +213,9 @@ guest_verbs() { # RAW BW_REPS LAT_REPS
         if ((rep <= $3)); then
             for s in 2 4096; do
                 for t in send_lat write_lat read_lat; do
+                    # ib_write_lat spins on memory only; so does rdmx_perf here (--spin-only)
                     for tool in "${order[@]}"; do
-                        if [ $tool = perftest ]; then
-                            perftest_run ib_$t $s 1000
-                        else
-                            # ib_write_lat spins on memory only; so does rdmx_perf here (--spin-only)
-                            rdmx_run $a $t $s 1000 -w 100 $([ $t = write_lat ] && echo --spin-only)
-                        fi
+                        guest_run $tool $t $s 1000 -w 100 $([ $t = write_lat ] && echo --spin-only)
                     done
                 done
             done
@@ -217,11 +223,7 @@ guest_verbs() { # RAW BW_REPS LAT_REPS
         ((rep <= $2)) || continue
         for t in send_bw write_bw read_bw; do
             for tool in "${order[@]}"; do
-                if [ $tool = perftest ]; then
-                    perftest_run ib_$t 65536 500
-                else
-                    rdmx_run $a $t 65536 500 -w 50
-                fi
+                guest_run $tool $t 65536 500 -w 50
             done
         done
     done
