@@ -60,6 +60,11 @@ const char* name_of(test t)
     return "?";
 }
 bool is_latency(test t) { return t == test::send_lat || t == test::write_lat || t == test::read_lat; }
+/// As perftest's --cq-mod: request k of total is signalled if it is one in `every`, or the last.
+bool signal_at(std::uint64_t k, std::uint64_t total, std::uint32_t every)
+{
+    return (k + 1) % every == 0 || k + 1 == total;
+}
 
 /// What the client asks of the server: one control message, copied as bytes.
 struct control {
@@ -316,7 +321,7 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
     // last), and only those completions are waited for; a read always is (its completion
     // is the measurement).
     auto signaled = [&](std::uint64_t i) {
-        return t == test::read_lat || (i + 1) % signal_every == 0 || i + 1 == total;
+        return t == test::read_lat || signal_at(i, total, signal_every);
     };
     auto flags = [&](std::uint64_t i) { return signaled(i) ? inl | rdmx::send_flags::signaled : inl; };
     rdmx::sge src{s.mr.get(), s.max_size, size}; // our source (or read sink)
@@ -433,7 +438,7 @@ bw_result run_bw_client(session& s, test t, std::size_t size, std::uint64_t warm
             std::size_t n = std::min<std::uint64_t>(post_list, total - posted);
             for (std::size_t j = 0; j < n; ++j) {
                 std::uint64_t k = posted + j;
-                bool signal = (k + 1) % signal_every == 0 || k + 1 == total;
+                bool signal = signal_at(k, total, signal_every);
                 list[j] = {.opcode = op, .wr_id = k, .local = {&src, 1}, .remote = remote,
                            .flags = signal ? rdmx::send_flags::signaled : rdmx::send_flags::none,
                            .imm = static_cast<std::uint32_t>(k)};
