@@ -175,6 +175,10 @@ test_fuzz() {
         else
             printf '%s: FAILED (exit %s); the input is in %s/fuzz-artifacts/; last lines:\n' "$t" "$trc" "$BUILD"
             grep -v '^rdmx tcp: ' "$work/log" | tail -n 40 | sed 's/^/    /'
+            # Then the reason (a failed check, a sanitizer report, a hang) again, last: a
+            # stack trace can push it out of the tail, and a CI excerpt shows only the end.
+            grep -E 'check failed|ERROR: |runtime error|hang: |touched outside|^fuzz_' "$work/log" |
+                head -n 10 | sed "s/^/    $t reason: /"
             rc=1
         fi
         rm -rf "$work"

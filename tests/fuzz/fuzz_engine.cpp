@@ -91,6 +91,18 @@ struct fixture {
         FUZZ_CHECK(::listen(listen_fd, 16) == 0);
     }
 
+    /// Completes a connect() that a signal interrupted: 0, or the errno it ended with.
+    static int finish_connect(int fd)
+    {
+        pollfd p{fd, POLLOUT, 0};
+        while (::poll(&p, 1, -1) < 0)
+            FUZZ_CHECK(errno == EINTR);
+        int err = 0;
+        socklen_t len = sizeof err;
+        FUZZ_CHECK(::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0);
+        return err;
+    }
+
     /// A connected pair of loopback sockets: (ours, the engine's).
     std::pair<int, int> socket_pair()
     {
@@ -100,13 +112,20 @@ struct fixture {
         // free for a moment: EADDRNOTAVAIL, seen once in CI after ~38k inputs. That is the
         // machine's port range, not a finding: wait and retry (bounded), and name any
         // other failure.
+        //
+        // libFuzzer's timeout timer raises SIGALRM (every 13 s with -timeout=25) through a
+        // handler without SA_RESTART, so a blocking connect() or accept() can return EINTR;
+        // seen in CI. An interrupted connect() goes on in the background: wait for it
+        // rather than abandon a half-made connection that the next accept() would return.
         int c = -1;
         for (int attempt = 0;; ++attempt) {
             c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
             FUZZ_CHECK(c >= 0);
-            if (::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0)
+            int err = 0;
+            if (::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+                err = errno == EINTR ? finish_connect(c) : errno;
+            if (err == 0)
                 break;
-            int err = errno;
             ::close(c);
             if (err != EADDRNOTAVAIL || attempt == 600) {
                 std::fprintf(stderr, "fuzz_engine: connect: %s\n", std::strerror(err));
@@ -114,7 +133,10 @@ struct fixture {
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
-        int s = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+        int s = -1;
+        do
+            s = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+        while (s < 0 && errno == EINTR);
         FUZZ_CHECK(s >= 0);
         return {c, s};
     }
