@@ -485,6 +485,9 @@ append+=" 8250.nr_uarts=1 i8042.noaux i8042.nokbd i8042.nopnp mitigations=off"
 append+=" cryptomgr.notests pci=noacpi tsc=reliable no_timer_check"
 # Debugging knob: extra kernel parameters.
 append+=${RDMX_GUEST_APPEND:+ $RDMX_GUEST_APPEND}
+# Debugging knob: extra QEMU arguments, split on spaces (for example a monitor socket:
+# RDMX_GUEST_QEMU_ARGS="-monitor unix:/tmp/qmon,server=on,wait=off" for `info jit`).
+read -r -a qemu_extra <<<"${RDMX_GUEST_QEMU_ARGS:-}"
 
 # One boot attempt. $1 = kernel image, $2 = time limit (s). Sets run_rc
 # (guest exit status or empty), boot_ok (whether init printed its first
@@ -502,7 +505,7 @@ boot() {
 		-device virtio-net-pci,netdev=n0 -netdev user,id=n0,restrict=on "${link_qemu[@]}" \
 		-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
 		-virtfs "local,path=${run//,/,,},mount_tag=rdmxctl,security_model=none,readonly=on" \
-		"${qshares[@]}" \
+		"${qshares[@]}" "${qemu_extra[@]}" \
 		</dev/null >"$run/console" 2>"$run/qemu.err" &
 	qemu_pid=$!
 	filter_console <"$run/console" &
