@@ -17,8 +17,10 @@
 #include "verbs/verbs_connection.hpp"
 #include "verbs/verbs_domain.hpp"
 
-namespace rdmx::verbs {
-namespace {
+namespace rdmx::verbs
+{
+namespace
+{
 
 [[noreturn]] void throw_cm(const char* verb, const uri& u)
 {
@@ -61,7 +63,8 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
     cm::event_loop::wait_for(cm_, connection_state::addr_resolved, "rdma_resolve_addr", opts_.timeout);
     if (raw->verbs != domain_.native_context())
         throw error(make_error_code(errc::invalid_argument),
-                    "rdma_resolve_addr " + address.to_string() + ": reached through another device than this domain's");
+                    "rdma_resolve_addr " + address.to_string() +
+                        ": reached through another device than this domain's");
 
     if (rdma_resolve_route(raw, step_ms))
         throw_cm("rdma_resolve_route", address);
@@ -95,7 +98,8 @@ void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
                               std::vector<std::byte> peer_private_data)
 {
     if (id->verbs != domain_.native_context())
-        throw_error(errc::invalid_argument, "rdma_accept: request arrived on another device than this domain's");
+        throw_error(errc::invalid_argument,
+                    "rdma_accept: request arrived on another device than this domain's");
     id_ = std::move(id);
     id_->context = this;
     peer_private_ = std::move(peer_private_data);
@@ -117,9 +121,11 @@ void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     cm::event_loop::wait_for(cm_, connection_state::established, "rdma_accept", opts_.timeout);
 }
 
-namespace {
+namespace
+{
 
-class verbs_request final : public connection_request {
+class verbs_request final : public connection_request
+{
 public:
     verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param)
         : domain_(dom), id_(std::move(id)), param_(param)
@@ -170,7 +176,8 @@ private:
     std::vector<std::byte> private_;
 };
 
-class verbs_listener final : public listener {
+class verbs_listener final : public listener
+{
 public:
     verbs_listener(verbs_domain& dom, const uri& u, int backlog) : domain_(dom)
     {
@@ -187,7 +194,8 @@ public:
             throw_cm("rdma_bind_addr", u);
         if (raw->verbs && raw->verbs != dom.native_context())
             throw error(make_error_code(errc::invalid_argument),
-                        "rdma_bind_addr " + u.to_string() + ": address belongs to another device than this domain's");
+                        "rdma_bind_addr " + u.to_string() +
+                            ": address belongs to another device than this domain's");
         if (rdma_listen(raw, backlog))
             throw_cm("rdma_listen", u);
         port_ = ntohs(rdma_get_src_port(raw));

@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <cstring>
 
-namespace rdmx::cm {
-namespace {
+namespace rdmx::cm
+{
+namespace
+{
 // IB CM reject reasons (IBTA table 112) that rdma_cm reports as the REJECTED status.
 // Every other reason, IB_CM_REJ_CONSUMER_DEFINED (28, rdma_reject) first of all, is a rejection.
 constexpr int ib_rej_invalid_service_id = 8; // nobody listens on that port
@@ -42,10 +44,8 @@ std::error_code event_error(const rdma_cm_event& ev) noexcept
         return errc::rejected;
     case RDMA_CM_EVENT_ADDR_ERROR:
     case RDMA_CM_EVENT_ROUTE_ERROR:
-    case RDMA_CM_EVENT_UNREACHABLE:
-        return ev.status == -ETIMEDOUT ? errc::timed_out : errc::unreachable;
-    case RDMA_CM_EVENT_CONNECT_ERROR:
-        return ev.status == -ETIMEDOUT ? errc::timed_out : errc::unreachable;
+    case RDMA_CM_EVENT_UNREACHABLE: return ev.status == -ETIMEDOUT ? errc::timed_out : errc::unreachable;
+    case RDMA_CM_EVENT_CONNECT_ERROR: return ev.status == -ETIMEDOUT ? errc::timed_out : errc::unreachable;
     case RDMA_CM_EVENT_DEVICE_REMOVAL: return errc::no_device;
     default: return errc::disconnected;
     }
@@ -138,9 +138,7 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
     case RDMA_CM_EVENT_ADDR_ERROR:
     case RDMA_CM_EVENT_ROUTE_ERROR:
     case RDMA_CM_EVENT_CONNECT_ERROR:
-    case RDMA_CM_EVENT_UNREACHABLE:
-        fail();
-        break;
+    case RDMA_CM_EVENT_UNREACHABLE: fail(); break;
     case RDMA_CM_EVENT_DISCONNECTED:
         // The peer left. Our QP goes to the error state, which flushes every posted work
         // request with IBV_WC_WR_FLUSH_ERR: nothing waits forever.
@@ -182,7 +180,8 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
     st.changed.notify_all();
 }
 
-namespace {
+namespace
+{
 
 // Waits until `done()` holds, the connection failed, or `timeout` passed; the caller's
 // verb leads every message.
@@ -206,13 +205,15 @@ void wait_until(cm_state& st, Done done, const char* verb, std::chrono::millisec
 
 void event_loop::wait_for_response(cm_state& st, const char* verb, std::chrono::milliseconds timeout)
 {
-    wait_until(st, [&] { return st.responded; }, verb, timeout);
+    wait_until(
+        st, [&] { return st.responded; }, verb, timeout);
 }
 
 void event_loop::wait_for(cm_state& st, connection_state target, const char* verb,
                           std::chrono::milliseconds timeout)
 {
-    wait_until(st, [&] { return st.state == target; }, verb, timeout);
+    wait_until(
+        st, [&] { return st.state == target; }, verb, timeout);
 }
 
 } // namespace rdmx::cm

@@ -19,7 +19,8 @@
 
 #include "verbs/handles.hpp"
 
-namespace rdmx::cm {
+namespace rdmx::cm
+{
 
 /// Connection-management state of one cm_id, written by the event thread.
 struct cm_state {
@@ -39,7 +40,8 @@ const char* event_name(rdma_cm_event_type t) noexcept;
 /// Maps a failure event (and its status) to an rdmx code.
 std::error_code event_error(const rdma_cm_event& ev) noexcept;
 
-class event_loop {
+class event_loop
+{
 public:
     event_loop();
     ~event_loop();

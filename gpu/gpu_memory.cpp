@@ -5,8 +5,10 @@
 
 #include <string>
 
-namespace rdmx::gpu {
-namespace {
+namespace rdmx::gpu
+{
+namespace
+{
 
 void check(cudaError_t rc, const char* call)
 {

@@ -7,7 +7,8 @@
 
 #include <rdmx/connection.hpp>
 
-namespace rdmx::detail {
+namespace rdmx::detail
+{
 
 std::unique_ptr<domain> open_tcp_domain();
 

@@ -4,7 +4,8 @@
 
 #include <cerrno>
 
-namespace rdmx {
+namespace rdmx
+{
 
 const char* to_string(opcode op) noexcept
 {
@@ -44,16 +45,20 @@ std::error_code connection::post_send(std::span<const sge> local, std::uint64_t 
 std::error_code connection::post_write(std::span<const sge> local, const remote_buffer& remote,
                                        std::uint64_t wr_id, send_flags flags) noexcept
 {
-    work_request wr{.opcode = opcode::write, .wr_id = wr_id, .local = local, .remote = remote, .flags = flags};
+    work_request wr{
+        .opcode = opcode::write, .wr_id = wr_id, .local = local, .remote = remote, .flags = flags};
     return post({&wr, 1});
 }
 
 std::error_code connection::post_write_imm(std::span<const sge> local, const remote_buffer& remote,
-                                           std::uint32_t imm, std::uint64_t wr_id,
-                                           send_flags flags) noexcept
+                                           std::uint32_t imm, std::uint64_t wr_id, send_flags flags) noexcept
 {
-    work_request wr{.opcode = opcode::write_with_imm, .wr_id = wr_id, .local = local,
-                    .remote = remote, .flags = flags, .imm = imm};
+    work_request wr{.opcode = opcode::write_with_imm,
+                    .wr_id = wr_id,
+                    .local = local,
+                    .remote = remote,
+                    .flags = flags,
+                    .imm = imm};
     return post({&wr, 1});
 }
 
@@ -81,8 +86,8 @@ std::size_t connection::wait(std::span<completion> out, std::chrono::millisecond
         // A completion that arrived before arming raises no event: poll once more.
         if (auto n = poll(out))
             return n;
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            deadline - std::chrono::steady_clock::now());
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                          std::chrono::steady_clock::now());
         if (left.count() <= 0)
             return 0;
         pollfd pfd{completion_fd(), POLLIN, 0};

@@ -4,7 +4,8 @@
 
 #include "backends.hpp"
 
-namespace rdmx {
+namespace rdmx
+{
 
 std::unique_ptr<domain> domain::open(std::string_view address, std::chrono::milliseconds timeout)
 {

@@ -3,10 +3,13 @@
 #include <cstring>
 #include <string>
 
-namespace rdmx {
-namespace {
+namespace rdmx
+{
+namespace
+{
 
-class rdmx_category final : public std::error_category {
+class rdmx_category final : public std::error_category
+{
 public:
     const char* name() const noexcept override { return "rdmx"; }
 

@@ -3,8 +3,10 @@
 
 #include <cstring>
 
-namespace rdmx {
-namespace {
+namespace rdmx
+{
+namespace
+{
 
 constexpr std::byte magic[4] = {std::byte{'R'}, std::byte{'D'}, std::byte{'M'}, std::byte{'X'}};
 constexpr std::uint8_t version = 1;

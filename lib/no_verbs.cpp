@@ -1,7 +1,8 @@
 // Built when the rdma feature is disabled: rdma:// fails clearly, auto:// falls back to TCP.
 #include "backends.hpp"
 
-namespace rdmx::detail {
+namespace rdmx::detail
+{
 
 std::unique_ptr<domain> open_verbs_domain(const uri&, std::chrono::milliseconds, bool required)
 {

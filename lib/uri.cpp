@@ -3,7 +3,8 @@
 
 #include <charconv>
 
-namespace rdmx {
+namespace rdmx
+{
 
 const char* to_string(backend b) noexcept
 {
@@ -14,7 +15,8 @@ const char* to_string(backend b) noexcept
     return "?";
 }
 
-namespace {
+namespace
+{
 [[noreturn]] void bad(std::string_view text, const char* why)
 {
     throw_error(errc::invalid_argument, "bad address '" + std::string(text) + "': " + why);

@@ -11,7 +11,8 @@
 #include <rdmx/connection.hpp>
 #include <rdmx/memory.hpp>
 
-namespace rdmx::detail {
+namespace rdmx::detail
+{
 
 /// Largest single message on either backend (RoCE allows 2 GiB; 1 GiB keeps frame
 /// lengths far from 32-bit overflow on TCP).

@@ -11,7 +11,8 @@
 
 #include <rdmx/rdmx.hpp>
 
-namespace {
+namespace
+{
 
 constexpr std::size_t msg_size = 256;
 
@@ -35,7 +36,8 @@ rdmx::completion wait_one(rdmx::connection& c, std::uint64_t wr_id, const char* 
                 throw std::runtime_error(std::string(what) + ": " + wc.status.message());
             return wc;
         }
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                          std::chrono::steady_clock::now());
         rdmx::completion wc;
         if (left.count() <= 0 || c.wait({&wc, 1}, left) == 0)
             throw std::runtime_error(std::string(what) + ": no completion within " +
@@ -63,8 +65,10 @@ int main(int argc, char** argv)
     app.add_option("address", address, "server address: rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT")
         ->required();
     app.add_option("-s,--size", size, "bytes the server writes into our buffer")
-        ->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
-    app.add_option("-t,--timeout-ms", timeout_ms, "bound on connecting and on every wait")->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
+    app.add_option("-t,--timeout-ms", timeout_ms, "bound on connecting and on every wait")
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     const std::chrono::milliseconds timeout(timeout_ms);
 
@@ -77,7 +81,8 @@ int main(int argc, char** argv)
         const std::string pdata = "rdmx-client hello";
         std::unique_ptr<rdmx::connection> conn;
         try {
-            conn = dom->connect(address, opts, {reinterpret_cast<const std::byte*>(pdata.data()), pdata.size()});
+            conn =
+                dom->connect(address, opts, {reinterpret_cast<const std::byte*>(pdata.data()), pdata.size()});
         } catch (const rdmx::error& e) {
             std::fprintf(stderr, "rdmx_client: cannot connect to %s: %s\n", address.c_str(), e.what());
             return 1;

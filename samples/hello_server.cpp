@@ -17,7 +17,8 @@
 
 using namespace std::chrono_literals;
 
-namespace {
+namespace
+{
 
 constexpr std::size_t msg_size = 256; // every control message fits in one receive
 
@@ -42,7 +43,8 @@ rdmx::completion wait_one(rdmx::connection& c, std::uint64_t wr_id, const char* 
                 throw std::runtime_error(std::string(what) + ": " + wc.status.message());
             return wc;
         }
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                          std::chrono::steady_clock::now());
         rdmx::completion wc;
         if (left.count() <= 0 || c.wait({&wc, 1}, left) == 0)
             throw std::runtime_error(std::string(what) + ": no completion within " +
@@ -106,8 +108,8 @@ void serve(rdmx::domain& dom, rdmx::connection_request& req, std::chrono::millis
     // landed before the client sees the completion message.
     if (auto ec = conn->post_write({&d, 1}, *rb, 4, rdmx::send_flags::none))
         throw rdmx::error(ec, "post_write");
-    int n = std::snprintf(reinterpret_cast<char*>(outbox.data()), msg_size, "DONE %zu %016llx",
-                          data.size(), static_cast<unsigned long long>(checksum(data.data(), data.size())));
+    int n = std::snprintf(reinterpret_cast<char*>(outbox.data()), msg_size, "DONE %zu %016llx", data.size(),
+                          static_cast<unsigned long long>(checksum(data.data(), data.size())));
     out.length = static_cast<std::size_t>(n);
     if (auto ec = conn->post_send({&out, 1}, 5))
         throw rdmx::error(ec, "post_send");
@@ -132,7 +134,8 @@ int main(int argc, char** argv)
     int timeout_ms = 10000;
     app.add_option("address", address, "listen address: rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT")
         ->capture_default_str();
-    app.add_option("-n,--count", count, "serve this many clients, then exit (0: forever)")->capture_default_str();
+    app.add_option("-n,--count", count, "serve this many clients, then exit (0: forever)")
+        ->capture_default_str();
     app.add_option("-t,--timeout-ms", timeout_ms, "bound on every wait")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 

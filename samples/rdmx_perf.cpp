@@ -42,7 +42,8 @@
 
 #include <rdmx/rdmx.hpp>
 
-namespace {
+namespace
+{
 
 using clock_type = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -78,8 +79,8 @@ struct tick_rate {
 
 enum class test : std::uint32_t { send_lat, write_lat, read_lat, send_bw, write_bw, read_bw, write_imm_bw };
 const std::vector<std::pair<std::string, test>> test_names = {
-    {"send_lat", test::send_lat}, {"write_lat", test::write_lat}, {"read_lat", test::read_lat},
-    {"send_bw", test::send_bw},   {"write_bw", test::write_bw},   {"read_bw", test::read_bw},
+    {"send_lat", test::send_lat},        {"write_lat", test::write_lat}, {"read_lat", test::read_lat},
+    {"send_bw", test::send_bw},          {"write_bw", test::write_bw},   {"read_bw", test::read_bw},
     {"write_imm_bw", test::write_imm_bw}};
 const char* name_of(test t)
 {
@@ -88,7 +89,10 @@ const char* name_of(test t)
             return n.c_str();
     return "?";
 }
-bool is_latency(test t) { return t == test::send_lat || t == test::write_lat || t == test::read_lat; }
+bool is_latency(test t)
+{
+    return t == test::send_lat || t == test::write_lat || t == test::read_lat;
+}
 /// As perftest's --cq-mod: request k of total is signalled if it is one in `every`, or the last.
 bool signal_at(std::uint64_t k, std::uint64_t total, std::uint32_t every)
 {
@@ -99,13 +103,13 @@ bool signal_at(std::uint64_t k, std::uint64_t total, std::uint32_t every)
 struct control {
     enum kind_t : std::uint32_t { hello, ready, start, bye } kind = hello;
     test t = test::send_lat;
-    std::uint64_t size = 0;    ///< start: message size; hello: the largest size of the run
-    std::uint64_t iters = 0;   ///< start: measured iterations
-    std::uint64_t warmup = 0;  ///< start: iterations before measuring
+    std::uint64_t size = 0;   ///< start: message size; hello: the largest size of the run
+    std::uint64_t iters = 0;  ///< start: measured iterations
+    std::uint64_t warmup = 0; ///< start: iterations before measuring
     std::uint32_t inline_max = 0;
-    std::uint32_t event = 0;   ///< the server waits in event mode too
-    std::uint32_t spin_only = 0; ///< write_lat: the server spins on memory without polling
-    std::uint32_t signal_every = 1; ///< latency: the server's sends / writes, as the client's
+    std::uint32_t event = 0;             ///< the server waits in event mode too
+    std::uint32_t spin_only = 0;         ///< write_lat: the server spins on memory without polling
+    std::uint32_t signal_every = 1;      ///< latency: the server's sends / writes, as the client's
     rdmx::remote_buffer::bytes region{}; ///< hello / ready: the sender's data buffer
 };
 
@@ -179,7 +183,8 @@ double cpu_seconds()
 }
 
 /// One connection's completion source: busy polling, or sleeping in connection::wait().
-class poller {
+class poller
+{
 public:
     poller(rdmx::connection& c, bool event, std::chrono::milliseconds timeout)
         : c_(c), event_(event), timeout_(timeout)
@@ -336,22 +341,20 @@ void spin_for(std::byte* p, std::size_t size, std::uint8_t v, std::chrono::milli
 
 /// Runs one side of a latency test; the client (`active`) measures. The server says
 /// ready once its first receive is posted.
-std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint64_t warmup, std::uint64_t iters,
-                                bool active, bool event, bool spin_only, std::uint32_t inline_max,
-                                std::uint32_t signal_every)
+std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint64_t warmup,
+                                std::uint64_t iters, bool active, bool event, bool spin_only,
+                                std::uint32_t inline_max, std::uint32_t signal_every)
 {
     std::vector<std::uint64_t> tick_samples;
     tick_samples.reserve(iters);
     poller p(*s.data, event, s.timeout);
     const std::uint64_t total = warmup + iters;
-    const auto inl = size <= inline_max && t != test::read_lat ? rdmx::send_flags::inline_data
-                                                               : rdmx::send_flags::none;
+    const auto inl =
+        size <= inline_max && t != test::read_lat ? rdmx::send_flags::inline_data : rdmx::send_flags::none;
     // As perftest (--cq-mod): sends and writes are signalled one in signal_every (and the
     // last), and only those completions are waited for; a read always is (its completion
     // is the measurement).
-    auto signaled = [&](std::uint64_t i) {
-        return t == test::read_lat || signal_at(i, total, signal_every);
-    };
+    auto signaled = [&](std::uint64_t i) { return t == test::read_lat || signal_at(i, total, signal_every); };
     auto flags = [&](std::uint64_t i) { return signaled(i) ? inl | rdmx::send_flags::signaled : inl; };
     rdmx::sge src{s.mr.get(), s.max_size, size}; // our source (or read sink)
     rdmx::sge dst{s.mr.get(), 0, size};          // where the peer's sends land
@@ -474,7 +477,10 @@ bw_result run_bw_client(session& s, test t, std::size_t size, std::uint64_t warm
             for (std::size_t j = 0; j < n; ++j) {
                 std::uint64_t k = posted + j;
                 bool signal = signal_at(k, total, signal_every);
-                list[j] = {.opcode = op, .wr_id = k, .local = {&src, 1}, .remote = remote,
+                list[j] = {.opcode = op,
+                           .wr_id = k,
+                           .local = {&src, 1},
+                           .remote = remote,
                            .flags = signal ? rdmx::send_flags::signaled : rdmx::send_flags::none,
                            .imm = static_cast<std::uint32_t>(k)};
                 if (use_inline)
@@ -546,10 +552,11 @@ double percentile(const std::vector<double>& v, double q)
 void print_header(test t, const session& s, const options& o)
 {
     std::printf("---------------------------------------------------------------------------------------\n");
-    std::printf(" rdmx_perf %s   backend %s (device %s)   %s mode\n", name_of(t), rdmx::to_string(s.dom->backend()),
-                s.dom->limits().device_name.c_str(), o.event ? "event" : "polling");
-    std::printf(" depth %u   post list %u   signal every %u   inline up to %u B   cpus %s\n", o.depth, o.post_list,
-                o.signal_every, o.inline_max, o.cpus.empty() ? "any" : o.cpus.c_str());
+    std::printf(" rdmx_perf %s   backend %s (device %s)   %s mode\n", name_of(t),
+                rdmx::to_string(s.dom->backend()), s.dom->limits().device_name.c_str(),
+                o.event ? "event" : "polling");
+    std::printf(" depth %u   post list %u   signal every %u   inline up to %u B   cpus %s\n", o.depth,
+                o.post_list, o.signal_every, o.inline_max, o.cpus.empty() ? "any" : o.cpus.c_str());
     std::printf("---------------------------------------------------------------------------------------\n");
     if (is_latency(t))
         std::printf(" %10s %12s %12s %14s %12s %12s\n", "#bytes", "#iterations", "t_min[us]", "t_median[us]",
@@ -562,8 +569,9 @@ void print_header(test t, const session& s, const options& o)
 void print_row(const result& r)
 {
     if (is_latency(r.t)) {
-        std::printf(" %10zu %12llu %12.2f %14.2f %12.2f %12.2f\n", r.size, static_cast<unsigned long long>(r.iters),
-                    r.lat.front(), percentile(r.lat, 0.5), percentile(r.lat, 0.99), r.lat.back());
+        std::printf(" %10zu %12llu %12.2f %14.2f %12.2f %12.2f\n", r.size,
+                    static_cast<unsigned long long>(r.iters), r.lat.front(), percentile(r.lat, 0.5),
+                    percentile(r.lat, 0.99), r.lat.back());
     } else {
         double bytes = static_cast<double>(r.bw.messages) * static_cast<double>(r.size);
         std::printf(" %10zu %12llu %14.2f %14.4f %16.3f\n", r.size, static_cast<unsigned long long>(r.iters),
@@ -577,17 +585,19 @@ void print_json(const std::vector<result>& rs, const session& s, const options& 
 {
     std::printf("{\"tool\": \"rdmx_perf\", \"backend\": \"%s\", \"device\": \"%s\", \"mode\": \"%s\", "
                 "\"depth\": %u, \"post_list\": %u, \"signal_every\": %u, \"inline\": %u, \"cpus\": \"%s\", "
-                "\"units\": {\"latency\": \"us\", \"bandwidth\": \"MB/s (1e6 B/s)\", \"cpu\": \"s per GB (1e9 B)\"},\n"
+                "\"units\": {\"latency\": \"us\", \"bandwidth\": \"MB/s (1e6 B/s)\", \"cpu\": \"s per GB "
+                "(1e9 B)\"},\n"
                 " \"results\": [\n",
-                rdmx::to_string(s.dom->backend()), s.dom->limits().device_name.c_str(), o.event ? "event" : "polling",
-                o.depth, o.post_list, o.signal_every, o.inline_max, o.cpus.c_str());
+                rdmx::to_string(s.dom->backend()), s.dom->limits().device_name.c_str(),
+                o.event ? "event" : "polling", o.depth, o.post_list, o.signal_every, o.inline_max,
+                o.cpus.c_str());
     for (std::size_t i = 0; i < rs.size(); ++i) {
         const result& r = rs[i];
         std::printf("  {\"test\": \"%s\", \"size\": %zu, \"iterations\": %llu, ", name_of(r.t), r.size,
                     static_cast<unsigned long long>(r.iters));
         if (is_latency(r.t)) {
-            std::printf("\"min_us\": %.3f, \"median_us\": %.3f, \"p99_us\": %.3f, \"max_us\": %.3f}", r.lat.front(),
-                        percentile(r.lat, 0.5), percentile(r.lat, 0.99), r.lat.back());
+            std::printf("\"min_us\": %.3f, \"median_us\": %.3f, \"p99_us\": %.3f, \"max_us\": %.3f}",
+                        r.lat.front(), percentile(r.lat, 0.5), percentile(r.lat, 0.99), r.lat.back());
         } else {
             double bytes = static_cast<double>(r.bw.messages) * static_cast<double>(r.size);
             std::printf("\"mb_per_s\": %.2f, \"msg_per_s\": %.0f, \"cpu_s_per_gb\": %.4f, \"seconds\": %.6f}",
@@ -699,8 +709,13 @@ int run_client(const options& o)
         print_header(o.t, s, o);
     std::vector<result> results;
     for (std::size_t size : sizes) {
-        s.send_control({.kind = control::start, .t = o.t, .size = size, .iters = o.iters, .warmup = o.warmup,
-                        .inline_max = o.inline_max, .signal_every = o.signal_every});
+        s.send_control({.kind = control::start,
+                        .t = o.t,
+                        .size = size,
+                        .iters = o.iters,
+                        .warmup = o.warmup,
+                        .inline_max = o.inline_max,
+                        .signal_every = o.signal_every});
         s.recv_control(s.timeout); // ready: the server's receives are posted
         result res{.t = o.t, .size = size, .iters = o.iters, .lat = {}, .bw = {}};
         if (is_latency(o.t)) {
@@ -731,32 +746,42 @@ int main(int argc, char** argv)
                  "Start the server with --server, then the client with the same address."};
     options o;
     std::string test_name = "send_lat";
-    app.add_option("address", o.address, "rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT (server: where to listen)")
+    app.add_option("address", o.address,
+                   "rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT (server: where to listen)")
         ->required();
     app.add_flag("--server", o.server, "serve one client run, then exit");
     std::vector<std::string> all_tests;
     for (auto& [n, v] : test_names)
         all_tests.push_back(n);
-    app.add_option("-t,--test", test_name, "test to run")->check(CLI::IsMember(all_tests))->capture_default_str();
+    app.add_option("-t,--test", test_name, "test to run")
+        ->check(CLI::IsMember(all_tests))
+        ->capture_default_str();
     app.add_option("-s,--size", o.sizes, "message size, repeatable (suffixes K, M): -s 8 -s 64K -s 1M");
     app.add_flag("-a,--all", o.sweep, "sweep sizes 2 B .. --max-size in powers of two");
     app.add_option("--max-size", o.max_size, "largest size of the sweep")->capture_default_str();
     app.add_option("-n,--iters", o.iters, "measured iterations per size")->capture_default_str();
     app.add_option("-w,--warmup", o.warmup, "iterations before measuring")->capture_default_str();
     app.add_option("-d,--depth", o.depth, "send queue depth = bandwidth window")
-        ->capture_default_str()->check(CLI::Range(1u, 16384u));
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 16384u));
     app.add_option("-l,--post-list", o.post_list, "requests per post() call (one doorbell)")
-        ->capture_default_str()->check(CLI::Range(1u, 1024u));
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 1024u));
     app.add_option("-c,--signal-every", o.signal_every,
-                   "signal one request in N (sends and writes, latency tests too; at most --depth; as perftest's --cq-mod)")
-        ->capture_default_str()->check(CLI::Range(1u, 16384u));
-    app.add_option("-I,--inline", o.inline_max, "send payloads up to this size inline")->capture_default_str();
+                   "signal one request in N (sends and writes, latency tests too; at most --depth; as "
+                   "perftest's --cq-mod)")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 16384u));
+    app.add_option("-I,--inline", o.inline_max, "send payloads up to this size inline")
+        ->capture_default_str();
     app.add_flag("-e,--event", o.event, "sleep on the completion channel instead of busy polling");
-    app.add_flag("--spin-only", o.spin_only,
-                 "write_lat: spin on memory without polling meanwhile (as perftest; default polls, as ucx_perftest)");
+    app.add_flag(
+        "--spin-only", o.spin_only,
+        "write_lat: spin on memory without polling meanwhile (as perftest; default polls, as ucx_perftest)");
     app.add_option("--cpu", o.cpus, "pin to these CPUs (taskset list: 0 | 0,1 | 0-1)");
     app.add_flag("--json", o.json, "print one JSON document instead of the table");
-    app.add_option("--timeout-ms", o.timeout_ms, "bound on connecting and on every wait")->capture_default_str();
+    app.add_option("--timeout-ms", o.timeout_ms, "bound on connecting and on every wait")
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     for (auto& [n, v] : test_names)
         if (n == test_name)

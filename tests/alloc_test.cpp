@@ -13,7 +13,8 @@
 
 #include "common/test_util.hpp"
 
-namespace {
+namespace
+{
 
 std::atomic<bool> counting{false};
 std::atomic<std::uint64_t> allocations{0};
@@ -53,16 +54,28 @@ void* operator new(std::size_t n)
         return p;
     throw std::bad_alloc();
 }
-void* operator new[](std::size_t n) { return ::operator new(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n, 0); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n, 0); }
+void* operator new[](std::size_t n)
+{
+    return ::operator new(n);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept
+{
+    return counted_alloc(n, 0);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept
+{
+    return counted_alloc(n, 0);
+}
 void* operator new(std::size_t n, std::align_val_t a)
 {
     if (void* p = counted_alloc(n, static_cast<std::size_t>(a)))
         return p;
     throw std::bad_alloc();
 }
-void* operator new[](std::size_t n, std::align_val_t a) { return ::operator new(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a)
+{
+    return ::operator new(n, a);
+}
 void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept
 {
     return counted_alloc(n, static_cast<std::size_t>(a));
@@ -71,21 +84,59 @@ void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) n
 {
     return counted_alloc(n, static_cast<std::size_t>(a));
 }
-void operator delete(void* p) noexcept { release(p); }
-void operator delete[](void* p) noexcept { release(p); }
-void operator delete(void* p, std::size_t) noexcept { release(p); }
-void operator delete[](void* p, std::size_t) noexcept { release(p); }
-void operator delete(void* p, std::align_val_t) noexcept { release(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { release(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { release(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { release(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { release(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { release(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { release(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { release(p); }
+void operator delete(void* p) noexcept
+{
+    release(p);
+}
+void operator delete[](void* p) noexcept
+{
+    release(p);
+}
+void operator delete(void* p, std::size_t) noexcept
+{
+    release(p);
+}
+void operator delete[](void* p, std::size_t) noexcept
+{
+    release(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept
+{
+    release(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept
+{
+    release(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept
+{
+    release(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept
+{
+    release(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept
+{
+    release(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept
+{
+    release(p);
+}
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept
+{
+    release(p);
+}
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept
+{
+    release(p);
+}
 
-namespace rdmx::test {
-namespace {
+namespace rdmx::test
+{
+namespace
+{
 
 bool failed(std::error_code ec) noexcept
 {
@@ -94,7 +145,9 @@ bool failed(std::error_code ec) noexcept
     return static_cast<bool>(ec);
 }
 
-class allocation : public pair_fixture {};
+class allocation : public pair_fixture
+{
+};
 
 /// Polls until `n` completions arrived (busy, or in event mode with wait()); false on an
 /// error completion or after 30 s. Fixed arrays only: it runs inside the counted window.
@@ -125,10 +178,10 @@ bool drain(connection& c, std::size_t n, bool event_mode = false)
 struct workload {
     connection& client;
     connection& server;
-    memory_region& src;    ///< client: source of sends and writes, sink of reads
-    memory_region& dst;    ///< server: receive buffers and one-sided target
-    std::size_t large;     ///< bytes of the large transfers
-    bool inline_ok;        ///< the connection allows 8-byte inline sends
+    memory_region& src; ///< client: source of sends and writes, sink of reads
+    memory_region& dst; ///< server: receive buffers and one-sided target
+    std::size_t large;  ///< bytes of the large transfers
+    bool inline_ok;     ///< the connection allows 8-byte inline sends
 
     static constexpr std::size_t list = 8; ///< post-list length
     static constexpr std::size_t small = 8;
@@ -157,7 +210,9 @@ struct workload {
         for (opcode op : ops) {
             for (std::size_t i = 0; i < list; ++i) {
                 ss[i] = {&src, i * small, small};
-                w[i] = {.opcode = op, .wr_id = i, .local = {&ss[i], 1},
+                w[i] = {.opcode = op,
+                        .wr_id = i,
+                        .local = {&ss[i], 1},
                         .remote = *target.slice(i * small, small),
                         .flags = i + 1 == list ? send_flags::signaled : send_flags::none,
                         .imm = static_cast<std::uint32_t>(i)};
@@ -171,7 +226,8 @@ struct workload {
         // Large: one of each, all signalled, as single posts.
         sge ls{&src, 0, large};
         if (failed(client.post_send({&ls, 1}, 1)) || failed(client.post_write({&ls, 1}, target, 2)) ||
-            failed(client.post_write_imm({&ls, 1}, target, 7, 3)) || failed(client.post_read({&ls, 1}, target, 4)))
+            failed(client.post_write_imm({&ls, 1}, target, 7, 3)) ||
+            failed(client.post_read({&ls, 1}, target, 4)))
             return false;
         client_completions += 4;
         return drain(client, client_completions, event_mode) && drain(server, nrecv, event_mode);
@@ -194,13 +250,12 @@ TEST_P(allocation, steady_state_data_path_allocates_nothing)
     auto src = client_dom_->register_memory(a.data(), a.size(), access::local_write);
     auto dst = server_dom_->register_memory(b.data(), b.size(),
                                             access::local_write | access::remote_write | access::remote_read);
-    workload wl{*p.client, *p.server, *src, *dst, large,
-                p.client->limits().max_inline >= workload::small};
+    workload wl{*p.client, *p.server, *src, *dst, large, p.client->limits().max_inline >= workload::small};
 
     // Warm-up: first use of rings, reactor registrations, asio's per-thread handler caches.
     for (int i = 0; i < 5; ++i)
-        ASSERT_TRUE(wl.round(i % 2 == 1))
-            << "warm-up round " << i << " failed: " << first_error.message() << " (wr_id " << first_error_wr_id << ")";
+        ASSERT_TRUE(wl.round(i % 2 == 1)) << "warm-up round " << i << " failed: " << first_error.message()
+                                          << " (wr_id " << first_error_wr_id << ")";
 
     allocations = 0;
     counting = true;

@@ -8,10 +8,14 @@
 
 #include "common/test_util.hpp"
 
-namespace rdmx::test {
-namespace {
+namespace rdmx::test
+{
+namespace
+{
 
-class conformance : public pair_fixture {};
+class conformance : public pair_fixture
+{
+};
 
 std::vector<std::byte> pattern(std::size_t n, unsigned seed)
 {
@@ -247,7 +251,10 @@ TEST_P(conformance, read_then_fenced_write_returns_old_data)
         wrs[0] = {.opcode = opcode::read, .wr_id = 1, .local = {&r, 1}, .remote = rmr->remote()};
         // The fence holds the write back until the read has completed: the read must see
         // the bytes as they were before this write.
-        wrs[1] = {.opcode = opcode::write, .wr_id = 2, .local = {&w, 1}, .remote = rmr->remote(),
+        wrs[1] = {.opcode = opcode::write,
+                  .wr_id = 2,
+                  .local = {&w, 1},
+                  .remote = rmr->remote(),
                   .flags = send_flags::signaled | send_flags::fence};
         ASSERT_FALSE(p.client->post(wrs));
         auto c = expect_ok(*p.client, 2);
@@ -386,7 +393,9 @@ TEST_P(conformance, post_list_and_inline_send)
     sge ss[8];
     for (int i = 0; i < 8; ++i) {
         ss[i] = {smr.get(), static_cast<std::size_t>(i) * 16, 16};
-        wr[i] = {.opcode = opcode::send, .wr_id = static_cast<std::uint64_t>(i), .local = {&ss[i], 1},
+        wr[i] = {.opcode = opcode::send,
+                 .wr_id = static_cast<std::uint64_t>(i),
+                 .local = {&ss[i], 1},
                  .flags = i == 7 ? send_flags::signaled | send_flags::inline_data : send_flags::inline_data};
     }
     std::size_t posted = 0;
@@ -449,9 +458,12 @@ TEST_P(conformance, long_post_list_mixes_operations_and_sge_counts)
             ss[2 * i] = {mr, i * sz, sz};
             local = {&ss[2 * i], 1};
         }
-        wr[i] = {.opcode = op, .wr_id = 1000 + i, .local = local,
+        wr[i] = {.opcode = op,
+                 .wr_id = 1000 + i,
+                 .local = local,
                  .remote = op == opcode::send ? remote_buffer{} : tmr->remote(i * sz, sz),
-                 .flags = send_flags::signaled, .imm = op == opcode::write_with_imm ? 0xab000000u + static_cast<std::uint32_t>(i) : 0u};
+                 .flags = send_flags::signaled,
+                 .imm = op == opcode::write_with_imm ? 0xab000000u + static_cast<std::uint32_t>(i) : 0u};
     }
     std::size_t posted = 0;
     ASSERT_FALSE(p.client->post(wr, &posted));
@@ -516,7 +528,8 @@ TEST_P(conformance, post_list_longer_than_the_send_queue_posts_a_prefix)
     std::vector<work_request> wr(n);
     for (std::size_t i = 0; i < n; ++i) {
         ss[i] = {smr.get(), i * sz, sz};
-        wr[i] = {.opcode = opcode::write, .wr_id = i, .local = {&ss[i], 1}, .remote = tmr->remote(i * sz, sz)};
+        wr[i] = {
+            .opcode = opcode::write, .wr_id = i, .local = {&ss[i], 1}, .remote = tmr->remote(i * sz, sz)};
     }
     std::size_t done = 0;
     std::size_t first = 0;

@@ -7,8 +7,10 @@
 #include <rdmx/gpu.hpp>
 #include <rdmx/rdmx.hpp>
 
-namespace rdmx {
-namespace {
+namespace rdmx
+{
+namespace
+{
 
 TEST(gpu, device_buffer_round_trip)
 {

@@ -7,9 +7,11 @@
 
 #include "common/test_util.hpp"
 
-namespace {
+namespace
+{
 
-class backend_report : public testing::EmptyTestEventListener {
+class backend_report : public testing::EmptyTestEventListener
+{
 public:
     explicit backend_report(std::string device) : device_(std::move(device)) {}
 
@@ -31,8 +33,9 @@ public:
     {
         if (passed_ + failed_ + skipped_ == 0)
             return;
-        std::printf("[rdmx] verbs backend on RDMA device %s: %d tests ran (%d passed, %d failed), %d skipped\n",
-                    device_.c_str(), passed_ + failed_, passed_, failed_, skipped_);
+        std::printf(
+            "[rdmx] verbs backend on RDMA device %s: %d tests ran (%d passed, %d failed), %d skipped\n",
+            device_.c_str(), passed_ + failed_, passed_, failed_, skipped_);
     }
 
 private:
@@ -54,9 +57,10 @@ int main(int argc, char** argv)
         }
         try {
             auto d = rdmx::domain::open(rdmx::test::address(b, 0));
-            std::printf("[rdmx] backend %s: device %s, address %s, max_inline %u, max_sge %u, max_qp_rd_atom %u\n",
-                        rdmx::to_string(b), d->limits().device_name.c_str(), host.c_str(),
-                        d->limits().max_inline, d->limits().max_sge, d->limits().max_qp_rd_atom);
+            std::printf(
+                "[rdmx] backend %s: device %s, address %s, max_inline %u, max_sge %u, max_qp_rd_atom %u\n",
+                rdmx::to_string(b), d->limits().device_name.c_str(), host.c_str(), d->limits().max_inline,
+                d->limits().max_sge, d->limits().max_qp_rd_atom);
             if (b == rdmx::backend::verbs)
                 device = d->limits().device_name;
         } catch (const std::exception& e) {

@@ -13,8 +13,10 @@
 
 #include "common/test_util.hpp"
 
-namespace rdmx::test {
-namespace {
+namespace rdmx::test
+{
+namespace
+{
 
 /// Descriptors of the kinds rdmx opens (sockets, eventfds, epoll, completion channels):
 /// pipes and files that sanitizer runtimes open on their own are not counted.
@@ -50,7 +52,9 @@ std::uint64_t fnv(const std::byte* p, std::size_t n)
     return h;
 }
 
-class soak : public pair_fixture {};
+class soak : public pair_fixture
+{
+};
 
 constexpr std::size_t chunk = 4096;
 constexpr std::size_t slots = 4;
@@ -61,8 +65,8 @@ struct lane {
     std::vector<std::byte> src, back, target, inbox;
     std::unique_ptr<memory_region> src_mr, back_mr, target_mr, inbox_mr;
     remote_buffer target_rb;
-    std::uint64_t seq = 0;   ///< operations issued
-    int phase = 0;           ///< 0 write, 1 read back, 2 send, 3 write_imm
+    std::uint64_t seq = 0; ///< operations issued
+    int phase = 0;         ///< 0 write, 1 read back, 2 send, 3 write_imm
     bool busy = false;
     std::uint32_t expect_imm = 0;
 };
@@ -80,7 +84,9 @@ TEST_P(soak, many_connections_move_checksummed_data)
     setrlimit(RLIMIT_NOFILE, &rl);
     // Asio opens its reactor's descriptors on first use: make them exist before counting.
     // The warm-up pair's sockets close asynchronously: wait for the count to settle.
-    { auto warm = connect_pair(); }
+    {
+        auto warm = connect_pair();
+    }
     std::size_t fds_before = open_fds();
     for (int stable = 0, i = 0; stable < 20 && i < 500; ++i) {
         std::this_thread::sleep_for(10ms);
@@ -118,7 +124,8 @@ TEST_P(soak, many_connections_move_checksummed_data)
         l.inbox.resize(slots * chunk);
         l.src_mr = client_dom_->register_memory(l.src.data(), chunk, access::none);
         l.back_mr = client_dom_->register_memory(l.back.data(), chunk, access::local_write);
-        l.target_mr = server_dom_->register_memory(l.target.data(), chunk, access::remote_write | access::remote_read);
+        l.target_mr =
+            server_dom_->register_memory(l.target.data(), chunk, access::remote_write | access::remote_read);
         l.inbox_mr = server_dom_->register_memory(l.inbox.data(), l.inbox.size(), access::local_write);
         l.target_rb = l.target_mr->remote();
         for (std::size_t s = 0; s < slots; ++s) {
@@ -167,8 +174,9 @@ TEST_P(soak, many_connections_move_checksummed_data)
                     ADD_FAILURE() << "lane " << i << " client: " << cs[k].status.message();
                     continue;
                 }
-                if (cs[k].opcode == opcode::read && fnv(l.back.data(), chunk - 8) !=
-                                                        *reinterpret_cast<const std::uint64_t*>(l.back.data() + chunk - 8))
+                if (cs[k].opcode == opcode::read &&
+                    fnv(l.back.data(), chunk - 8) !=
+                        *reinterpret_cast<const std::uint64_t*>(l.back.data() + chunk - 8))
                     ++corrupt;
                 ++ops;
                 bytes += chunk;
@@ -202,7 +210,8 @@ TEST_P(soak, many_connections_move_checksummed_data)
         }
         if (stopping && !any_busy)
             break;
-        ASSERT_LT(std::chrono::steady_clock::now() - start, duration + 60s) << "operations stopped completing";
+        ASSERT_LT(std::chrono::steady_clock::now() - start, duration + 60s)
+            << "operations stopped completing";
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("[ soak     ] %s: %zu connections, %.1f s, %llu operations, %.1f MB moved, %llu receives, "

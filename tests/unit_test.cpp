@@ -5,8 +5,10 @@
 
 #include <rdmx/rdmx.hpp>
 
-namespace rdmx {
-namespace {
+namespace rdmx
+{
+namespace
+{
 
 TEST(uri, parses_schemes_hosts_and_ports)
 {

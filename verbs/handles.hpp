@@ -8,7 +8,8 @@
 
 #include <memory>
 
-namespace rdmx::verbs {
+namespace rdmx::verbs
+{
 
 struct pd_deleter {
     void operator()(ibv_pd* p) const noexcept { ibv_dealloc_pd(p); }

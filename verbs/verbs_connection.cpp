@@ -8,9 +8,11 @@
 
 #include "verbs/verbs_domain.hpp"
 
-namespace rdmx::verbs {
+namespace rdmx::verbs
+{
 
-namespace {
+namespace
+{
 
 /// What this connection asks for, clamped to what the device has.
 connection_limits clamp_limits(const device_limits& dev, const connection_options& opts) noexcept
@@ -29,8 +31,8 @@ connection_limits clamp_limits(const device_limits& dev, const connection_option
 } // namespace
 
 verbs_connection::verbs_connection(verbs_domain& dom, const connection_options& opts)
-    : domain_(dom), opts_(opts), limits_(clamp_limits(dom.limits(), opts)),
-      send_wrs_(limits_.max_send_sge), recv_wrs_(limits_.max_recv_sge)
+    : domain_(dom), opts_(opts), limits_(clamp_limits(dom.limits(), opts)), send_wrs_(limits_.max_send_sge),
+      recv_wrs_(limits_.max_recv_sge)
 {
     channel_.reset(ibv_create_comp_channel(dom.native_context()));
     if (!channel_)
@@ -50,10 +52,10 @@ verbs_connection::~verbs_connection()
 {
     if (id_)
         domain_.events().detach(id_.get());
-    qp_.reset();      // QP before its CQ
-    cq_.reset();      // CQ before its completion channel
+    qp_.reset(); // QP before its CQ
+    cq_.reset(); // CQ before its completion channel
     channel_.reset();
-    id_.reset();      // waits until every event of the id was acknowledged
+    id_.reset(); // waits until every event of the id was acknowledged
 }
 
 void verbs_connection::create_qp()

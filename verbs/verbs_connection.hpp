@@ -9,7 +9,8 @@
 #include "cm/event_loop.hpp"
 #include "verbs/handles.hpp"
 
-namespace rdmx::verbs {
+namespace rdmx::verbs
+{
 
 class verbs_domain;
 
@@ -19,7 +20,8 @@ inline constexpr std::size_t post_batch = 16;
 inline constexpr std::uint32_t max_sge_per_wr = 32;
 inline constexpr int poll_batch = 32;
 
-class verbs_connection final : public connection {
+class verbs_connection final : public connection
+{
 public:
     verbs_connection(verbs_domain& dom, const connection_options& opts);
     ~verbs_connection() override;
@@ -82,8 +84,7 @@ private:
     /// one word at a time). post_batch slots chained by `next` for lists, and one more, on
     /// its own, for a single request; each slot has sge_per_wr SGEs of its own
     /// (limits_.max_send_sge or max_recv_sge).
-    template <class IbvWr>
-    struct wr_array {
+    template <class IbvWr> struct wr_array {
         std::vector<IbvWr> wr;
         std::vector<ibv_sge> sge;
         std::size_t sge_per_wr = 0;

@@ -9,8 +9,10 @@
 #include "verbs/verbs_connection.hpp"
 #include "verbs/verbs_domain.hpp"
 
-namespace rdmx::verbs {
-namespace {
+namespace rdmx::verbs
+{
+namespace
+{
 
 std::error_code post_errno(int rc) noexcept
 {

@@ -9,7 +9,8 @@
 #include "backends.hpp"
 #include "verbs/verbs_connection.hpp"
 
-namespace rdmx::verbs {
+namespace rdmx::verbs
+{
 
 void resolve_sockaddr(const uri& u, sockaddr_storage& out, bool passive)
 {
@@ -21,19 +22,20 @@ void resolve_sockaddr(const uri& u, sockaddr_storage& out, bool passive)
     std::string port = std::to_string(u.port);
     int rc = getaddrinfo(u.host.c_str(), port.c_str(), &hints, &res);
     if (rc != 0)
-        throw error(make_error_code(errc::unreachable),
-                    "getaddrinfo " + u.host + ": " + gai_strerror(rc));
+        throw error(make_error_code(errc::unreachable), "getaddrinfo " + u.host + ": " + gai_strerror(rc));
     std::memcpy(&out, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
 }
 
-namespace {
+namespace
+{
 
-class verbs_region final : public memory_region {
+class verbs_region final : public memory_region
+{
 public:
     verbs_region(const void* owner, mr_ptr mr, rdmx::access acc)
-        : memory_region(owner, backend::verbs, static_cast<std::byte*>(mr->addr), mr->length, acc,
-                        mr->lkey, mr->rkey),
+        : memory_region(owner, backend::verbs, static_cast<std::byte*>(mr->addr), mr->length, acc, mr->lkey,
+                        mr->rkey),
           mr_(std::move(mr))
     {
     }
@@ -55,8 +57,8 @@ bool is_loopback(const sockaddr_storage& sa)
 } // namespace
 
 verbs_domain::verbs_domain(event_channel_ptr probe_channel, cm_id_ptr probe_id)
-    : probe_channel_(std::move(probe_channel)), probe_id_(std::move(probe_id)),
-      ctx_(probe_id_->verbs), pd_(ibv_alloc_pd(ctx_))
+    : probe_channel_(std::move(probe_channel)), probe_id_(std::move(probe_id)), ctx_(probe_id_->verbs),
+      pd_(ibv_alloc_pd(ctx_))
 {
     if (!pd_)
         throw_errno(errno, "ibv_alloc_pd");
@@ -122,8 +124,7 @@ std::unique_ptr<memory_region> verbs_domain::register_memory(void* addr, std::si
     return std::make_unique<verbs_region>(this, std::move(mr), rights);
 }
 
-std::unique_ptr<connection> verbs_domain::connect(std::string_view address,
-                                                  const connection_options& opts,
+std::unique_ptr<connection> verbs_domain::connect(std::string_view address, const connection_options& opts,
                                                   std::span<const std::byte> private_data)
 {
     uri u = uri::parse(address);
@@ -138,7 +139,8 @@ std::unique_ptr<connection> verbs_domain::connect(std::string_view address,
 
 } // namespace rdmx::verbs
 
-namespace rdmx::detail {
+namespace rdmx::detail
+{
 
 std::unique_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
                                           bool required)

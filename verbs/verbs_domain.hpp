@@ -7,9 +7,11 @@
 #include "cm/event_loop.hpp"
 #include "verbs/handles.hpp"
 
-namespace rdmx::verbs {
+namespace rdmx::verbs
+{
 
-class verbs_domain final : public domain {
+class verbs_domain final : public domain
+{
 public:
     /// `probe_channel`/`probe_id` resolved the address to the device; we keep them, since
     /// librdmacm keeps the device context (probe_id->verbs) open while an id uses it.

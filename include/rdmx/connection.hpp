@@ -21,7 +21,8 @@ struct ibv_pd;
 struct ibv_cq;
 struct ibv_context;
 
-namespace rdmx {
+namespace rdmx
+{
 
 /// Operation of a work request or completion.
 enum class opcode : std::uint8_t {
@@ -65,9 +66,9 @@ struct work_request {
     rdmx::opcode opcode = opcode::send;
     std::uint64_t wr_id = 0;
     std::span<const sge> local;
-    remote_buffer remote{};         ///< write / read: where at the peer (addr is absolute)
+    remote_buffer remote{}; ///< write / read: where at the peer (addr is absolute)
     send_flags flags = send_flags::signaled;
-    std::uint32_t imm = 0;          ///< write_with_imm only
+    std::uint32_t imm = 0; ///< write_with_imm only
 };
 
 /// A receive-queue work request.
@@ -80,9 +81,9 @@ struct recv_request {
 struct completion {
     std::uint64_t wr_id = 0;
     rdmx::opcode opcode = opcode::unknown;
-    std::error_code status;       ///< empty on success; an rdmx::errc otherwise
-    std::uint32_t byte_len = 0;   ///< recv / recv_with_imm / read: bytes transferred
-    std::uint32_t imm = 0;        ///< valid when with_imm
+    std::error_code status;     ///< empty on success; an rdmx::errc otherwise
+    std::uint32_t byte_len = 0; ///< recv / recv_with_imm / read: bytes transferred
+    std::uint32_t imm = 0;      ///< valid when with_imm
     bool with_imm = false;
 };
 
@@ -141,14 +142,15 @@ enum class connection_state : std::uint8_t {
     route_resolved, ///< rdma_resolve_route done
     connecting,     ///< connect/accept sent, waiting for ESTABLISHED
     established,
-    disconnected,   ///< either side disconnected; posted work is flushed
-    error,          ///< failed; posted work is flushed
+    disconnected, ///< either side disconnected; posted work is flushed
+    error,        ///< failed; posted work is flushed
 };
 const char* to_string(connection_state s) noexcept;
 
 /// An RC connection. Not movable: its queue pair has posted work that refers to it.
 /// Data-path calls are noexcept and thread-compatible (one thread posts and polls).
-class connection {
+class connection
+{
 public:
     virtual ~connection() = default;
     connection(const connection&) = delete;
@@ -172,13 +174,12 @@ public:
     // Convenience wrappers over post() for single requests.
     std::error_code post_send(std::span<const sge> local, std::uint64_t wr_id,
                               send_flags flags = send_flags::signaled) noexcept;
-    std::error_code post_write(std::span<const sge> local, const remote_buffer& remote,
-                               std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept;
-    std::error_code post_write_imm(std::span<const sge> local, const remote_buffer& remote,
-                                   std::uint32_t imm, std::uint64_t wr_id,
-                                   send_flags flags = send_flags::signaled) noexcept;
-    std::error_code post_read(std::span<const sge> local, const remote_buffer& remote,
-                              std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept;
+    std::error_code post_write(std::span<const sge> local, const remote_buffer& remote, std::uint64_t wr_id,
+                               send_flags flags = send_flags::signaled) noexcept;
+    std::error_code post_write_imm(std::span<const sge> local, const remote_buffer& remote, std::uint32_t imm,
+                                   std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept;
+    std::error_code post_read(std::span<const sge> local, const remote_buffer& remote, std::uint64_t wr_id,
+                              send_flags flags = send_flags::signaled) noexcept;
     std::error_code post_recv(std::span<const sge> local, std::uint64_t wr_id) noexcept;
 
     /// Moves up to out.size() completions into `out`; returns how many (never allocates).
@@ -206,7 +207,8 @@ protected:
 };
 
 /// An incoming connection request, taken from a listener.
-class connection_request {
+class connection_request
+{
 public:
     virtual ~connection_request() = default;
     /// Private data sent by the connecting peer.
@@ -218,7 +220,8 @@ public:
     virtual void reject(std::span<const std::byte> private_data = {}) = 0;
 };
 
-class listener {
+class listener
+{
 public:
     virtual ~listener() = default;
     /// Waits up to `timeout` for a connection request; nullptr on timeout.
@@ -230,7 +233,7 @@ public:
 
 /// Limits of the device (verbs: ibv_query_device; TCP: rdmx's own).
 struct device_limits {
-    std::string device_name;      ///< "rxe0", "mlx5_0", or "tcp"
+    std::string device_name; ///< "rxe0", "mlx5_0", or "tcp"
     std::uint32_t max_qp_wr = 0;
     std::uint32_t max_sge = 0;
     std::uint32_t max_inline = 0; ///< probed by creating a QP, never hard-coded
@@ -247,7 +250,8 @@ inline constexpr std::size_t max_reject_private_data = 148;
 
 /// A protection domain on one device (verbs) or one TCP progress engine: registers
 /// memory, listens and connects. Regions and connections must not outlive it.
-class domain {
+class domain
+{
 public:
     /// Opens the domain that serves `address`: rdma:// needs an RDMA device (throws
     /// errc::no_device otherwise), tcp:// always works, auto:// (or no scheme) picks verbs
@@ -269,8 +273,7 @@ public:
     virtual std::unique_ptr<listener> listen(std::string_view address, int backlog = 64) = 0;
     /// Connects, bounded by opts.timeout per step. Throws rdmx::error: connection_refused,
     /// rejected (with the peer's private data), unreachable, timed_out.
-    virtual std::unique_ptr<connection> connect(std::string_view address,
-                                                const connection_options& opts = {},
+    virtual std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts = {},
                                                 std::span<const std::byte> private_data = {}) = 0;
 
     virtual ibv_context* native_context() const noexcept { return nullptr; }

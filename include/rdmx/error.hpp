@@ -8,7 +8,8 @@
 #include <system_error>
 #include <vector>
 
-namespace rdmx {
+namespace rdmx
+{
 
 /// Failures reported by rdmx. Completion statuses (the first group) mirror
 /// `ibv_wc_status`; connection failures (the second group) mirror the rdma_cm events.
@@ -26,17 +27,17 @@ enum class errc : int {
     bad_response,             ///< IBV_WC_BAD_RESP_ERR: unexpected response from the peer
     completion_error,         ///< any other ibv_wc_status
     // --- connection management ---
-    connection_refused,       ///< nobody listens on the port (rdma_cm: REJECTED, invalid service id)
-    rejected,                 ///< the peer application rejected the request
-    unreachable,              ///< address or route could not be resolved, or peer unreachable
-    timed_out,                ///< a bounded wait expired
-    disconnected,             ///< the connection is gone (peer disconnected or closed)
+    connection_refused, ///< nobody listens on the port (rdma_cm: REJECTED, invalid service id)
+    rejected,           ///< the peer application rejected the request
+    unreachable,        ///< address or route could not be resolved, or peer unreachable
+    timed_out,          ///< a bounded wait expired
+    disconnected,       ///< the connection is gone (peer disconnected or closed)
     // --- API usage ---
-    would_block,              ///< queue full: try again after polling completions
-    invalid_argument,         ///< bad work request, region, offset or length
-    not_connected,            ///< operation on a connection that is not established
-    no_device,                ///< no RDMA device serves the address
-    protocol_error,           ///< the TCP peer violated the wire protocol
+    would_block,      ///< queue full: try again after polling completions
+    invalid_argument, ///< bad work request, region, offset or length
+    not_connected,    ///< operation on a connection that is not established
+    no_device,        ///< no RDMA device serves the address
+    protocol_error,   ///< the TCP peer violated the wire protocol
 };
 
 /// The category of `rdmx::errc`; its name is "rdmx".
@@ -49,7 +50,8 @@ inline std::error_code make_error_code(errc e) noexcept
 
 /// Exception thrown by set-up and connection management. `what()` starts with the
 /// name of the verb or rdma_cm call that failed ("rdma_resolve_addr: ...").
-class error : public std::system_error {
+class error : public std::system_error
+{
 public:
     error(std::error_code ec, const std::string& what) : std::system_error(ec, what) {}
     error(std::error_code ec, const std::string& what, std::vector<std::byte> private_data)
@@ -70,5 +72,5 @@ private:
 
 } // namespace rdmx
 
-template <>
-struct std::is_error_code_enum<rdmx::errc> : std::true_type {};
+template <> struct std::is_error_code_enum<rdmx::errc> : std::true_type {
+};

@@ -7,13 +7,15 @@
 
 #include <rdmx/connection.hpp>
 
-namespace rdmx::gpu {
+namespace rdmx::gpu
+{
 
 /// Number of CUDA devices visible (0 when there is no GPU or no driver).
 int device_count() noexcept;
 
 /// Device memory from cudaMalloc, freed on destruction.
-class device_buffer {
+class device_buffer
+{
 public:
     /// Throws rdmx::error naming the CUDA call ("cudaMalloc: out of memory").
     device_buffer(std::size_t size, int device = 0);

@@ -12,7 +12,8 @@
 
 struct ibv_mr;
 
-namespace rdmx {
+namespace rdmx
+{
 
 /// Access rights of a registration (a bit set).
 enum class access : std::uint32_t {
@@ -29,7 +30,10 @@ constexpr access operator&(access a, access b) noexcept
 {
     return static_cast<access>(static_cast<std::uint32_t>(a) & static_cast<std::uint32_t>(b));
 }
-constexpr bool any(access a) noexcept { return a != access::none; }
+constexpr bool any(access a) noexcept
+{
+    return a != access::none;
+}
 
 /// What a peer needs to reach a registered range: address, length and remote key.
 /// Serialises to a fixed-size byte string (little endian) for sending to the peer.
@@ -55,7 +59,8 @@ struct remote_buffer {
 
 /// A registered memory region. Created by `domain::register_memory`; deregistered (and
 /// remote access revoked at once) when destroyed. Must not outlive its domain.
-class memory_region {
+class memory_region
+{
 public:
     virtual ~memory_region() = default;
     memory_region(const memory_region&) = delete;
@@ -76,10 +81,9 @@ public:
     const void* owner() const noexcept { return owner_; }
 
 protected:
-    memory_region(const void* owner, rdmx::backend b, std::byte* data, std::size_t size,
-                  rdmx::access acc, std::uint32_t lkey, std::uint64_t rkey) noexcept
-        : owner_(owner), backend_(b), data_(data), size_(size), access_(acc), lkey_(lkey),
-          rkey_(rkey)
+    memory_region(const void* owner, rdmx::backend b, std::byte* data, std::size_t size, rdmx::access acc,
+                  std::uint32_t lkey, std::uint64_t rkey) noexcept
+        : owner_(owner), backend_(b), data_(data), size_(size), access_(acc), lkey_(lkey), rkey_(rkey)
     {
     }
 

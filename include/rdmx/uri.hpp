@@ -5,7 +5,8 @@
 #include <string>
 #include <string_view>
 
-namespace rdmx {
+namespace rdmx
+{
 
 /// Which transport carries a connection.
 enum class backend : std::uint8_t {
@@ -20,8 +21,8 @@ enum class scheme : std::uint8_t { rdma, tcp, automatic };
 
 struct uri {
     rdmx::scheme scheme = scheme::automatic;
-    std::string host;        ///< name or numeric address, IPv6 without brackets
-    std::uint16_t port = 0;  ///< 0 lets the listener pick a free port
+    std::string host;       ///< name or numeric address, IPv6 without brackets
+    std::uint16_t port = 0; ///< 0 lets the listener pick a free port
 
     static constexpr std::uint16_t default_port = 7471;
 

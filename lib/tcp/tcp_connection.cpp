@@ -99,8 +99,8 @@ void conn_state::start()
 void conn_state::arm_progress_check() noexcept
 {
     // A few checks per timeout bound the detection time to 1.25 x the timeout.
-    progress_timer_.expires_after(std::max<std::chrono::steady_clock::duration>(
-        progress_timeout_ / 4, std::chrono::milliseconds(5)));
+    progress_timer_.expires_after(
+        std::max<std::chrono::steady_clock::duration>(progress_timeout_ / 4, std::chrono::milliseconds(5)));
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
@@ -285,16 +285,16 @@ std::error_code conn_state::request_notify(bool solicited_only) noexcept
     std::lock_guard lk(mu_);
     notify_armed_ = solicited_only ? 2 : 1;
     app_busy_ = false; // about to sleep: what is left to send is the engine's
-    pump(); // an ACK that rx_poll left for this call: the caller may now sleep
+    pump();            // an ACK that rx_poll left for this call: the caller may now sleep
     if (rx_app_owned_ && !reclaim_posted_) {
         // The application is about to sleep: the engine must read again.
         reclaim_posted_ = true;
         asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-            std::lock_guard lk(self->mu_);
-            self->reclaim_posted_ = false;
-            if (!self->closed_)
-                self->reclaim_rx();
-        }));
+                       std::lock_guard lk(self->mu_);
+                       self->reclaim_posted_ = false;
+                       if (!self->closed_)
+                           self->reclaim_rx();
+                   }));
     }
     return {};
 }
@@ -688,12 +688,12 @@ void conn_state::arm_write(bool would_block) noexcept
     // come while the peer waits for the rest of a frame. The engine's pump() makes progress
     // or meets EAGAIN itself and waits as above.
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-        std::lock_guard lk(self->mu_);
-        if (self->closed_)
-            return;
-        self->write_armed_ = false;
-        self->pump();
-    }));
+                   std::lock_guard lk(self->mu_);
+                   if (self->closed_)
+                       return;
+                   self->write_armed_ = false;
+                   self->pump();
+               }));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -914,21 +914,21 @@ void conn_state::continue_rx() noexcept
         return;
     rx_cont_posted_ = true;
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-        std::lock_guard lk(self->mu_);
-        self->rx_cont_posted_ = false;
-        if (!self->rx_app_owned_) // stood down: the polling application goes on itself
-            self->rx_run();
-    }));
+                   std::lock_guard lk(self->mu_);
+                   self->rx_cont_posted_ = false;
+                   if (!self->rx_app_owned_) // stood down: the polling application goes on itself
+                       self->rx_run();
+               }));
 }
 
 void conn_state::resume_rx() noexcept
 {
     rx_stalled_ = false;
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-        std::lock_guard lk(self->mu_);
-        if (!self->read_armed_)
-            self->rx_run();
-    }));
+                   std::lock_guard lk(self->mu_);
+                   if (!self->read_armed_)
+                       self->rx_run();
+               }));
 }
 
 bool conn_state::rx_poll() noexcept
@@ -1156,7 +1156,7 @@ void conn_state::begin_frame(const frame_header& h) noexcept
 conn_state::rx_status conn_state::rx_payload() noexcept
 {
     if (rx_short_)
-        return rx_status::wait; // drained in this run (see rx_step)
+        return rx_status::wait;    // drained in this run (see rx_step)
     stage_begin_ = stage_end_ = 0; // empty (rx_step): the read ahead below may fill it
     iovec iov[max_iov];
     region_state* pinned[max_iov];

@@ -211,13 +211,13 @@ private:
     bool rx_read() noexcept; ///< rx_poll without the sending; false if it could not read
     bool app_may_read() const noexcept;
     bool app_took_data(bool app_in_call) noexcept; ///< engine, on a read wake: stand down?
-    bool app_keeps_tx() noexcept; ///< transmission left to the busy application?
-    void set_rcvlowat(int bytes) noexcept; ///< the socket's SO_RCVLOWAT, when it changes
+    bool app_keeps_tx() noexcept;                  ///< transmission left to the busy application?
+    void set_rcvlowat(int bytes) noexcept;         ///< the socket's SO_RCVLOWAT, when it changes
     void arm_tx_check() noexcept;
     bool coalesce_post() noexcept; ///< leave this post()'s requests for the next call?
     bool only_acks_owed() const noexcept;
-    void stand_down() noexcept;        ///< engine: leave the socket to the polling application
-    void reclaim_rx() noexcept;        ///< engine: take the socket back into the epoll set
+    void stand_down() noexcept; ///< engine: leave the socket to the polling application
+    void reclaim_rx() noexcept; ///< engine: take the socket back into the epoll set
     void arm_standdown_check() noexcept;
     // --- liveness (engine thread) ---
     void arm_progress_check() noexcept;
@@ -271,7 +271,7 @@ private:
     static constexpr std::size_t stage_size = 1024;
     std::byte stage_[stage_size];
     std::size_t stage_begin_ = 0, stage_end_ = 0; ///< unconsumed bytes: [begin, end)
-    bool rx_short_ = false; ///< a read in this receive run returned less than asked: drained
+    bool rx_short_ = false;       ///< a read in this receive run returned less than asked: drained
     bool rx_cont_posted_ = false; ///< continue_rx() is on its way
     frame_header rx_hdr_;
     rx_action rx_action_ = rx_action::none;
@@ -284,23 +284,23 @@ private:
     std::uint64_t rx_expect_ = 0; ///< next request sequence number from the peer
     bool rnr_wait_ = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
     bool read_armed_ = false;
-    int rcvlowat_ = 1; ///< the socket's SO_RCVLOWAT (set_rcvlowat)
-    std::uint64_t rx_bytes_ = 0;     ///< bytes read from the socket (frames, not the drain)
-    std::uint64_t arrived_seen_ = 0; ///< rx_bytes_ + unread bytes at the progress check's last look
-    bool rx_app_owned_ = false;   ///< engine stood down: the socket is out of its epoll set
-    bool reclaim_posted_ = false; ///< request_notify() asked the engine to take it back
-    int busy_wakes_ = 0;          ///< read wakes in a row that found the application polling
-    std::uint64_t app_polls_ = 0; ///< poll() calls
+    int rcvlowat_ = 1;                 ///< the socket's SO_RCVLOWAT (set_rcvlowat)
+    std::uint64_t rx_bytes_ = 0;       ///< bytes read from the socket (frames, not the drain)
+    std::uint64_t arrived_seen_ = 0;   ///< rx_bytes_ + unread bytes at the progress check's last look
+    bool rx_app_owned_ = false;        ///< engine stood down: the socket is out of its epoll set
+    bool reclaim_posted_ = false;      ///< request_notify() asked the engine to take it back
+    int busy_wakes_ = 0;               ///< read wakes in a row that found the application polling
+    std::uint64_t app_polls_ = 0;      ///< poll() calls
     std::uint64_t app_polls_seen_ = 0; ///< app_polls_ when the engine last looked
-    std::chrono::steady_clock::time_point last_poll_{}; ///< the application's latest poll()
+    std::chrono::steady_clock::time_point last_poll_{};     ///< the application's latest poll()
     std::chrono::steady_clock::time_point last_call_end_{}; ///< when its latest post() / poll() returned
     /// The application is busy: this call is a poll(), or a post() in a tight loop (within
     /// busy_poll_window of its previous call). Measured from call to call, not from the
     /// latest poll(): one call that sends a MiB takes longer than the window, and a window
     /// of large writes is posted for tens of milliseconds between polls.
     bool app_busy_ = false;
-    std::uint64_t app_calls_ = 0; ///< post() and poll() calls
-    std::uint64_t app_calls_seen_ = 0; ///< app_calls_ at the latest stand-down check
+    std::uint64_t app_calls_ = 0;                         ///< post() and poll() calls
+    std::uint64_t app_calls_seen_ = 0;                    ///< app_calls_ at the latest stand-down check
     std::chrono::steady_clock::time_point last_app_rx_{}; ///< latest poll(), or post() that read
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read

@@ -57,45 +57,34 @@ private:
 };
 
 /// The allocator asio finds through a handler's allocator_type / get_allocator().
-template <class T>
-class handler_allocator
+template <class T> class handler_allocator
 {
 public:
     using value_type = T;
     explicit handler_allocator(handler_memory& m) noexcept : mem_(&m) {}
-    template <class U>
-    handler_allocator(const handler_allocator<U>& o) noexcept : mem_(o.mem_)
-    {
-    }
+    template <class U> handler_allocator(const handler_allocator<U>& o) noexcept : mem_(o.mem_) {}
     T* allocate(std::size_t n) { return static_cast<T*>(mem_->allocate(sizeof(T) * n)); }
     void deallocate(T* p, std::size_t) noexcept { mem_->deallocate(p); }
-    template <class U>
-    bool operator==(const handler_allocator<U>& o) const noexcept
+    template <class U> bool operator==(const handler_allocator<U>& o) const noexcept
     {
         return mem_ == o.mem_;
     }
 
 private:
-    template <class>
-    friend class handler_allocator;
+    template <class> friend class handler_allocator;
     handler_memory* mem_;
 };
 
 /// Wraps a handler so that asio allocates its operation from `m`. The handler must keep
 /// the owner of `m` alive (it holds a shared_ptr to the connection state): asio frees the
 /// operation after moving the handler out, before the handler is destroyed.
-template <class Handler>
-class with_memory
+template <class Handler> class with_memory
 {
 public:
     using allocator_type = handler_allocator<void>;
     with_memory(handler_memory& m, Handler h) : mem_(&m), h_(std::move(h)) {}
     allocator_type get_allocator() const noexcept { return allocator_type(*mem_); }
-    template <class... Args>
-    void operator()(Args&&... args)
-    {
-        h_(std::forward<Args>(args)...);
-    }
+    template <class... Args> void operator()(Args&&... args) { h_(std::forward<Args>(args)...); }
 
 private:
     handler_memory* mem_;

@@ -12,8 +12,7 @@ namespace
 
 // Little-endian fields of n = 1, 2, 4 or 8 bytes at any alignment. One load or store each
 // (memcpy), not a loop of bytes: the header is decoded for every frame on the hot path.
-template <class T>
-T to_le(T v) noexcept
+template <class T> T to_le(T v) noexcept
 {
     if constexpr (std::endian::native == std::endian::big) {
         if constexpr (sizeof(T) == 2)
@@ -25,14 +24,12 @@ T to_le(T v) noexcept
     }
     return v;
 }
-template <class T>
-void store(std::byte* p, std::uint64_t v) noexcept
+template <class T> void store(std::byte* p, std::uint64_t v) noexcept
 {
     T t = to_le(static_cast<T>(v));
     std::memcpy(p, &t, sizeof t);
 }
-template <class T>
-std::uint64_t load(const std::byte* p) noexcept
+template <class T> std::uint64_t load(const std::byte* p) noexcept
 {
     T t;
     std::memcpy(&t, p, sizeof t);

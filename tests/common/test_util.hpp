@@ -14,7 +14,8 @@
 
 #include <rdmx/rdmx.hpp>
 
-namespace rdmx::test {
+namespace rdmx::test
+{
 
 using namespace std::chrono_literals;
 
@@ -59,8 +60,7 @@ inline std::string param_name(const testing::TestParamInfo<backend>& info)
 }
 
 /// Polls until `n` completions arrived or `timeout` passed.
-inline std::vector<completion> poll_n(connection& c, std::size_t n,
-                                      std::chrono::milliseconds timeout = 10s)
+inline std::vector<completion> poll_n(connection& c, std::size_t n, std::chrono::milliseconds timeout = 10s)
 {
     std::vector<completion> out;
     completion buf[16];
@@ -95,7 +95,8 @@ inline std::string as_string(std::span<const std::byte> b)
 }
 
 /// Server and client domains, a listener, and helpers to make connected pairs.
-class pair_fixture : public testing::TestWithParam<backend> {
+class pair_fixture : public testing::TestWithParam<backend>
+{
 protected:
     void SetUp() override
     {

@@ -85,10 +85,10 @@ int main(int argc, char** argv)
                     ::raise(SIGSTOP);
                 if (ctl.starts_with("CTL:NETEM")) {
                     const char* link = std::getenv("RDMX_FAULT_PEER_LINK");
-                    std::string cmd = std::string("tc qdisc ") +
-                                      (ctl.starts_with("CTL:NETEM ON") ? "replace" : "del") + " dev " +
-                                      (link ? link : "eth1") + " root" +
-                                      (ctl.starts_with("CTL:NETEM ON") ? " netem delay 1ms loss 3% reorder 10% 50%" : "");
+                    std::string cmd =
+                        std::string("tc qdisc ") + (ctl.starts_with("CTL:NETEM ON") ? "replace" : "del") +
+                        " dev " + (link ? link : "eth1") + " root" +
+                        (ctl.starts_with("CTL:NETEM ON") ? " netem delay 1ms loss 3% reorder 10% 50%" : "");
                     int rc = std::system(cmd.c_str());
                     std::fprintf(stderr, "fault_peer: %s -> %d\n", cmd.c_str(), rc);
                     rdmx::sge r{reply_mr.get(), 0, 6};

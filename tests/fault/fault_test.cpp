@@ -20,8 +20,10 @@
 
 #include "common/test_util.hpp"
 
-namespace rdmx::test {
-namespace {
+namespace rdmx::test
+{
+namespace
+{
 
 using clock = std::chrono::steady_clock;
 
@@ -37,13 +39,15 @@ int sh(const std::string& cmd)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-class fault : public testing::TestWithParam<backend> {
+class fault : public testing::TestWithParam<backend>
+{
 protected:
     void SetUp() override
     {
         b_ = GetParam();
         peer_addr_ = env("RDMX_FAULT_PEER_ADDR");
-        std::string port = env(b_ == backend::verbs ? "RDMX_FAULT_REMOTE_PORT_VERBS" : "RDMX_FAULT_REMOTE_PORT_TCP");
+        std::string port =
+            env(b_ == backend::verbs ? "RDMX_FAULT_REMOTE_PORT_VERBS" : "RDMX_FAULT_REMOTE_PORT_TCP");
         if (peer_addr_.empty() || port.empty())
             GTEST_SKIP() << "fault tests run across two test guests (tests/fault/run-two-hosts.sh)";
         peer_port_ = static_cast<std::uint16_t>(std::stoi(port));
@@ -178,7 +182,8 @@ protected:
                 }
                 if (r.failed++ == 0) {
                     r.first_error = cs[k].status;
-                    r.detection = injected == clock::time_point{} ? clock::duration{} : clock::now() - injected;
+                    r.detection =
+                        injected == clock::time_point{} ? clock::duration{} : clock::now() - injected;
                 }
             }
             if (r.failed > 0 && r.outstanding == 0)
@@ -237,7 +242,8 @@ TEST_P(fault, peer_killed_mid_stream)
     auto opts = quick_options();
     remote_buffer rb;
     auto c = connect_to(opts, rb);
-    auto r = stream(*c, rb, 500ms, [&] { pending_ctl_ = "CTL:KILL"; }, 30s);
+    auto r = stream(
+        *c, rb, 500ms, [&] { pending_ctl_ = "CTL:KILL"; }, 30s);
     report("peer killed (SIGKILL)", r);
     EXPECT_GT(r.ok, 0u) << "nothing moved before the fault";
     EXPECT_GT(r.failed, 0u) << "the dead peer went unnoticed";
@@ -252,7 +258,8 @@ TEST_P(fault, peer_stopped_is_detected_by_the_configured_timeout)
     auto opts = quick_options();
     remote_buffer rb;
     auto c = connect_to(opts, rb);
-    auto r = stream(*c, rb, 50ms, [&] { pending_ctl_ = "CTL:STOP"; }, 30s);
+    auto r = stream(
+        *c, rb, 50ms, [&] { pending_ctl_ = "CTL:STOP"; }, 30s);
     report("peer stopped (SIGSTOP)", r);
     EXPECT_GT(r.failed, 0u);
     EXPECT_EQ(r.outstanding, 0u);
@@ -272,7 +279,8 @@ TEST_P(fault, link_down_mid_transfer_surfaces_errors)
     auto opts = quick_options();
     remote_buffer rb;
     auto c = connect_to(opts, rb);
-    auto r = stream(*c, rb, 300ms, [&] { sh("ip link set dev " + env("RDMX_FAULT_LINK") + " down"); }, 30s);
+    auto r = stream(
+        *c, rb, 300ms, [&] { sh("ip link set dev " + env("RDMX_FAULT_LINK") + " down"); }, 30s);
     report("link down", r);
     EXPECT_GT(r.ok, 0u);
     EXPECT_GT(r.failed, 0u);
@@ -317,7 +325,8 @@ TEST_P(fault, link_down_on_an_idle_connection_is_detected)
         std::printf("[ fault    ] idle link down on tcp: state %s after %.0f ms\n", to_string(c->state()),
                     ms(took));
         RecordProperty("detection_ms", static_cast<int>(ms(took)));
-        EXPECT_NE(c->state(), connection_state::established) << "an idle connection to a vanished host went unnoticed";
+        EXPECT_NE(c->state(), connection_state::established)
+            << "an idle connection to a vanished host went unnoticed";
         EXPECT_LT(took, limit);
         // What is posted now completes (flushed), it does not hang.
         sge s{mr_.get(), 0, 64};

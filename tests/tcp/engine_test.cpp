@@ -426,7 +426,9 @@ TEST_F(tcp_engine, burst_of_small_frames_reaches_a_sleeping_receiver)
             rr[i] = {.wr_id = i, .local = {&rs[i], 1}};
             ws[i] = {sm.get(), i * 4, 4};
             // Zero-length sends in between: frames without payload, one step each.
-            wr[i] = {.opcode = opcode::send, .wr_id = i, .local = {&ws[i], i % 3 == 0 ? 0u : 1u},
+            wr[i] = {.opcode = opcode::send,
+                     .wr_id = i,
+                     .local = {&ws[i], i % 3 == 0 ? 0u : 1u},
                      .flags = i + 1 == n ? send_flags::signaled : send_flags::none};
         }
         ASSERT_FALSE(p.server->post_recv(rr));
@@ -513,8 +515,8 @@ TEST_F(tcp_engine, transfer_left_by_a_polling_application_completes_without_it)
     constexpr std::size_t big = 24u << 20;
     std::vector<std::byte> src(big), dst(big), ping(64);
     auto sm = client_dom_->register_memory(src.data(), src.size(), access::local_write);
-    auto dm = server_dom_->register_memory(dst.data(), dst.size(),
-                                           access::local_write | access::remote_write);
+    auto dm =
+        server_dom_->register_memory(dst.data(), dst.size(), access::local_write | access::remote_write);
     auto pm = client_dom_->register_memory(ping.data(), ping.size(), access::local_write);
     auto qm = server_dom_->register_memory(ping.data(), ping.size(), access::local_write);
     for (int phase = 0; phase < 2; ++phase) {
@@ -638,10 +640,10 @@ TEST_F(tcp_engine, target_that_only_posts_still_serves_one_sided_requests)
     // to be served while the server is still posting, not once it stops.
     auto p = connect_pair();
     std::vector<std::byte> cbuf(4096, std::byte{1}), sbuf(4096, std::byte{2});
-    auto cm = client_dom_->register_memory(cbuf.data(), cbuf.size(),
-                                           access::local_write | access::remote_write);
-    auto sm = server_dom_->register_memory(sbuf.data(), sbuf.size(),
-                                           access::local_write | access::remote_read);
+    auto cm =
+        client_dom_->register_memory(cbuf.data(), cbuf.size(), access::local_write | access::remote_write);
+    auto sm =
+        server_dom_->register_memory(sbuf.data(), sbuf.size(), access::local_write | access::remote_read);
     sge cs{cm.get(), 0, 8}, ss{sm.get(), 0, 8};
     ASSERT_NO_FATAL_FAILURE(busy_ping_pong(*p.client, *p.server, cs, ss)); // both engines stand down
     for (std::size_t i = 0; i < 64; ++i)
