@@ -8,6 +8,7 @@
 #   ./dev.sh test    install, build, run the whole test suite (what CI runs)
 #   ./dev.sh deps | build
 #   ./dev.sh asan | tsan | fuzz   one sanitizer or fuzz pass of `test` on its own
+#   ./dev.sh format [--fix]       the style check of `test` (or rewrite the files)
 set -euo pipefail
 cd "$(dirname "$0")"
 readonly BUILD=${RDMX_BUILD_DIR:-build}
@@ -16,7 +17,7 @@ readonly BUILD=${RDMX_BUILD_DIR:-build}
 readonly PACKAGES=(
     g++ meson ninja-build pkg-config
     libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils rdmacm-utils
-    libboost-dev libgtest-dev libgmock-dev libcli11-dev clang-14 libclang-rt-14-dev
+    libboost-dev libgtest-dev libgmock-dev libcli11-dev clang-14 libclang-rt-14-dev clang-format-14
     qemu-system-x86 busybox-static kmod iproute2 xz-utils zstd util-linux procps
 )
 
@@ -186,6 +187,26 @@ test_fuzz() {
     return "$rc"
 }
 
+# The style is mechanical (.clang-format): every tracked C++ file as clang-format-14 would
+# write it. `./dev.sh format` checks; `./dev.sh format --fix` rewrites the files.
+test_format() {
+    log "format (clang-format-14, .clang-format)"
+    local files bad=()
+    mapfile -t files < <(git ls-files '*.cpp' '*.hpp' 2>/dev/null || find cm gpu include lib samples tests verbs -name '*.[ch]pp')
+    if [ "${1:-}" = --fix ]; then
+        clang-format-14 -i "${files[@]}"
+        return
+    fi
+    for f in "${files[@]}"; do
+        clang-format-14 --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")
+    done
+    if ((${#bad[@]})); then
+        printf 'not formatted (./dev.sh format --fix): %s\n' "${bad[@]}"
+        return 1
+    fi
+    echo "${#files[@]} files formatted"
+}
+
 # Sums the GoogleTest XML reports: the closing line counts skips apart from passes.
 summary() {
     awk '
@@ -211,6 +232,7 @@ test_all() {
     test_asan || { rc=$?; failed+=("ASan+UBSan"); }
     test_tsan || { rc=$?; failed+=("TSan"); }
     test_fuzz || { rc=$?; failed+=("fuzzing"); }
+    test_format || { rc=$?; failed+=("format"); }
     log "summary (GoogleTest cases over all suites, sanitizer passes included)"
     [ -z "$main_log" ] || echo "$main_log"
     summary
@@ -231,5 +253,6 @@ test) test_all ;;
 asan) deps; build_clang; mkdir -p "$BUILD/tests/results"; test_asan ;;
 tsan) deps; mkdir -p "$BUILD/tests/results"; test_tsan ;;
 fuzz) deps; build_clang; test_fuzz ;;
-*) echo "usage: $0 demo|test|deps|build|asan|tsan|fuzz" >&2; exit 2 ;;
+format) deps; test_format "${2:-}" ;;
+*) echo "usage: $0 demo|test|deps|build|asan|tsan|fuzz|format [--fix]" >&2; exit 2 ;;
 esac
