@@ -82,15 +82,13 @@ private:
     /// a post writes only the fields a request sets, so nothing is allocated or cleared per
     /// operation (a 128-byte clear per request is a `rep stos`, which an emulated guest runs
     /// one word at a time). post_batch slots chained by `next` for lists, and one more, on
-    /// its own, for a single request; each slot has sge_per_wr SGEs of its own
+    /// its own, for a single request; each slot has `sges` SGEs of its own
     /// (limits_.max_send_sge or max_recv_sge).
     template <class IbvWr> struct wr_array {
         std::vector<IbvWr> wr;
         std::vector<ibv_sge> sge;
-        std::size_t sge_per_wr = 0;
 
-        explicit wr_array(std::size_t sges)
-            : wr(post_batch + 1), sge((post_batch + 1) * sges), sge_per_wr(sges)
+        explicit wr_array(std::size_t sges) : wr(post_batch + 1), sge((post_batch + 1) * sges)
         {
             for (std::size_t i = 0; i <= post_batch; ++i) {
                 wr[i].sg_list = sge.data() + i * sges;

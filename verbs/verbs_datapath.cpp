@@ -101,8 +101,8 @@ void fill_one(IbvWr& w, const Request& wr, Fill fill) noexcept
 // Fills provider work requests from ours into `arr` and hands them to `post`
 // (ibv_post_send / ibv_post_recv): a single request from its own slot, a list in batches of
 // post_batch with one doorbell each. `fill` sets the fields particular to the queue. On a
-// provider error, *posted counts what went through. The requests were checked: each has
-// at most arr.sge_per_wr SGEs.
+// provider error, *posted counts what went through. The requests were checked: none has
+// more SGEs than its queue's limit, for which each slot of `arr` has room.
 template <class IbvWr, class Request, class Fill, class Post>
 std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* posted, auto& arr, Fill fill,
                                 Post post) noexcept
