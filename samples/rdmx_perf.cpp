@@ -345,8 +345,8 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
                                 std::uint64_t iters, bool active, bool event, bool spin_only,
                                 std::uint32_t inline_max, std::uint32_t signal_every)
 {
-    std::vector<std::uint64_t> tick_samples;
-    tick_samples.reserve(iters);
+    std::vector<double> samples; // in ticks until the loop ends, then in microseconds
+    samples.reserve(iters);
     poller p(*s.data, event, s.timeout);
     const std::uint64_t total = warmup + iters;
     const auto inl =
@@ -426,17 +426,16 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
         if (active) {
             std::uint64_t t1 = ticks();
             if (i >= warmup)
-                tick_samples.push_back(t1 - t0);
+                samples.push_back(static_cast<double>(t1 - t0));
             t0 = t1;
         }
     }
-    if (tick_samples.empty())
-        return {}; // the server, which does not measure
+    if (samples.empty())
+        return samples; // the server, which does not measure
     // As perftest: half the round trip for send and write, the whole of a read.
     const double scale = rate.us_per_tick() * (t == test::read_lat ? 1.0 : 0.5);
-    std::vector<double> samples(tick_samples.size());
-    std::transform(tick_samples.begin(), tick_samples.end(), samples.begin(),
-                   [scale](std::uint64_t k) { return static_cast<double>(k) * scale; });
+    for (double& x : samples)
+        x *= scale;
     return samples;
 }
 
