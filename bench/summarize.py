@@ -91,9 +91,12 @@ for desc, backend, mine, peer, goal, higher in targets + others:
     x, y = get(backend, *mine), get(backend, *peer)
     ratio = x / y if x is not None and y else None
     ok = None if ratio is None or goal is None else (ratio >= goal if higher else ratio <= goal)
+    # Each tool's runs in rep order: a median of few reps can hide a split (rxe under TCG
+    # has latency modes, profile-2026-11-29.md sections 12-14), the runs show it.
     checked.append({"target": desc, "backend": backend, "rdmx": x, "peer": y, "ratio": ratio,
                     "goal": "-" if goal is None else (">= " if higher else "<= ") + f"{goal}x", "met": ok,
-                    "unit": "MB/s" if mine[3] == "mb_s" else "us"})
+                    "unit": "MB/s" if mine[3] == "mb_s" else "us",
+                    "rdmx_runs": vals.get((backend, *mine), []), "peer_runs": vals.get((backend, *peer), [])})
 
 # rxe under TCG: a run whose median sits at one 4 ms host tick stalled as a whole (a vCPU
 # waiting for a host CPU); listed so that a median can be read with that in mind.
@@ -136,6 +139,10 @@ if stalled:
            "CPU under TCG, seen for perftest and rdmx alike): " +
            ", ".join(f"{r['tool']} {r['test']} {size_name(int(r['size']))} rep {r['rep']} ({float(r['value']):.0f} us)"
                      for r in stalled) + "."]
+md += ["", "## The runs behind each target (rep order)", ""]
+for c in checked[:len(targets)]:
+    md.append(f"- {c['backend']}: {c['target']}: rdmx " + (" ".join(f"{v:.4g}" for v in c["rdmx_runs"]) or "-") +
+              "; peer " + (" ".join(f"{v:.4g}" for v in c["peer_runs"]) or "-"))
 md += ["", "## All medians", "", "| backend | tool | test | size | metric | median | min | max | n |",
        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
 for m in doc["medians"]:
