@@ -139,7 +139,7 @@ if stalled:
            "CPU under TCG, seen for perftest and rdmx alike): " +
            ", ".join(f"{r['tool']} {r['test']} {size_name(int(r['size']))} rep {r['rep']} ({float(r['value']):.0f} us)"
                      for r in stalled) + "."]
-md += ["", "## The runs behind each target (rep order)", ""]
+md += ["", "## The runs behind each target (rep order; a failed run leaves no value)", ""]
 for c in checked[:len(targets)]:
     md.append(f"- {c['backend']}: {c['target']}: rdmx " + (" ".join(f"{v:.4g}" for v in c["rdmx_runs"]) or "-") +
               "; peer " + (" ".join(f"{v:.4g}" for v in c["peer_runs"]) or "-"))
