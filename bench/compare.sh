@@ -204,10 +204,13 @@ guest_run() { # perftest|rdmx test size iters [rdmx_perf options...]: one run of
     fi
 }
 
-guest_verbs() { # RAW BW_REPS LAT_REPS
+guest_verbs() { # RAW BW_REPS LAT_REPS; env GUEST_LAT_SIZES, GUEST_LAT_TESTS, GUEST_LAT_ITERS
     RAW=$1
     backend=verbs
     local reps=$(($2 > $3 ? $2 : $3))
+    # bench/rxe_modes.sh narrows the latency pairs to what it counts
+    local lat_sizes=${GUEST_LAT_SIZES:-2 4096} lat_tests=${GUEST_LAT_TESTS:-send_lat write_lat read_lat}
+    local lat_iters=${GUEST_LAT_ITERS:-1000}
     for ((rep = 1; rep <= reps; rep++)); do
         echo "verbs rep $rep (load $(load_now))"
         record load - 0 load "$(load_now)"
@@ -217,11 +220,11 @@ guest_verbs() { # RAW BW_REPS LAT_REPS
         local order=(perftest rdmx)
         ((rep % 2 == 1)) || order=(rdmx perftest)
         if ((rep <= $3)); then
-            for s in 2 4096; do
-                for t in send_lat write_lat read_lat; do
+            for s in $lat_sizes; do
+                for t in $lat_tests; do
                     # ib_write_lat spins on memory only; so does rdmx_perf here (--spin-only)
                     for tool in "${order[@]}"; do
-                        guest_run $tool $t $s 1000 -w 100 $([ $t = write_lat ] && echo --spin-only)
+                        guest_run $tool $t $s $lat_iters -w 100 $([ $t = write_lat ] && echo --spin-only)
                     done
                 done
             done
