@@ -243,8 +243,9 @@ void check(std::error_code ec, const char* what)
 }
 
 /// Everything one side needs: the measured connection, the control connection, and the
-/// registered buffers. The data buffer has two halves of max_size: the first is what the
-/// peer writes into or reads from, the second is this side's source or sink.
+/// registered buffers. The data buffer has two halves, each the largest message size rounded
+/// up to whole pages: the first is what the peer writes into or reads from, the second is
+/// this side's source or sink.
 struct session {
     std::unique_ptr<rdmx::domain> dom;
     std::unique_ptr<rdmx::connection> data, ctl;
@@ -272,16 +273,18 @@ struct session {
     std::vector<std::byte> ctl_buf;
     std::unique_ptr<rdmx::memory_region> mr, ctl_mr;
     rdmx::remote_buffer peer{}; ///< the first half of the peer's buffer
-    std::size_t max_size = 0;
+    /// Where the second half starts. As perftest's halves, a page apart at least, so that
+    /// at 2 B the two do not share a cache line: the peer's writes land from the other CPU.
+    std::size_t half = 0;
     std::chrono::milliseconds timeout{10000};
 
     std::byte* target() { return buf.data(); }
-    std::byte* source() { return buf.data() + max_size; }
+    std::byte* source() { return buf.data() + half; }
 
     void register_buffers(std::size_t max)
     {
-        max_size = max;
-        buf.assign(2 * max);
+        half = (max + 4095) / 4096 * 4096;
+        buf.assign(2 * half);
         mr = dom->register_memory(buf.data(), buf.size(),
                                   rdmx::access::local_write | rdmx::access::remote_write |
                                       rdmx::access::remote_read);
@@ -357,8 +360,8 @@ std::vector<double> run_latency(session& s, test t, std::size_t size, std::uint6
     // is the measurement).
     auto signaled = [&](std::uint64_t i) { return t == test::read_lat || signal_at(i, total, signal_every); };
     auto flags = [&](std::uint64_t i) { return signaled(i) ? inl | rdmx::send_flags::signaled : inl; };
-    rdmx::sge src{s.mr.get(), s.max_size, size}; // our source (or read sink)
-    rdmx::sge dst{s.mr.get(), 0, size};          // where the peer's sends land
+    rdmx::sge src{s.mr.get(), s.half, size}; // our source (or read sink)
+    rdmx::sge dst{s.mr.get(), 0, size};      // where the peer's sends land
     rdmx::remote_buffer remote = *s.peer.slice(0, size);
 
     // Waits for `n` completions of any kind (sends, receives, reads), counting those that
@@ -461,7 +464,7 @@ bw_result run_bw_client(session& s, test t, std::size_t size, std::uint64_t warm
                             : t == test::write_bw ? rdmx::opcode::write
                                                   : rdmx::opcode::write_with_imm;
     const bool use_inline = size <= inline_max && op != rdmx::opcode::read;
-    rdmx::sge src{s.mr.get(), s.max_size, size};
+    rdmx::sge src{s.mr.get(), s.half, size};
     rdmx::remote_buffer remote = *s.peer.slice(0, size);
     std::vector<rdmx::work_request> list(post_list);
     std::vector<rdmx::completion> wc(64);
