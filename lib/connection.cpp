@@ -35,46 +35,6 @@ const char* to_string(connection_state s) noexcept
     return "?";
 }
 
-std::error_code connection::post_send(std::span<const sge> local, std::uint64_t wr_id,
-                                      send_flags flags) noexcept
-{
-    work_request wr{.opcode = opcode::send, .wr_id = wr_id, .local = local, .flags = flags};
-    return post({&wr, 1});
-}
-
-std::error_code connection::post_write(std::span<const sge> local, const remote_buffer& remote,
-                                       std::uint64_t wr_id, send_flags flags) noexcept
-{
-    work_request wr{
-        .opcode = opcode::write, .wr_id = wr_id, .local = local, .remote = remote, .flags = flags};
-    return post({&wr, 1});
-}
-
-std::error_code connection::post_write_imm(std::span<const sge> local, const remote_buffer& remote,
-                                           std::uint32_t imm, std::uint64_t wr_id, send_flags flags) noexcept
-{
-    work_request wr{.opcode = opcode::write_with_imm,
-                    .wr_id = wr_id,
-                    .local = local,
-                    .remote = remote,
-                    .flags = flags,
-                    .imm = imm};
-    return post({&wr, 1});
-}
-
-std::error_code connection::post_read(std::span<const sge> local, const remote_buffer& remote,
-                                      std::uint64_t wr_id, send_flags flags) noexcept
-{
-    work_request wr{.opcode = opcode::read, .wr_id = wr_id, .local = local, .remote = remote, .flags = flags};
-    return post({&wr, 1});
-}
-
-std::error_code connection::post_recv(std::span<const sge> local, std::uint64_t wr_id) noexcept
-{
-    recv_request wr{.wr_id = wr_id, .local = local};
-    return post_recv({&wr, 1});
-}
-
 std::size_t connection::wait(std::span<completion> out, std::chrono::milliseconds timeout) noexcept
 {
     auto deadline = std::chrono::steady_clock::now() + timeout;

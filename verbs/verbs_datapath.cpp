@@ -90,7 +90,7 @@ void fill_sges(std::span<const sge> in, ibv_sge* out) noexcept
 // One request into its slot. The slot's sg_list (and its place in the chain) were set when
 // the connection built the array; everything a request sets is written here, always.
 template <class IbvWr, class Request, class Fill>
-void fill_one(IbvWr& w, const Request& wr, Fill fill) noexcept
+[[gnu::always_inline]] inline void fill_one(IbvWr& w, const Request& wr, Fill fill) noexcept
 {
     fill_sges(wr.local, w.sg_list);
     w.wr_id = wr.wr_id;

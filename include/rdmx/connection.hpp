@@ -171,16 +171,44 @@ public:
     virtual std::error_code post_recv(std::span<const recv_request> wrs,
                                       std::size_t* posted = nullptr) noexcept = 0;
 
-    // Convenience wrappers over post() for single requests.
+    // Convenience wrappers over post() for single requests. Inline, so that a single
+    // request costs the application one (virtual) call into the library, not two.
     std::error_code post_send(std::span<const sge> local, std::uint64_t wr_id,
-                              send_flags flags = send_flags::signaled) noexcept;
+                              send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{.opcode = opcode::send, .wr_id = wr_id, .local = local, .flags = flags};
+        return post({&wr, 1});
+    }
     std::error_code post_write(std::span<const sge> local, const remote_buffer& remote, std::uint64_t wr_id,
-                               send_flags flags = send_flags::signaled) noexcept;
+                               send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{
+            .opcode = opcode::write, .wr_id = wr_id, .local = local, .remote = remote, .flags = flags};
+        return post({&wr, 1});
+    }
     std::error_code post_write_imm(std::span<const sge> local, const remote_buffer& remote, std::uint32_t imm,
-                                   std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept;
+                                   std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{.opcode = opcode::write_with_imm,
+                        .wr_id = wr_id,
+                        .local = local,
+                        .remote = remote,
+                        .flags = flags,
+                        .imm = imm};
+        return post({&wr, 1});
+    }
     std::error_code post_read(std::span<const sge> local, const remote_buffer& remote, std::uint64_t wr_id,
-                              send_flags flags = send_flags::signaled) noexcept;
-    std::error_code post_recv(std::span<const sge> local, std::uint64_t wr_id) noexcept;
+                              send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{
+            .opcode = opcode::read, .wr_id = wr_id, .local = local, .remote = remote, .flags = flags};
+        return post({&wr, 1});
+    }
+    std::error_code post_recv(std::span<const sge> local, std::uint64_t wr_id) noexcept
+    {
+        recv_request wr{.wr_id = wr_id, .local = local};
+        return post_recv({&wr, 1});
+    }
 
     /// Moves up to out.size() completions into `out`; returns how many (never allocates).
     virtual std::size_t poll(std::span<completion> out) noexcept = 0;
