@@ -255,15 +255,18 @@ struct session {
         struct free_deleter {
             void operator()(std::byte* p) const { std::free(p); }
         };
+        static constexpr std::size_t page = 4096;
+        /// `size` rounded up to whole pages.
+        static constexpr std::size_t padded(std::size_t size) { return (size + page - 1) / page * page; }
+
         std::unique_ptr<std::byte[], free_deleter> p;
         std::size_t n = 0;
         void assign(std::size_t size)
         {
-            const std::size_t page = 4096, padded = (size + page - 1) / page * page;
-            p.reset(static_cast<std::byte*>(std::aligned_alloc(page, padded)));
+            p.reset(static_cast<std::byte*>(std::aligned_alloc(page, padded(size))));
             if (!p)
                 throw std::bad_alloc();
-            std::memset(p.get(), 0, padded);
+            std::memset(p.get(), 0, padded(size));
             n = size;
         }
         std::byte* data() const { return p.get(); }
@@ -283,7 +286,7 @@ struct session {
 
     void register_buffers(std::size_t max)
     {
-        half = (max + 4095) / 4096 * 4096;
+        half = page_buffer::padded(max);
         buf.assign(2 * half);
         mr = dom->register_memory(buf.data(), buf.size(),
                                   rdmx::access::local_write | rdmx::access::remote_write |
