@@ -2,7 +2,7 @@
 # Runs inside the rxe guest (tests/guest/rxe-guest.sh): REPS reps of bench/compare.sh's
 # verbs latency pairs at 2 B (perftest and rdmx_perf back to back, the order alternating
 # from rep to rep, server vCPU 0, client vCPU 1), then counts how many runs of each tool
-# land in the fast mode (profile-2026-11-29.md, sections 12-14). From the host:
+# land in the fast mode (profile-2026-11-29.md, sections 12-15). From the host:
 #   tests/guest/rxe-guest.sh --cache build/guest-cache --share "$PWD" --share "$(realpath build)" \
 #       -- bash "$PWD/bench/rxe_modes.sh" build 20
 #   bench/rxe_modes.sh BUILD_DIR REPS [ITERS (1000)] [TESTS ("send_lat write_lat")] [FAST_US (18)]

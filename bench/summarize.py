@@ -92,7 +92,7 @@ for desc, backend, mine, peer, goal, higher in targets + others:
     ratio = x / y if x is not None and y else None
     ok = None if ratio is None or goal is None else (ratio >= goal if higher else ratio <= goal)
     # Each tool's runs in rep order: a median of few reps can hide a split (rxe under TCG
-    # has latency modes, profile-2026-11-29.md sections 12-14), the runs show it.
+    # has latency modes, profile-2026-11-29.md sections 12-15), the runs show it.
     checked.append({"target": desc, "backend": backend, "rdmx": x, "peer": y, "ratio": ratio,
                     "goal": "-" if goal is None else (">= " if higher else "<= ") + f"{goal}x", "met": ok,
                     "unit": "MB/s" if mine[3] == "mb_s" else "us",
