@@ -2,7 +2,8 @@
 # One command that measures rdmx side by side with its peers and writes
 # bench/results/<date>.md, .json and .png (bandwidth and latency against size):
 #
-#   bench/compare.sh [--reps N] [--guest-reps N] [--guest-lat-reps N] [--no-guest] [--no-tcp]
+#   bench/compare.sh [--reps N] [--tcp-lat-pairs N] [--guest-reps N] [--guest-bw-iters N]
+#                    [--guest-lat-reps N] [--no-guest] [--no-tcp]
 #
 #   TCP backend on loopback  rdmx_perf  vs  ucx_perftest (UCX_TLS=tcp,self, lo: tag_lat,
 #                            ucp_put_lat, tag_bw, ucp_put_bw, ucp_get), fi_pingpong
@@ -21,8 +22,17 @@ cd "$(dirname "$0")/.."
 readonly ROOT=$PWD
 readonly BUILD=${RDMX_BUILD_DIR:-build}
 REPS=5 # TCP: a rep is about 45 s; with 3, two slow reps of one tool set its median
-GUEST_REPS=5 # rxe under TCG: whole runs stall at ~4 ms per message when a vCPU waits for
-             # a host CPU (either tool, at random); more reps keep the median honest
+# TCP 8 B send/recv latency: a run measures 20 ms, and the host moves both tools' runs
+# over about 3.5-4.8 us from run to run (50000 iterations per run spread as widely as
+# 5000), so each rep runs this pair (rdmx_perf send_lat, ucx_perftest tag_lat) this many
+# times, back to back, the order alternating.
+TCP_LAT_PAIRS=3
+GUEST_REPS=7 # rxe under TCG: whole runs stall at ~4 ms per message when a vCPU waits for
+             # a host CPU (either tool, at random); more reps keep the median honest.
+# Each bandwidth run moves 1500 x 64 KiB (about 3 s at rxe's 30 MB/s here): in one boot,
+# runs of 500 messages spread with a coefficient of variation of 0.08-0.21 per tool and
+# test, runs of 2000 with 0.07-0.15.
+GUEST_BW_ITERS=1500
 # rxe latency under TCG is bimodal from run to run (about 15 or about 25 us at 2 B, either
 # tool, in proportions that change from boot to boot): a median of 5 runs follows how many
 # land in each mode, so the latency pairs (a few seconds each) run more reps.
@@ -32,12 +42,16 @@ TCP=1
 while (($#)); do
     case $1 in
     --reps) REPS=$2; shift 2 ;;
+    --tcp-lat-pairs) TCP_LAT_PAIRS=$2; shift 2 ;;
     --guest-reps) GUEST_REPS=$2; shift 2 ;;
+    --guest-bw-iters) GUEST_BW_ITERS=$2; shift 2 ;;
     --guest-lat-reps) GUEST_LAT_REPS=$2; shift 2 ;;
     --no-guest) GUEST=0; shift ;;
     --no-tcp) TCP=0; shift ;;
     guest-verbs) shift; guest_mode=1; break ;;
-    *) echo "usage: $0 [--reps N] [--guest-reps N] [--guest-lat-reps N] [--no-guest] [--no-tcp]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--reps N] [--tcp-lat-pairs N] [--guest-reps N] [--guest-bw-iters N]" \
+        "[--guest-lat-reps N] [--no-guest] [--no-tcp]" >&2
+        exit 2 ;;
     esac
 done
 
@@ -144,8 +158,19 @@ qperf_run() { # test size
 
 tcp_rep() {
     local a=tcp://127.0.0.1:18600
+    echo "  8 B send/recv latency pairs: rdmx_perf send_lat, ucx_perftest tag_lat"
+    local k
+    for ((k = 0; k < TCP_LAT_PAIRS; k++)); do
+        if (((rep + k) % 2)); then
+            rdmx_run $a send_lat 8 5000
+            ucx_run tag_lat 8 5000
+        else
+            ucx_run tag_lat 8 5000
+            rdmx_run $a send_lat 8 5000
+        fi
+    done
     echo "  rdmx_perf (tcp)"
-    rdmx_run $a send_lat 8 5000 -s 4096 -s 65536
+    rdmx_run $a send_lat 4096 5000 -s 65536
     rdmx_run $a write_lat 8 5000
     AS=write_lat_spin rdmx_run $a write_lat 8 5000 --spin-only # memory only, as perftest
     # Bandwidth runs last about a second or more each, for every tool: on this machine a
@@ -156,7 +181,7 @@ tcp_rep() {
         for t in write_bw send_bw read_bw; do rdmx_run $a $t $s $n; done
     done
     echo "  ucx_perftest"
-    for s in 8 4096 65536; do ucx_run tag_lat $s 5000; done
+    for s in 4096 65536; do ucx_run tag_lat $s 5000; done
     ucx_run ucp_put_lat 8 5000
     for s in 65536 1048576 4194304; do
         # UCX over TCP is slower: put_bw and tag_bw runs last about 1-3 s with these counts,
@@ -175,7 +200,7 @@ tcp_rep() {
 }
 
 # ---------------------------------------------------------------------------------------
-# verbs on soft-RoCE: runs inside the guest (compare.sh guest-verbs RAW REPS)
+# verbs on soft-RoCE: runs inside the guest (compare.sh guest-verbs RAW BW_REPS LAT_REPS [BW_ITERS])
 
 perftest_run() { # tool size iters
     local out line
@@ -204,9 +229,10 @@ guest_run() { # perftest|rdmx test size iters [rdmx_perf options...]: one run of
     fi
 }
 
-guest_verbs() { # RAW BW_REPS LAT_REPS; env GUEST_LAT_SIZES, GUEST_LAT_TESTS, GUEST_LAT_ITERS
+guest_verbs() { # RAW BW_REPS LAT_REPS [BW_ITERS]; env GUEST_LAT_SIZES, GUEST_LAT_TESTS, GUEST_LAT_ITERS
     RAW=$1
     backend=verbs
+    local bw_iters=${4:-$GUEST_BW_ITERS}
     local reps=$(($2 > $3 ? $2 : $3))
     # bench/rxe_modes.sh narrows the latency pairs to what it counts
     local lat_sizes=${GUEST_LAT_SIZES:-2 4096} lat_tests=${GUEST_LAT_TESTS:-send_lat write_lat read_lat}
@@ -230,9 +256,12 @@ guest_verbs() { # RAW BW_REPS LAT_REPS; env GUEST_LAT_SIZES, GUEST_LAT_TESTS, GU
             done
         fi
         ((rep <= $2)) || continue
+        # perftest's bandwidth tests time the span from the first post to the last
+        # completion, cold start included (its --perform_warm_up exists for write and read
+        # only); rdmx_perf without warm-up (-w 0) times the same span.
         for t in send_bw write_bw read_bw; do
             for tool in "${order[@]}"; do
-                guest_run $tool $t 65536 500 -w 50
+                guest_run $tool $t 65536 "$bw_iters" -w 0
             done
         done
     done
@@ -274,11 +303,11 @@ if ((GUEST)); then
     echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS bandwidth and $GUEST_LAT_REPS latency reps"
     backend=verbs rep=0
     tests/guest/rxe-guest.sh --cache "$BUILD/guest-cache" --share "$ROOT" --share "$(realpath "$BUILD")" \
-        --share "$RAW" --timeout 1200 -- bash "$ROOT/bench/compare.sh" guest-verbs "$RAW" "$GUEST_REPS" "$GUEST_LAT_REPS" ||
+        --share "$RAW" --timeout 1200 -- bash "$ROOT/bench/compare.sh" guest-verbs "$RAW" "$GUEST_REPS" "$GUEST_LAT_REPS" "$GUEST_BW_ITERS" ||
         fail_note guest boot "rxe-guest.sh exited with $?"
 fi
 mkdir -p bench/results
 stamp=$(date +%Y-%m-%d)
-python3 bench/summarize.py "$RAW" "bench/results/$stamp" --reps "$REPS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
+python3 bench/summarize.py "$RAW" "bench/results/$stamp" --reps "$REPS" --tcp-lat-pairs "$TCP_LAT_PAIRS" --guest-bw-iters "$GUEST_BW_ITERS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
     --machine "$(nproc) CPUs, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "=== wrote bench/results/$stamp.md, .json, .png (raw data in $RAW)"

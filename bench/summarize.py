@@ -15,7 +15,9 @@ ap = argparse.ArgumentParser()
 ap.add_argument("raw")
 ap.add_argument("out")
 ap.add_argument("--reps", type=int, default=0)
+ap.add_argument("--tcp-lat-pairs", type=int, default=1)
 ap.add_argument("--guest-reps", type=int, default=0)
+ap.add_argument("--guest-bw-iters", type=int, default=0)
 ap.add_argument("--guest-lat-reps", type=int, default=0)
 ap.add_argument("--seconds", type=int, default=0)
 ap.add_argument("--machine", default="")
@@ -102,7 +104,8 @@ for desc, backend, mine, peer, goal, higher in targets + others:
 # waiting for a host CPU); listed so that a median can be read with that in mind.
 stalled = [r for r in rows if r["backend"] == "verbs" and r["metric"] == "lat_us" and 3800 <= float(r["value"]) <= 4200]
 
-doc = {"machine": a.machine, "reps": a.reps, "guest_reps": a.guest_reps, "guest_lat_reps": a.guest_lat_reps, "seconds": a.seconds, "stalled_runs": stalled,
+doc = {"machine": a.machine, "reps": a.reps, "tcp_lat_pairs": a.tcp_lat_pairs, "guest_reps": a.guest_reps,
+       "guest_bw_iters": a.guest_bw_iters, "guest_lat_reps": a.guest_lat_reps, "seconds": a.seconds, "stalled_runs": stalled,
        "regime": "server pinned to CPU 0, client to CPU 1 (taskset, all threads), loopback; "
                  "verbs: rdma_rxe in a 2-vCPU QEMU (TCG) guest, server vCPU 0, client vCPU 1",
        "units": {"lat_us": "microseconds, one way (read: round trip), median of the tool's samples",
@@ -120,8 +123,9 @@ def fmt(v, unit=""):
 
 
 md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
-      f"Machine: {a.machine}. Reps: {a.reps} TCP, {a.guest_reps} verbs bandwidth, {a.guest_lat_reps} verbs latency "
-      f"(interleaved), {a.seconds} s in all. "
+      f"Machine: {a.machine}. Reps: {a.reps} TCP (each with {a.tcp_lat_pairs} 8 B send/recv latency pairs, "
+      f"rdmx_perf and ucx_perftest back to back), {a.guest_reps} verbs bandwidth ({a.guest_bw_iters} messages "
+      f"per run), {a.guest_lat_reps} verbs latency (interleaved), {a.seconds} s in all. "
       f"Regime: {doc['regime']}.",
       "Load average at the start of each rep: " + "; ".join(f"{b}: {', '.join(map(str, l))}" for b, l in loads.items()) + ".",
       "Produced by `bench/compare.sh`. Bandwidth in MB/s (1e6 B/s); latency in us one way "
