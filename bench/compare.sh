@@ -22,10 +22,10 @@ cd "$(dirname "$0")/.."
 readonly ROOT=$PWD
 readonly BUILD=${RDMX_BUILD_DIR:-build}
 REPS=5 # TCP: a rep is about 45 s; with 3, two slow reps of one tool set its median
-# TCP 8 B send/recv latency: a run measures 20 ms, and the host moves both tools' runs
-# over about 3.5-4.8 us from run to run (50000 iterations per run spread as widely as
-# 5000), so each rep runs this pair (rdmx_perf send_lat, ucx_perftest tag_lat) this many
-# times, back to back, the order alternating.
+# TCP 8 B send/recv latency: a run measures about 40 ms, and the host moves both tools'
+# runs over about 3.0-5.1 us from run to run (runs of 50000 iterations spread as widely as
+# runs of 5000), so each rep runs this pair (rdmx_perf send_lat, ucx_perftest tag_lat)
+# this many times, back to back, the order alternating.
 TCP_LAT_PAIRS=3
 GUEST_REPS=7 # rxe under TCG: whole runs stall at ~4 ms per message when a vCPU waits for
              # a host CPU (either tool, at random); more reps keep the median honest.
