@@ -131,6 +131,7 @@ struct options {
     std::string cpus;
     bool json = false;
     int timeout_ms = 10000;
+    std::uint32_t takeover_check_us = 1000; ///< connection_options::tcp_takeover_check
 };
 
 std::size_t parse_size(const std::string& s)
@@ -624,6 +625,7 @@ rdmx::connection_options connection_opts(const options& o)
     c.recv_queue_depth = 2 * o.depth;
     c.max_inline = o.inline_max;
     c.timeout = std::chrono::milliseconds(o.timeout_ms);
+    c.tcp_takeover_check = std::chrono::microseconds(o.takeover_check_us);
     return c;
 }
 
@@ -788,6 +790,11 @@ int main(int argc, char** argv)
     app.add_flag("--json", o.json, "print one JSON document instead of the table");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on connecting and on every wait")
         ->capture_default_str();
+    app.add_option("--takeover-check-us", o.takeover_check_us,
+                   "TCP: how often the engine checks that a busy-polling side still calls (each "
+                   "check wakes it on that side's CPU; a longer one lowers the latency tail)")
+        ->capture_default_str()
+        ->check(CLI::Range(100u, 1000000u));
     CLI11_PARSE(app, argc, argv);
     for (auto& [n, v] : test_names)
         if (n == test_name)

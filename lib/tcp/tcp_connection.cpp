@@ -58,6 +58,8 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
       // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
       resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
+      takeover_check_(std::clamp<std::chrono::microseconds>(
+          opts.tcp_takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
       standdown_timer_(dom.io()), tx_check_timer_(dom.io()),
       // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
       // least, doubling) on a lossy link would look like a dead peer.
@@ -211,7 +213,7 @@ std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t*
         rx_read();
     }
     if (coalesce_post())
-        arm_tx_check(); // the next post() or poll() sends it, or the engine in 1 ms
+        arm_tx_check(); // the next post() or poll() sends it, or the engine a check later
     else
         pump();
     last_call_end_ = std::chrono::steady_clock::now();
@@ -794,7 +796,7 @@ void conn_state::arm_tx_check() noexcept
         return;
     tx_check_armed_ = true;
     tx_check_calls_ = app_calls_;
-    tx_check_timer_.expires_after(standdown_check);
+    tx_check_timer_.expires_after(takeover_check_);
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
@@ -863,7 +865,7 @@ void conn_state::stand_down() noexcept
 
 void conn_state::arm_standdown_check() noexcept
 {
-    standdown_timer_.expires_after(standdown_check);
+    standdown_timer_.expires_after(takeover_check_);
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;

@@ -70,13 +70,13 @@ private:
     // pending) and the data that woke it already read by the application or the
     // application polling right then (a poll() within `busy_poll_window`), and takes the
     // socket back from request_notify(), when it must wait for writability, or when a check
-    // every `standdown_check` finds that the application stopped calling post() and poll():
+    // every `takeover_check_` (connection_options::tcp_takeover_check) finds that the
+    // application stopped calling post() and poll():
     // one-sided requests are then served again without the application, at most about two
     // checks late. While stood down, post() reads too, at most every `app_rx_interval`, so
     // that an application that posts a long window without polling still serves the
     // peer's requests. Transmission follows the same rule (app_keeps_tx).
     static constexpr int standdown_wakes = 3;
-    static constexpr std::chrono::microseconds standdown_check{1000};
     static constexpr std::chrono::microseconds busy_poll_window{20};
     static constexpr std::chrono::microseconds app_rx_interval{50};
     // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
@@ -313,6 +313,8 @@ private:
     handler_memory hmem_;
     asio::posix::stream_descriptor desc_; ///< engine thread only: readiness waits and close
     asio::steady_timer rnr_timer_;
+    /// The stand-down and transmit checks' interval (connection_options::tcp_takeover_check).
+    const std::chrono::microseconds takeover_check_;
     asio::steady_timer standdown_timer_;
     asio::steady_timer tx_check_timer_; ///< app_keeps_tx() outside a stand-down
     bool tx_check_armed_ = false;

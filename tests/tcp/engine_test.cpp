@@ -502,7 +502,13 @@ TEST_F(tcp_engine, frames_left_staged_at_the_end_of_a_receive_run_are_served)
     ::close(fd);
 }
 
-TEST_F(tcp_engine, transfer_left_by_a_polling_application_completes_without_it)
+// The takeover check's interval (connection_options::tcp_takeover_check): the default, and
+// a longer one, as a user who trades takeover delay for fewer engine wake-ups sets it.
+class tcp_engine_takeover : public tcp_engine, public testing::WithParamInterface<std::chrono::microseconds>
+{
+};
+
+TEST_P(tcp_engine_takeover, transfer_left_by_a_polling_application_completes_without_it)
 {
     // A busy-polling application keeps sending a large transfer from its own post() and
     // poll() calls instead of handing it to the engine (tcp_connection.cpp, app_keeps_tx).
@@ -511,7 +517,9 @@ TEST_F(tcp_engine, transfer_left_by_a_polling_application_completes_without_it)
     // may let the first sendmsg take it all), then after a busy ping-pong that let the
     // engines stand down (the receiver then drains only after its stand-down check, so
     // the initiator's socket fills and the transfer stops in the application's hands).
-    auto p = connect_pair();
+    connection_options opts;
+    opts.tcp_takeover_check = GetParam();
+    auto p = connect_pair(opts);
     constexpr std::size_t big = 24u << 20;
     std::vector<std::byte> src(big), dst(big), ping(64);
     auto sm = client_dom_->register_memory(src.data(), src.size(), access::local_write);
@@ -530,8 +538,8 @@ TEST_F(tcp_engine, transfer_left_by_a_polling_application_completes_without_it)
         ASSERT_EQ(p.client->poll(none), 0u); // polling, right now
         sge w{sm.get(), 0, big};
         ASSERT_FALSE(p.client->post_write({&w, 1}, dm->remote(0, big), 7));
-        // From here the client calls nothing for a while: far longer than the checks (1 ms)
-        // and the transfer need. Its first poll() afterwards must then find the write
+        // From here the client calls nothing for a while: far longer than the checks (1 or
+        // 20 ms) and the transfer need. Its first poll() afterwards must then find the write
         // complete: one poll() sends at most 1 MiB and cannot also get the ACK back. (No
         // peeking at the target memory meanwhile: that would race with the engine writing
         // it.)
@@ -549,6 +557,11 @@ TEST_F(tcp_engine, transfer_left_by_a_polling_application_completes_without_it)
         EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), big)) << "phase " << phase;
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(check, tcp_engine_takeover, testing::Values(1000us, 20000us),
+                         [](const testing::TestParamInfo<std::chrono::microseconds>& i) {
+                             return std::to_string(i.param.count()) + "us";
+                         });
 
 TEST_F(tcp_engine, requests_left_for_coalescing_go_out_when_the_application_stops_calling)
 {
