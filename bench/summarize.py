@@ -2,10 +2,12 @@
 """Turns the raw lines of bench/compare.sh into <out>.md, <out>.json and <out>.png.
 
 Medians over the interleaved reps; ratios are rdmx / peer (bandwidth: higher is better,
-latency: lower is better), each checked against the target of issue 3."""
+latency: lower is better), each checked against the target of issue 3, with the range in
+which the spread of the reps alone could move each ratio (bootstrap, ratio_range)."""
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import tempfile
@@ -21,6 +23,7 @@ ap.add_argument("--guest-bw-iters", type=int, default=0)
 ap.add_argument("--guest-lat-reps", type=int, default=0)
 ap.add_argument("--seconds", type=int, default=0)
 ap.add_argument("--machine", default="")
+ap.add_argument("--no-plot", action="store_true", help="write .md and .json only (no gnuplot needed)")
 a = ap.parse_args()
 
 
@@ -88,6 +91,24 @@ others = [("write 8 B latency vs UCX ucp_put_lat", "tcp", ("rdmx", "write_lat", 
           ("read 4 MiB bw vs UCX ucp_get", "tcp", ("rdmx", "read_bw", 4 << 20, "mb_s"),
            ("ucx", "ucp_get", 4 << 20, "mb_s"), None, True)]
 
+
+
+def ratio_range(mine, peer, draws=10000):
+    """5th and 95th percentile of the ratio of medians when each tool's runs are resampled
+    (bootstrap, a fixed seed: the same raw data give the same report). How far the spread of
+    this run's reps alone could move the ratio; None with fewer than 3 runs of either."""
+    if len(mine) < 3 or len(peer) < 3:
+        return None
+    rng = random.Random(1)
+    rs = []
+    for _ in range(draws):
+        y = statistics.median(rng.choices(peer, k=len(peer)))
+        if y > 0:
+            rs.append(statistics.median(rng.choices(mine, k=len(mine))) / y)
+    rs.sort()
+    return [rs[len(rs) // 20], rs[len(rs) * 19 // 20]] if rs else None
+
+
 checked = []
 for desc, backend, mine, peer, goal, higher in targets + others:
     x, y = get(backend, *mine), get(backend, *peer)
@@ -97,6 +118,7 @@ for desc, backend, mine, peer, goal, higher in targets + others:
     # has latency modes, profile-2026-11-29.md sections 12-15), the runs show it.
     checked.append({"target": desc, "backend": backend, "rdmx": x, "peer": y, "ratio": ratio,
                     "goal": "-" if goal is None else (">= " if higher else "<= ") + f"{goal}x", "met": ok,
+                    "ratio_90": ratio_range(vals.get((backend, *mine), []), vals.get((backend, *peer), [])),
                     "unit": "MB/s" if mine[3] == "mb_s" else "us",
                     "rdmx_runs": vals.get((backend, *mine), []), "peer_runs": vals.get((backend, *peer), [])})
 
@@ -109,7 +131,9 @@ doc = {"machine": a.machine, "reps": a.reps, "tcp_lat_pairs": a.tcp_lat_pairs, "
        "regime": "server pinned to CPU 0, client to CPU 1 (taskset, all threads), loopback; "
                  "verbs: rdma_rxe in a 2-vCPU QEMU (TCG) guest, server vCPU 0, client vCPU 1",
        "units": {"lat_us": "microseconds, one way (read: round trip), median of the tool's samples",
-                 "mb_s": "1e6 bytes per second", "cpu_s_per_gb": "CPU seconds per 1e9 bytes, whole process"},
+                 "mb_s": "1e6 bytes per second", "cpu_s_per_gb": "CPU seconds per 1e9 bytes, whole process",
+                 "ratio_90": "5th-95th percentile of the ratio of medians, each tool's runs resampled "
+                             "(bootstrap, 10000 draws)"},
        "load_at_rep_start": loads, "targets": checked,
        "medians": [{"backend": k[0], "tool": k[1], "test": k[2], "size": k[3], "metric": k[4], "median": v,
                     "min": min(vals[k]), "max": max(vals[k]), "n": len(vals[k])} for k, v in sorted(med.items())],
@@ -130,14 +154,23 @@ md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
       "Load average at the start of each rep: " + "; ".join(f"{b}: {', '.join(map(str, l))}" for b, l in loads.items()) + ".",
       "Produced by `bench/compare.sh`. Bandwidth in MB/s (1e6 B/s); latency in us one way "
       "(read: round trip), medians over reps.", "", "## Targets (ratio = rdmx / peer)", "",
-      "| target | rdmx | peer | ratio | goal | met |", "| --- | ---: | ---: | ---: | --- | --- |"]
+      "The 90 % range resamples each tool's runs of this report (bootstrap): how far the spread of",
+      "the reps alone could move the ratio. A goal inside it is not settled by this run either way.", "",
+      "| target | rdmx | peer | ratio | 90 % range | goal | met |", "| --- | ---: | ---: | ---: | --- | --- | --- |"]
+
+
+def fmt_range(r):
+    return "-" if r is None else f"{r[0]:.2f}-{r[1]:.2f}x"
+
+
 for i, c in enumerate(checked):
     if i == len(targets):
-        md += ["", "Other comparisons (no target):", "", "| comparison | rdmx | peer | ratio | goal | met |",
-               "| --- | ---: | ---: | ---: | --- | --- |"]
+        md += ["", "Other comparisons (no target):", "",
+               "| comparison | rdmx | peer | ratio | 90 % range | goal | met |",
+               "| --- | ---: | ---: | ---: | --- | --- | --- |"]
     met = "n/a" if c["met"] is None else ("yes" if c["met"] else "**no**")
     md.append(f"| {c['backend']}: {c['target']} | {fmt(c['rdmx'])} {c['unit']} | {fmt(c['peer'])} {c['unit']} | "
-              f"{fmt(c['ratio'], 'x')} | {c['goal']} | {met} |")
+              f"{fmt(c['ratio'], 'x')} | {fmt_range(c['ratio_90'])} | {c['goal']} | {met} |")
 if stalled:
     md += ["", "Verbs runs stalled at ~4 ms per message (one host tick; a guest vCPU waiting for a host "
            "CPU under TCG, seen for perftest and rdmx alike): " +
@@ -161,9 +194,13 @@ if errors:
             continue
         seen.add(key)
         md.append(f"- {e['backend']} {e['tool']} {e['test']} (rep {e['rep']}): `{e['error']}`")
-md += ["", f"![bandwidth and latency against size]({os.path.basename(a.out)}.png)", ""]
+if not a.no_plot:
+    md += ["", f"![bandwidth and latency against size]({os.path.basename(a.out)}.png)"]
+md.append("")
 with open(a.out + ".md", "w") as f:
     f.write("\n".join(md))
+if a.no_plot:
+    raise SystemExit(0)
 
 # --- plot: gnuplot, 2 x 2 panels
 series = {
