@@ -92,7 +92,6 @@ others = [("write 8 B latency vs UCX ucp_put_lat", "tcp", ("rdmx", "write_lat", 
            ("ucx", "ucp_get", 4 << 20, "mb_s"), None, True)]
 
 
-
 def ratio_range(mine, peer, draws=10000):
     """5th and 95th percentile of the ratio of medians when each tool's runs are resampled
     (bootstrap, a fixed seed: the same raw data give the same report). How far the spread of
@@ -146,6 +145,10 @@ def fmt(v, unit=""):
     return "-" if v is None else f"{v:.2f}{unit}"
 
 
+def fmt_range(r):
+    return "-" if r is None else f"{r[0]:.2f}-{r[1]:.2f}x"
+
+
 md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
       f"Machine: {a.machine}. Reps: {a.reps} TCP (each with {a.tcp_lat_pairs} 8 B send/recv latency pairs, "
       f"rdmx_perf and ucx_perftest back to back), {a.guest_reps} verbs bandwidth ({a.guest_bw_iters} messages "
@@ -157,12 +160,6 @@ md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
       "The 90 % range resamples each tool's runs of this report (bootstrap): how far the spread of",
       "the reps alone could move the ratio. A goal inside it is not settled by this run either way.", "",
       "| target | rdmx | peer | ratio | 90 % range | goal | met |", "| --- | ---: | ---: | ---: | --- | --- | --- |"]
-
-
-def fmt_range(r):
-    return "-" if r is None else f"{r[0]:.2f}-{r[1]:.2f}x"
-
-
 for i, c in enumerate(checked):
     if i == len(targets):
         md += ["", "Other comparisons (no target):", "",

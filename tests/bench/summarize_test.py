@@ -21,7 +21,9 @@ def line(rep, backend, tool, test, size, metric, value):
 
 class Summarize(unittest.TestCase):
     def run_summarize(self, lines):
-        d = tempfile.mkdtemp()
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        d = tmp.name
         with open(os.path.join(d, "results.jsonl"), "w") as f:
             f.write("\n".join(lines) + "\n")
         out = os.path.join(d, "report")
