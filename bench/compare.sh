@@ -15,8 +15,9 @@
 # threads of a process, rdmx's engine thread included, share that CPU), the same for every
 # tool. Reps are interleaved: rep 1 runs every measurement once, then rep 2, ...; the load
 # average is recorded at the start of each rep. Every run is bounded by `timeout`. Medians
-# over reps are reported, with ratios rdmx / peer. A peer that cannot run is reported with
-# its error instead of a number.
+# over reps are reported, with ratios rdmx / peer and the range a bootstrap over each tool's
+# runs gives each ratio (bench/summarize.py). A peer that cannot run is reported with its
+# error instead of a number.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 readonly ROOT=$PWD
