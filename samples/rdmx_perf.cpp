@@ -132,6 +132,7 @@ struct options {
     bool json = false;
     int timeout_ms = 10000;
     std::uint32_t takeover_check_us = 1000; ///< connection_options::tcp_takeover_check
+    std::string congestion;                 ///< connection_options::tcp_congestion
 };
 
 std::size_t parse_size(const std::string& s)
@@ -626,6 +627,7 @@ rdmx::connection_options connection_opts(const options& o)
     c.max_inline = o.inline_max;
     c.timeout = std::chrono::milliseconds(o.timeout_ms);
     c.tcp_takeover_check = std::chrono::microseconds(o.takeover_check_us);
+    c.tcp_congestion = o.congestion;
     return c;
 }
 
@@ -795,6 +797,9 @@ int main(int argc, char** argv)
                    "check wakes it on that side's CPU; a longer one lowers the latency tail)")
         ->capture_default_str()
         ->check(CLI::Range(100u, 1000000u));
+    app.add_option("--tcp-congestion", o.congestion,
+                   "TCP: this side's congestion control (cubic, reno, bbr, ...; default: the "
+                   "system's net.ipv4.tcp_congestion_control)");
     CLI11_PARSE(app, argc, argv);
     for (auto& [n, v] : test_names)
         if (n == test_name)

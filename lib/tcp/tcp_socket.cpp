@@ -43,6 +43,13 @@ void set_socket_options(int fd)
         throw_errno(errno, "setsockopt(TCP_NODELAY)");
 }
 
+void set_congestion_control(int fd, const std::string& algorithm)
+{
+    if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, algorithm.data(),
+                     static_cast<socklen_t>(algorithm.size())) < 0)
+        throw_errno(errno, ("setsockopt(TCP_CONGESTION, \"" + algorithm + "\")").c_str());
+}
+
 void set_liveness_options(int fd, std::chrono::milliseconds timeout)
 {
     // The kernel's own bounds, in line with the engine's progress timer: unacknowledged

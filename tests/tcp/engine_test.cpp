@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <thread>
@@ -562,6 +563,112 @@ INSTANTIATE_TEST_SUITE_P(check, tcp_engine_takeover, testing::Values(1000us, 200
                          [](const testing::TestParamInfo<std::chrono::microseconds>& i) {
                              return std::to_string(i.param.count()) + "us";
                          });
+
+/// The congestion control algorithm (TCP_CONGESTION, read back from the kernel) of each
+/// connected TCP socket of this process whose local or remote port is `port`.
+std::vector<std::string> congestion_on_port(std::uint16_t port)
+{
+    std::vector<std::string> out;
+    for (int fd = 0; fd < 4096; ++fd) {
+        sockaddr_in local{}, peer{};
+        socklen_t ll = sizeof local, pl = sizeof peer;
+        if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || local.sin_family != AF_INET ||
+            ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+            continue;
+        if (ntohs(local.sin_port) != port && ntohs(peer.sin_port) != port)
+            continue;
+        char name[32] = {};
+        socklen_t nl = sizeof name - 1;
+        if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &nl) == 0)
+            out.emplace_back(name);
+    }
+    return out;
+}
+
+std::string system_congestion()
+{
+    std::string s;
+    if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r")) {
+        char buf[32] = {};
+        if (std::fgets(buf, sizeof buf, f))
+            s = buf;
+        std::fclose(f);
+    }
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+        s.pop_back();
+    return s;
+}
+
+TEST_F(tcp_engine, congestion_control_is_each_sides_choice_or_the_systems)
+{
+    // connection_options::tcp_congestion: both ends of the connection run the algorithm
+    // asked for ("reno" is built into every kernel), data moves; left empty, the system's.
+    {
+        auto p = connect_pair();
+        std::string sys = system_congestion();
+        ASSERT_FALSE(sys.empty());
+        EXPECT_EQ(congestion_on_port(port_), (std::vector<std::string>{sys, sys}));
+    }
+    // The engines close those sockets on their own threads: wait until they are gone.
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!congestion_on_port(port_).empty() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(congestion_on_port(port_).empty());
+    connection_options opts;
+    opts.tcp_congestion = "reno";
+    auto p = connect_pair(opts);
+    EXPECT_EQ(congestion_on_port(port_), (std::vector<std::string>{"reno", "reno"}));
+    std::vector<std::byte> src(1 << 20), dst(1 << 20);
+    for (std::size_t i = 0; i < src.size(); ++i)
+        src[i] = static_cast<std::byte>(i * 7 + 3);
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto dm =
+        server_dom_->register_memory(dst.data(), dst.size(), access::local_write | access::remote_write);
+    sge w{sm.get(), 0, src.size()};
+    ASSERT_FALSE(p.client->post_write({&w, 1}, dm->remote(0, dst.size()), 1));
+    ASSERT_EQ(expect_ok(*p.client, 1).size(), 1u);
+    completion none[1];
+    EXPECT_EQ(p.server->poll(none), 0u); // orders the engine's writes before the comparison
+    EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), src.size()));
+}
+
+TEST_F(tcp_engine, unknown_congestion_control_fails_the_side_that_asked_for_it)
+{
+    // On connect: before the hello, so the listener never sees a request.
+    connection_options bad;
+    bad.tcp_congestion = "no-such-cc";
+    try {
+        client_dom_->connect(addr(), bad);
+        ADD_FAILURE() << "connect succeeded";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory) << e.what();
+        EXPECT_NE(std::string(e.what()).find("setsockopt(TCP_CONGESTION, \"no-such-cc\")"), std::string::npos)
+            << e.what();
+    }
+    EXPECT_EQ(listener_->get_request(300ms), nullptr);
+    // On accept: the request stays unanswered, and the client is rejected.
+    auto t = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(5s);
+        ASSERT_NE(req, nullptr);
+        EXPECT_THROW(
+            {
+                try {
+                    req->accept(bad);
+                } catch (const rdmx::error& e) {
+                    EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory) << e.what();
+                    throw;
+                }
+            },
+            rdmx::error);
+    });
+    try {
+        client_dom_->connect(addr());
+        ADD_FAILURE() << "connect succeeded";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::rejected) << e.what();
+    }
+    t.get();
+}
 
 TEST_F(tcp_engine, requests_left_for_coalescing_go_out_when_the_application_stops_calling)
 {
