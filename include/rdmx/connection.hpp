@@ -130,7 +130,8 @@ struct connection_options {
     /// each side sets its own, which governs what it sends. Empty (the default) keeps the
     /// system's (net.ipv4.tcp_congestion_control). One the kernel does not have, or does not
     /// allow an unprivileged process, fails connect() / accept() with the errno of
-    /// setsockopt (ENOENT, EPERM). On loopback here the system's bbr ran iperf3 at 3.7-4.4
+    /// setsockopt (ENOENT, EPERM); one over 15 bytes (the kernel's limit) with
+    /// errc::invalid_argument. On loopback here the system's bbr ran iperf3 at 3.7-4.4
     /// GB/s with hundreds of retransmissions per 2 s, cubic at 7.7-8.5 GB/s with none or
     /// almost none. verbs: unused.
     std::string tcp_congestion;

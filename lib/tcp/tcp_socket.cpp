@@ -45,6 +45,12 @@ void set_socket_options(int fd)
 
 void set_congestion_control(int fd, const std::string& algorithm)
 {
+    // The kernel reads at most TCP_CA_NAME_MAX - 1 bytes and would match a longer name by
+    // its first 15: refuse what no algorithm can be called instead.
+    constexpr std::size_t name_max = 15;
+    if (algorithm.size() > name_max || algorithm.find('\0') != std::string::npos)
+        throw_error(errc::invalid_argument, "setsockopt(TCP_CONGESTION): \"" + algorithm.substr(0, 32) +
+                                                "\" is not an algorithm name (at most 15 bytes)");
     if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, algorithm.data(),
                      static_cast<socklen_t>(algorithm.size())) < 0)
         throw_errno(errno, ("setsockopt(TCP_CONGESTION, \"" + algorithm + "\")").c_str());

@@ -646,6 +646,16 @@ TEST_F(tcp_engine, unknown_congestion_control_fails_the_side_that_asked_for_it)
             << e.what();
     }
     EXPECT_EQ(listener_->get_request(300ms), nullptr);
+    // A name longer than the kernel's limit (15 bytes) would be cut and could match.
+    connection_options longer;
+    longer.tcp_congestion = "reno-and-then-some";
+    try {
+        client_dom_->connect(addr(), longer);
+        ADD_FAILURE() << "connect succeeded";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+    }
+    EXPECT_EQ(listener_->get_request(300ms), nullptr);
     // On accept: the request stays unanswered, and the client is rejected.
     auto t = std::async(std::launch::async, [&] {
         auto req = listener_->get_request(5s);
