@@ -45,6 +45,8 @@ void set_socket_options(int fd)
 
 void set_congestion_control(int fd, const std::string& algorithm)
 {
+    if (algorithm.empty())
+        return; // the system's (net.ipv4.tcp_congestion_control)
     // The kernel reads at most TCP_CA_NAME_MAX - 1 bytes and would match a longer name by
     // its first 15: refuse what no algorithm can be called instead.
     constexpr std::size_t name_max = 15;
