@@ -658,16 +658,12 @@ TEST_F(tcp_engine, unknown_congestion_control_fails_the_side_that_asked_for_it)
     auto t = std::async(std::launch::async, [&] {
         auto req = listener_->get_request(5s);
         ASSERT_NE(req, nullptr);
-        EXPECT_THROW(
-            {
-                try {
-                    req->accept(bad);
-                } catch (const rdmx::error& e) {
-                    EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory) << e.what();
-                    throw;
-                }
-            },
-            rdmx::error);
+        try {
+            req->accept(bad);
+            ADD_FAILURE() << "accept succeeded";
+        } catch (const rdmx::error& e) {
+            EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory) << e.what();
+        }
     });
     try {
         client_dom_->connect(addr());
