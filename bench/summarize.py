@@ -115,11 +115,12 @@ for desc, backend, mine, peer, goal, higher in targets + others:
     ok = None if ratio is None or goal is None else (ratio >= goal if higher else ratio <= goal)
     # Each tool's runs in rep order: a median of few reps can hide a split (rxe under TCG
     # has latency modes, profile-2026-11-29.md sections 12-15), the runs show it.
+    mine_runs, peer_runs = vals.get((backend, *mine), []), vals.get((backend, *peer), [])
     checked.append({"target": desc, "backend": backend, "rdmx": x, "peer": y, "ratio": ratio,
                     "goal": "-" if goal is None else (">= " if higher else "<= ") + f"{goal}x", "met": ok,
-                    "ratio_90": ratio_range(vals.get((backend, *mine), []), vals.get((backend, *peer), [])),
+                    "ratio_90": ratio_range(mine_runs, peer_runs),
                     "unit": "MB/s" if mine[3] == "mb_s" else "us",
-                    "rdmx_runs": vals.get((backend, *mine), []), "peer_runs": vals.get((backend, *peer), [])})
+                    "rdmx_runs": mine_runs, "peer_runs": peer_runs})
 
 # rxe under TCG: a run whose median sits at one 4 ms host tick stalled as a whole (a vCPU
 # waiting for a host CPU); listed so that a median can be read with that in mind.
