@@ -79,6 +79,10 @@ private:
     static constexpr int standdown_wakes = 3;
     static constexpr std::chrono::microseconds busy_poll_window{20};
     static constexpr std::chrono::microseconds app_rx_interval{50};
+    // A poll() that moved fewer bytes than this (either way) took a few microseconds at
+    // most, well inside busy_poll_window: its start stands for its end (last_call_end_),
+    // which spares a busy poller a clock read on nearly every call.
+    static constexpr std::uint64_t short_call_bytes = 16u << 10;
     // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
     // wakes when min(left, rcvlowat_max) have arrived (SO_RCVLOWAT), not at the first byte.
     static constexpr std::uint64_t rcvlowat_min = 64u << 10;
@@ -286,6 +290,7 @@ private:
     bool read_armed_ = false;
     int rcvlowat_ = 1;                 ///< the socket's SO_RCVLOWAT (set_rcvlowat)
     std::uint64_t rx_bytes_ = 0;       ///< bytes read from the socket (frames, not the drain)
+    std::uint64_t tx_bytes_ = 0;       ///< bytes the socket took
     std::uint64_t arrived_seen_ = 0;   ///< rx_bytes_ + unread bytes at the progress check's last look
     bool rx_app_owned_ = false;        ///< engine stood down: the socket is out of its epoll set
     bool reclaim_posted_ = false;      ///< request_notify() asked the engine to take it back
@@ -325,6 +330,7 @@ private:
     // dead (transport_retry_exceeded), as a verbs QP does after its retries.
     const std::chrono::steady_clock::duration progress_timeout_;
     std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();
+    std::uint64_t progress_seen_ = 0; ///< rx_bytes_ + tx_bytes_ at the progress check's last look
     asio::steady_timer progress_timer_;
 };
 
