@@ -309,7 +309,6 @@ std::size_t conn_state::poll(std::span<completion> out) noexcept
     std::lock_guard lk(mu_);
     last_poll_ = std::chrono::steady_clock::now();
     last_app_rx_ = last_poll_;
-    const std::uint64_t moved = rx_bytes_ + tx_bytes_;
     ++app_polls_;
     ++app_calls_;
     app_busy_ = true;
@@ -322,8 +321,7 @@ std::size_t conn_state::poll(std::span<completion> out) noexcept
         cq_head_ = (cq_head_ + 1) % cq_.size();
     }
     cq_count_ -= n;
-    last_call_end_ =
-        rx_bytes_ + tx_bytes_ - moved < short_call_bytes ? last_poll_ : std::chrono::steady_clock::now();
+    last_call_end_ = std::chrono::steady_clock::now();
     return n;
 }
 

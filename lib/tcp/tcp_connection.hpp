@@ -79,10 +79,6 @@ private:
     static constexpr int standdown_wakes = 3;
     static constexpr std::chrono::microseconds busy_poll_window{20};
     static constexpr std::chrono::microseconds app_rx_interval{50};
-    // A poll() that moved fewer bytes than this (either way) took a few microseconds at
-    // most, well inside busy_poll_window: its start stands for its end (last_call_end_),
-    // which spares a busy poller a clock read on nearly every call.
-    static constexpr std::uint64_t short_call_bytes = 16u << 10;
     // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
     // wakes when min(left, rcvlowat_max) have arrived (SO_RCVLOWAT), not at the first byte.
     static constexpr std::uint64_t rcvlowat_min = 64u << 10;
