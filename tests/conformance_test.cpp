@@ -79,6 +79,30 @@ TEST_P(conformance, reject_carries_private_data)
     rejecter.get();
 }
 
+TEST_P(conformance, zero_timeout_get_request_takes_a_pending_request_and_never_blocks)
+{
+    // Nothing pending: a zero timeout returns at once (bounded here only against a hang).
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(listener_->get_request(0ms), nullptr);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "get_request(0ms) blocked";
+    // A client waits in connect(): a loop of zero-timeout calls must hand its request out.
+    auto client = std::async(std::launch::async, [&] { return client_dom_->connect(server_address()); });
+    std::unique_ptr<connection_request> req;
+    std::size_t calls = 0;
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!req && std::chrono::steady_clock::now() < deadline) {
+        req = listener_->get_request(0ms);
+        ++calls;
+        if (!req)
+            std::this_thread::sleep_for(100us);
+    }
+    ASSERT_NE(req, nullptr) << calls << " zero-timeout calls over 10 s returned nothing";
+    auto server = req->accept();
+    auto c = client.get();
+    EXPECT_EQ(c->state(), connection_state::established);
+    EXPECT_EQ(server->state(), connection_state::established);
+}
+
 TEST_P(conformance, connect_to_closed_port_is_refused_quickly)
 {
     // Take a port, close the listener: nobody listens there now.

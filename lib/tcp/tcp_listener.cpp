@@ -124,23 +124,16 @@ public:
     {
         auto deadline = clock::now() + timeout;
         std::vector<pollfd> pfds;
-        for (;;) {
-            // A HELLO that is complete: validate, hand it out.
-            for (std::size_t i = 0; i < pending_.size(); ++i) {
-                auto& p = pending_[i];
-                if (p.got < handshake::hello_size)
-                    continue;
-                auto hello = handshake::decode({p.buf.data(), handshake::hello_size}, true);
-                unique_fd fd = std::move(p.fd);
-                pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-                if (hello)
-                    return std::make_unique<tcp_request>(dom_, std::move(fd), *hello);
-                --i; // malformed: closed
-            }
+        // The round that starts at or after the deadline polls without waiting and is the
+        // last: a zero timeout takes a request that is already there and never blocks.
+        for (bool last = false;;) {
+            if (auto req = take_hello())
+                return req;
+            if (last)
+                return nullptr;
             auto now = clock::now();
             std::erase_if(pending_, [&](const pending& p) { return p.deadline <= now || !p.fd; });
-            if (now >= deadline)
-                return nullptr;
+            last = now >= deadline;
             auto wake = deadline;
             pfds.clear();
             pfds.push_back({fd_.get(), POLLIN, 0});
@@ -148,21 +141,14 @@ public:
                 pfds.push_back({p.fd.get(), POLLIN, 0});
                 wake = std::min(wake, p.deadline);
             }
-            int rc = ::poll(pfds.data(), pfds.size(), poll_timeout(wake));
+            int rc = ::poll(pfds.data(), pfds.size(), last ? 0 : poll_timeout(wake));
             if (rc < 0 && errno != EINTR)
                 throw_errno(errno, "poll");
             if (rc <= 0)
                 continue;
             for (std::size_t i = 0; i < pending_.size(); ++i) {
-                if (pfds[i + 1].revents == 0)
-                    continue;
-                auto& p = pending_[i];
-                ssize_t n =
-                    ::recv(p.fd.get(), p.buf.data() + p.got, handshake::hello_size - p.got, MSG_DONTWAIT);
-                if (n > 0)
-                    p.got += static_cast<std::size_t>(n);
-                else if (n == 0 || (errno != EAGAIN && errno != EINTR))
-                    p.fd.reset(); // gone before saying HELLO
+                if (pfds[i + 1].revents != 0)
+                    read_hello(pending_[i]);
             }
             if (pfds[0].revents != 0)
                 accept_all();
@@ -192,7 +178,39 @@ private:
                 continue;
             }
             pending_.push_back({std::move(fd), {}, 0, clock::now() + hello_timeout});
+            // A client sends its HELLO right after connecting: it is usually there already,
+            // and reading it now lets a zero-timeout get_request() hand the request out.
+            read_hello(pending_.back());
         }
+    }
+
+    /// Reads what is there of a pending HELLO, without waiting; closes a socket that failed.
+    static void read_hello(pending& p) noexcept
+    {
+        if (!p.fd || p.got >= handshake::hello_size)
+            return;
+        ssize_t n = ::recv(p.fd.get(), p.buf.data() + p.got, handshake::hello_size - p.got, MSG_DONTWAIT);
+        if (n > 0)
+            p.got += static_cast<std::size_t>(n);
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+            p.fd.reset(); // gone before saying HELLO
+    }
+
+    /// A HELLO that is complete: validated and handed out (a malformed one is closed).
+    std::unique_ptr<connection_request> take_hello()
+    {
+        for (std::size_t i = 0; i < pending_.size(); ++i) {
+            auto& p = pending_[i];
+            if (!p.fd || p.got < handshake::hello_size)
+                continue;
+            auto hello = handshake::decode({p.buf.data(), handshake::hello_size}, true);
+            unique_fd fd = std::move(p.fd);
+            pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+            if (hello)
+                return std::make_unique<tcp_request>(dom_, std::move(fd), *hello);
+            --i; // malformed: closed
+        }
+        return nullptr;
     }
 
     tcp_domain& dom_;
