@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include <rdmx/rdmx.hpp>
 
@@ -68,6 +69,43 @@ TEST(remote_buffer, parse_rejects_anything_else)
     EXPECT_FALSE(remote_buffer::parse(wrap.serialize())) << "range wraps around";
     remote_buffer wide{.addr = 0, .length = 1, .key = 1ull << 40, .backend = backend::verbs};
     EXPECT_FALSE(remote_buffer::parse(wide.serialize())) << "verbs rkeys are 32 bits";
+}
+
+TEST(remote_buffer, parse_rules_at_the_edges)
+{
+    // docs/wire-format.md section 9. The byte layout, written out.
+    remote_buffer rb{.addr = 0x0102030405060708,
+                     .length = 0x1112131415161718,
+                     .key = 0x2122232425262728,
+                     .backend = backend::tcp};
+    auto b = rb.serialize();
+    const unsigned char expect[32] = {'R',  'D',  'M',  'X',  1,    2,    0,    0,    0x08, 0x07, 0x06,
+                                      0x05, 0x04, 0x03, 0x02, 0x01, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13,
+                                      0x12, 0x11, 0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21};
+    EXPECT_EQ(0, std::memcmp(b.data(), expect, 32));
+    // The end of the range, addr + length, must be representable: it may be 2^64 - 1,
+    // not 2^64.
+    std::uint64_t top = ~std::uint64_t{0};
+    EXPECT_TRUE(remote_buffer::parse(remote_buffer{.addr = top - 16, .length = 16, .key = 1}.serialize()));
+    EXPECT_FALSE(remote_buffer::parse(remote_buffer{.addr = top - 15, .length = 16, .key = 1}.serialize()));
+    EXPECT_TRUE(remote_buffer::parse(remote_buffer{.addr = 0, .length = top, .key = 1}.serialize()));
+    // Zero length, and any key: a descriptor names a range, the target checks the key.
+    EXPECT_TRUE(remote_buffer::parse(remote_buffer{.addr = 0, .length = 0, .key = 0}.serialize()));
+    EXPECT_TRUE(remote_buffer::parse(
+        remote_buffer{.addr = 0, .length = 1, .key = top, .backend = backend::tcp}.serialize()));
+    EXPECT_TRUE(remote_buffer::parse(
+        remote_buffer{.addr = 0, .length = 1, .key = 0xffffffffu, .backend = backend::verbs}.serialize()));
+    EXPECT_FALSE(remote_buffer::parse(
+        remote_buffer{.addr = 0, .length = 1, .key = 0x100000000u, .backend = backend::verbs}.serialize()));
+    // Backend codes 1 and 2 only; exactly 32 bytes.
+    for (int code : {0, 3, 255}) {
+        auto x = rb.serialize();
+        x[5] = static_cast<std::byte>(code);
+        EXPECT_FALSE(remote_buffer::parse(x)) << "backend " << code;
+    }
+    std::vector<std::byte> longer(b.begin(), b.end());
+    longer.push_back(std::byte{0});
+    EXPECT_FALSE(remote_buffer::parse(longer));
 }
 
 TEST(remote_buffer, slice_stays_inside)

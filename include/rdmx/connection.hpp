@@ -101,7 +101,8 @@ struct connection_options {
     /// (verbs: the QP's local ACK timeout, rounded up to 4.096 us * 2^n; TCP: how long the
     /// engine waits without any byte moving while requests are outstanding, divided by
     /// retry_count + 1). A dead, stopped or unreachable peer is thus detected within about
-    /// ack_timeout * (retry_count + 1): outstanding requests then complete with
+    /// ack_timeout * (retry_count + 1) (TCP: 1 to 1.25 times that after the last byte moved,
+    /// docs/wire-format.md section 6): outstanding requests then complete with
     /// errc::transport_retry_exceeded (the first) and errc::flushed (the rest). On TCP the
     /// product is at least 1 s, above the kernel's own retransmission timeouts.
     std::chrono::milliseconds ack_timeout{500};

@@ -1,5 +1,6 @@
 // GPU memory (GPUDirect RDMA). Installed and built only when rdmx is configured with CUDA
-// (RDMX_HAVE_CUDA in <rdmx/config.hpp>).
+// (RDMX_HAVE_CUDA in <rdmx/config.hpp>), in its own library: link librdmx-gpu
+// (`pkg-config rdmx-gpu`); the core librdmx does not depend on CUDA.
 #pragma once
 
 #include <cstddef>

@@ -43,7 +43,8 @@ struct remote_buffer {
     std::uint64_t key = 0; ///< verbs: the rkey (32 bits); TCP: a random 64-bit key
     rdmx::backend backend = rdmx::backend::verbs;
 
-    /// Layout: "RDMX" magic, version 1, backend, 2 zero bytes, addr, length, key.
+    /// Layout: "RDMX" magic, version 1, backend, 2 zero bytes, addr, length, key; the
+    /// parse rules are in docs/wire-format.md section 9.
     static constexpr std::size_t wire_size = 32;
     using bytes = std::array<std::byte, wire_size>;
 

@@ -94,10 +94,23 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
     case frame_op::send:
     case frame_op::write:
     case frame_op::write_imm:
-    case frame_op::read_req:
-        if ((h.flags & ~flag_solicited) != 0 || h.status != 0)
-            return bad(why, "unknown flags or status on a request");
+    case frame_op::read_req: {
+        // Every field a request does not use must be zero (docs/wire-format.md section 2):
+        // the version byte of the handshake is the only way to give one a meaning later.
+        auto o = static_cast<frame_op>(op);
+        bool may_solicit = o == frame_op::send || o == frame_op::write_imm;
+        if (h.status != 0)
+            return bad(why, "status on a request");
+        if ((h.flags & ~flag_solicited) != 0)
+            return bad(why, "unknown flags on a request");
+        if (h.flags != 0 && !may_solicit)
+            return bad(why, "solicited flag on a write or read request");
+        if (h.imm != 0 && o != frame_op::write_imm)
+            return bad(why, "imm on a request other than write_imm");
+        if (o == frame_op::send && (h.addr != 0 || h.key != 0))
+            return bad(why, "addr or key on a send");
         break;
+    }
     case frame_op::ack:
     case frame_op::read_resp:
         if (h.flags != 0 || h.status != 0 || h.imm != 0 || h.addr != 0 || h.key != 0)
@@ -167,6 +180,16 @@ std::optional<handshake> handshake::decode(std::span<const std::byte> in, bool e
     if (h.private_data_len > max_private_data(h.type))
         return std::nullopt;
     h.max_rd_atomic = static_cast<std::uint32_t>(get_le(in.data() + 8, 4));
+    // HELLO and ACCEPT state how many reads their sender serves: at least one (every rdmx
+    // side serves reads), any larger value is fine (each side uses the smaller of the two).
+    // REJECT serves nothing and carries 0.
+    if ((h.type == handshake_type::reject) != (h.max_rd_atomic == 0))
+        return std::nullopt;
+    // The padding after the private data is zero, like every unused byte.
+    auto pad = in.subspan(header_size + h.private_data_len);
+    for (std::byte b : pad)
+        if (b != std::byte{0})
+            return std::nullopt;
     std::memcpy(h.private_data.data(), in.data() + header_size, h.private_data_len);
     return h;
 }

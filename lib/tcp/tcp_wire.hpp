@@ -58,8 +58,9 @@ struct frame_header {
 
     void encode(std::byte* out) const noexcept;
     /// Checks everything a frame header can be checked for on its own (known opcode,
-    /// reserved bits zero, length within limits, fields a type does not use zero);
-    /// errc::protocol_error otherwise. `why` names the first violation.
+    /// reserved bits zero, length within limits, every field its opcode does not use zero,
+    /// the solicited flag only on send and write_imm); errc::protocol_error otherwise.
+    /// `why` names the first violation. Sequence, keys and bounds are the engine's checks.
     static std::error_code decode(const std::byte* in, frame_header& out,
                                   const char** why = nullptr) noexcept;
 
@@ -90,7 +91,9 @@ struct handshake {
 
     /// `out` must hold wire_size() bytes.
     void encode(std::byte* out) const noexcept;
-    /// Parses a HELLO (`expect_hello`) or a reply; nullopt for anything malformed.
+    /// Parses a HELLO (`expect_hello`) or a reply; nullopt for anything malformed: bad
+    /// magic, version or type, reserved or padding bytes not zero, private data over the
+    /// limit, max_rd_atomic 0 in a HELLO or ACCEPT, or not 0 in a REJECT.
     static std::optional<handshake> decode(std::span<const std::byte> in, bool expect_hello) noexcept;
     /// Largest private data per type: 56 (hello), 196 (accept), 148 (reject).
     static std::size_t max_private_data(handshake_type t) noexcept;

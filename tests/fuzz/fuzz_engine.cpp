@@ -189,7 +189,11 @@ void patch(fixture& fx, std::vector<std::byte>& s)
     std::size_t pos = 0;
     frame_header h;
     while (s.size() - pos >= frame_header::wire_size && !frame_header::decode(s.data() + pos, h)) {
-        if (h.key < 4) {
+        // Only the opcodes that use the fields: a key on a send or a response is itself a
+        // violation, which patching one in would make of every such frame.
+        bool uses_key = h.op == tcp::frame_op::write || h.op == tcp::frame_op::write_imm ||
+                        h.op == tcp::frame_op::read_req;
+        if (uses_key && h.key < 4) {
             h.addr += reinterpret_cast<std::uintptr_t>(fx.bases[h.key]);
             h.key = fx.keys[h.key];
             h.encode(s.data() + pos);

@@ -44,6 +44,10 @@ write("fuzz_frame", {
     "read-resp": frame(READ_RESP, seq=2, length=256),
     "nak-rnr": frame(NAK, seq=1, status=1),
     "max-length": frame(WRITE, length=1 << 30) + b"\0",
+    # Near misses: fields a request does not use (docs/wire-format.md section 2).
+    "write-solicited": frame(WRITE, addr=0, length=64, flags=1) + b"\0",
+    "send-with-key": frame(SEND, length=16, key=1),
+    "read-with-imm": frame(READ_REQ, addr=0, length=32, imm=1) + b"\0",
 })
 
 # fuzz_handshake: first byte 1 = the listener's side (expects HELLO), 0 = the client's.
@@ -52,9 +56,13 @@ write("fuzz_handshake", {
     "hello-full": b"\1" + handshake(1, b"x" * 56),
     "hello-too-long": b"\1" + handshake(1, b"x" * 57, size=72),
     "accept": b"\0" + handshake(2, b"welcome", max_rd=4),
-    "reject": b"\0" + handshake(3, b"r" * 148),
+    "reject": b"\0" + handshake(3, b"r" * 148, max_rd=0),
     "short": b"\0" + handshake(2)[:20],
     "bad-version": b"\1" + b"RDXT\2\1" + handshake(1)[6:],
+    # Near misses: padding not zero, no reads served, a reject that serves reads.
+    "hello-padding": b"\1" + handshake(1, b"hi")[:71] + b"\1",
+    "hello-no-reads": b"\1" + handshake(1, b"hi", max_rd=0),
+    "reject-with-reads": b"\0" + handshake(3, b"no", max_rd=4),
 })
 
 write("fuzz_descriptor", {

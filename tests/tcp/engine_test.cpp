@@ -15,6 +15,8 @@
 #include <cstring>
 #include <future>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/test_util.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -1091,8 +1093,10 @@ TEST_F(hostile, random_bytes_never_crash_or_touch_memory)
             frame_header h;
             h.op = round % 4 == 0 ? frame_op::send : frame_op::write;
             h.length = static_cast<std::uint32_t>(x % 5000);
-            h.addr = reinterpret_cast<std::uintptr_t>(buf_.data()) + x % 8192;
-            h.key = mr_->remote().key ^ (round % 8 == 0 ? 0 : 1);
+            if (h.op == frame_op::write) { // a send carries no address or key
+                h.addr = reinterpret_cast<std::uintptr_t>(buf_.data()) + x % 8192;
+                h.key = mr_->remote().key ^ (round % 8 == 2 ? 0 : 1); // half with the right key
+            }
             h.encode(junk.data());
         }
         ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
@@ -1106,6 +1110,331 @@ TEST_F(hostile, random_bytes_never_crash_or_touch_memory)
         c.reset();
         mr_.reset();
     }
+}
+
+// ---- the loose ends of the wire format, decided (docs/wire-format.md) -------------------
+
+class wire_rules : public hostile
+{
+protected:
+    /// A TCP connection to the listener that has sent nothing yet.
+    int raw_connect()
+    {
+        int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(port_);
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
+            return -1;
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return fd;
+    }
+    static std::vector<std::byte> hello_bytes(std::uint32_t max_rd)
+    {
+        handshake h;
+        h.type = handshake_type::hello;
+        h.max_rd_atomic = max_rd;
+        h.private_data_len = 2;
+        h.private_data[0] = std::byte{'h'};
+        h.private_data[1] = std::byte{'i'};
+        std::vector<std::byte> b(handshake::hello_size);
+        h.encode(b.data());
+        return b;
+    }
+    static void send_all(int fd, std::span<const std::byte> b)
+    {
+        for (std::size_t off = 0; off < b.size();) {
+            ssize_t n = ::send(fd, b.data() + off, b.size() - off, MSG_NOSIGNAL);
+            ASSERT_GT(n, 0);
+            off += static_cast<std::size_t>(n);
+        }
+    }
+    static void send_frame(int fd, const frame_header& h, std::span<const std::byte> payload = {})
+    {
+        frame_header::bytes b;
+        h.encode(b.data());
+        ASSERT_NO_FATAL_FAILURE(send_all(fd, b));
+        ASSERT_NO_FATAL_FAILURE(send_all(fd, payload));
+    }
+    /// True when the engine sent nothing more within `t` (for "it must wait" checks).
+    static bool quiet_for(int fd, std::chrono::milliseconds t)
+    {
+        pollfd pfd{fd, POLLIN, 0};
+        return ::poll(&pfd, 1, static_cast<int>(t.count())) == 0;
+    }
+    /// Accepts a raw peer (HELLO with `max_rd`) without posting a receive; returns the reply.
+    std::unique_ptr<connection> accept_bare(int& fd, handshake& reply, const connection_options& o = {},
+                                            std::uint32_t max_rd = 16)
+    {
+        fd = raw_connect();
+        EXPECT_GE(fd, 0);
+        auto hb = hello_bytes(max_rd);
+        EXPECT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hb.size()));
+        auto req = listener_->get_request(5s);
+        EXPECT_NE(req, nullptr);
+        if (!req)
+            return nullptr;
+        auto c = req->accept(o);
+        std::byte buf[handshake::reply_size];
+        EXPECT_EQ(::recv(fd, buf, sizeof buf, MSG_WAITALL), static_cast<ssize_t>(sizeof buf));
+        auto r = handshake::decode(buf, false);
+        EXPECT_TRUE(r && r->type == handshake_type::accept);
+        if (r)
+            reply = *r;
+        buf_.assign(4096, std::byte{0x11});
+        mr_ = server_dom_->register_memory(buf_.data(), buf_.size(),
+                                           access::local_write | access::remote_write | access::remote_read);
+        return c;
+    }
+};
+
+TEST_F(wire_rules, malformed_hellos_are_closed_unanswered)
+{
+    // Section 1: non-zero padding, a read limit of 0, a reserved byte set. The listener
+    // closes each socket without a reply, and the application never sees a request.
+    std::vector<std::pair<const char*, std::vector<std::byte>>> bad;
+    bad.emplace_back("padding", hello_bytes(16));
+    bad.back().second.back() = std::byte{1};
+    bad.emplace_back("read limit 0", hello_bytes(0));
+    bad.emplace_back("reserved byte 7", hello_bytes(16));
+    bad.back().second[7] = std::byte{1};
+    for (auto& [what, bytes] : bad) {
+        SCOPED_TRACE(what);
+        int fd = raw_connect();
+        ASSERT_GE(fd, 0);
+        ASSERT_NO_FATAL_FAILURE(send_all(fd, bytes));
+        EXPECT_EQ(listener_->get_request(300ms), nullptr) << "a malformed HELLO became a request";
+        pollfd pfd{fd, POLLIN, 0};
+        ASSERT_EQ(::poll(&pfd, 1, 5000), 1) << "the socket was left open";
+        char x;
+        EXPECT_EQ(::recv(fd, &x, 1, 0), 0) << "closed without a reply";
+        ::close(fd);
+    }
+    // The listener still serves well-formed clients.
+    auto p = connect_pair();
+    EXPECT_EQ(p.client->state(), connection_state::established);
+}
+
+TEST_F(wire_rules, a_large_read_limit_is_accepted_and_the_smaller_one_applies)
+{
+    // Section 1: a HELLO may offer any number of reads; each side has at most
+    // min(own, peer's) outstanding. Here the peer offers 2^32 - 1 and we allow 2.
+    connection_options o;
+    o.max_rd_atomic = 2;
+    int fd;
+    handshake reply;
+    auto c = accept_bare(fd, reply, o, 0xffffffffu);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(reply.max_rd_atomic, 2u) << "the ACCEPT states our own limit";
+    std::vector<std::byte> sink(3 * 8);
+    auto sm = server_dom_->register_memory(sink.data(), sink.size(), access::local_write);
+    remote_buffer far{.addr = 0x10000, .length = 64, .key = 5, .backend = backend::tcp};
+    for (std::uint64_t i = 0; i < 3; ++i) {
+        sge s{sm.get(), i * 8, 8};
+        ASSERT_FALSE(c->post_read({&s, 1}, *far.slice(i * 8, 8), i));
+    }
+    frame_header r;
+    for (std::uint64_t i = 0; i < 2; ++i) {
+        ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+        EXPECT_EQ(r.op, frame_op::read_req);
+        EXPECT_EQ(r.seq, i);
+    }
+    EXPECT_TRUE(quiet_for(fd, 300ms)) << "a third read went out with two outstanding";
+    for (std::uint64_t i = 0; i < 3; ++i) {
+        frame_header resp;
+        resp.op = frame_op::read_resp;
+        resp.seq = i;
+        resp.length = 8;
+        std::vector<std::byte> data(8, static_cast<std::byte>(0x40 + i));
+        ASSERT_NO_FATAL_FAILURE(send_frame(fd, resp, data));
+        if (i == 0) { // a credit came back: the third read goes out now
+            ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+            EXPECT_EQ(r.op, frame_op::read_req);
+            EXPECT_EQ(r.seq, 2u);
+        }
+    }
+    auto done = expect_ok(*c, 3, 5s);
+    ASSERT_EQ(done.size(), 3u);
+    for (std::size_t i = 0; i < sink.size(); ++i)
+        EXPECT_EQ(sink[i], static_cast<std::byte>(0x40 + i / 8)) << i;
+    ::close(fd);
+}
+
+TEST_F(wire_rules, requests_with_fields_their_opcode_does_not_use_are_violations)
+{
+    // Section 2: no request field is ignored. Each of these closes the connection without
+    // a response and without touching memory; so does a first request whose seq is 2^32
+    // (the counter is 64 bits: a peer that truncated it to 32 would take it for request 0).
+    struct bad_request {
+        const char* what;
+        frame_op op;
+        void (*tweak)(frame_header&);
+    };
+    const bad_request cases[] = {
+        {"solicited write", frame_op::write, [](frame_header& h) { h.flags = tcp::flag_solicited; }},
+        {"solicited read", frame_op::read_req, [](frame_header& h) { h.flags = tcp::flag_solicited; }},
+        {"imm on a read", frame_op::read_req, [](frame_header& h) { h.imm = 1; }},
+        {"imm on a send", frame_op::send, [](frame_header& h) { h.imm = 1; }},
+        {"key on a send", frame_op::send, [](frame_header& h) { h.key = 1; }},
+        {"addr on a send", frame_op::send, [](frame_header& h) { h.addr = 1; }},
+        {"status on a write", frame_op::write, [](frame_header& h) { h.status = 2; }},
+        {"seq 2^32 first", frame_op::write, [](frame_header& h) { h.seq = std::uint64_t{1} << 32; }},
+    };
+    for (const auto& bc : cases) {
+        SCOPED_TRACE(bc.what);
+        int fd;
+        auto c = accept_raw(fd);
+        frame_header h;
+        h.op = bc.op;
+        if (bc.op != frame_op::send) { // a valid target: only the tweak is wrong
+            h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+            h.key = mr_->remote().key;
+            h.length = bc.op == frame_op::read_req ? 8 : 0;
+        }
+        bc.tweak(h);
+        ASSERT_NO_FATAL_FAILURE(send_frame(fd, h));
+        expect_flushed_error(*c);
+        pollfd pfd{fd, POLLIN, 0};
+        ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
+        char x;
+        EXPECT_EQ(::recv(fd, &x, 1, 0), 0) << "no response, just the close";
+        ::close(fd);
+    }
+}
+
+TEST_F(wire_rules, no_receive_wins_over_a_bad_key_and_an_overlong_send)
+{
+    // Section 5, order of the target's checks: a WRITE_IMM that finds no receive is
+    // NAKed RNR before its key is looked at (as rxe checks resources before the rkey);
+    // retransmitted once a receive is there, the bad key gets NAK REMOTE_ACCESS.
+    int fd;
+    handshake reply;
+    auto c = accept_bare(fd, reply);
+    ASSERT_NE(c, nullptr);
+    std::vector<std::byte> payload(16, std::byte{0xee});
+    frame_header w;
+    w.op = frame_op::write_imm;
+    w.seq = 0;
+    w.imm = 9;
+    w.length = 16;
+    w.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+    w.key = mr_->remote().key ^ 1;
+    ASSERT_NO_FATAL_FAILURE(send_frame(fd, w, payload));
+    frame_header r;
+    ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+    EXPECT_EQ(r.op, frame_op::nak);
+    EXPECT_EQ(r.seq, 0u);
+    EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::rnr));
+    completion none[1];
+    EXPECT_EQ(c->poll(none), 0u) << "an RNR consumes nothing";
+    EXPECT_EQ(c->state(), connection_state::established);
+    sge rs{mr_.get(), 0, 64};
+    ASSERT_FALSE(c->post_recv({&rs, 1}, 99));
+    ASSERT_NO_FATAL_FAILURE(send_frame(fd, w, payload));
+    ASSERT_NO_FATAL_FAILURE(expect_remote_access_nak(fd, r));
+    EXPECT_EQ(r.seq, 0u);
+    expect_flushed_error(*c);
+    ::close(fd);
+
+    // A send longer than any receive, with none posted: RNR, not a length error.
+    auto c2 = accept_bare(fd, reply);
+    ASSERT_NE(c2, nullptr);
+    frame_header s;
+    s.op = frame_op::send;
+    s.length = 16;
+    ASSERT_NO_FATAL_FAILURE(send_frame(fd, s, payload));
+    ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+    EXPECT_EQ(r.op, frame_op::nak);
+    EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::rnr));
+    EXPECT_EQ(c2->state(), connection_state::established);
+    ::close(fd);
+}
+
+TEST_F(wire_rules, zero_length_write_imm_and_read_need_no_key)
+{
+    // Section 5: zero-length requests touch nothing, so addr and key are not checked; a
+    // WRITE_IMM still consumes a receive.
+    int fd;
+    auto c = accept_raw(fd); // a receive is posted, wr_id 99
+    frame_header w;
+    w.op = frame_op::write_imm;
+    w.seq = 0;
+    w.imm = 42;
+    w.addr = ~std::uint64_t{0};
+    w.key = 12345;
+    ASSERT_NO_FATAL_FAILURE(send_frame(fd, w));
+    frame_header rd;
+    rd.op = frame_op::read_req;
+    rd.seq = 1;
+    rd.addr = 1;
+    ASSERT_NO_FATAL_FAILURE(send_frame(fd, rd));
+    frame_header r;
+    ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+    EXPECT_EQ(r.op, frame_op::ack);
+    EXPECT_EQ(r.seq, 0u);
+    ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+    EXPECT_EQ(r.op, frame_op::read_resp);
+    EXPECT_EQ(r.seq, 1u);
+    EXPECT_EQ(r.length, 0u);
+    auto done = expect_ok(*c, 1, 5s);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].wr_id, 99u);
+    EXPECT_EQ(done[0].opcode, opcode::recv_with_imm);
+    EXPECT_TRUE(done[0].with_imm);
+    EXPECT_EQ(done[0].imm, 42u);
+    EXPECT_EQ(done[0].byte_len, 0u);
+    EXPECT_EQ(buf_, std::vector<std::byte>(4096, std::byte{0x11}));
+    ::close(fd);
+}
+
+TEST_F(wire_rules, fence_and_solicited_on_a_write_put_no_bit_on_the_wire)
+{
+    // Sections 2 and 5: the fence is the initiator's own rule (the fenced write waits for
+    // the earlier read's response), and the solicited flag is only sent on SEND and
+    // WRITE_IMM. The write's header carries flags 0; read_header's decode would refuse
+    // anything else.
+    int fd;
+    handshake reply;
+    auto c = accept_bare(fd, reply);
+    ASSERT_NE(c, nullptr);
+    std::vector<std::byte> sink(8), src(8, std::byte{0x5a});
+    auto sm = server_dom_->register_memory(sink.data(), sink.size(), access::local_write);
+    auto wm = server_dom_->register_memory(src.data(), src.size(), access::none);
+    remote_buffer far{.addr = 0x10000, .length = 64, .key = 5, .backend = backend::tcp};
+    sge rs{sm.get(), 0, 8}, ws{wm.get(), 0, 8};
+    ASSERT_FALSE(c->post_read({&rs, 1}, *far.slice(0, 8), 1));
+    ASSERT_FALSE(c->post_write({&ws, 1}, *far.slice(0, 8), 2,
+                               send_flags::signaled | send_flags::fence | send_flags::solicited));
+    frame_header r;
+    ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+    EXPECT_EQ(r.op, frame_op::read_req);
+    EXPECT_EQ(r.flags, 0u);
+    EXPECT_TRUE(quiet_for(fd, 300ms)) << "the fenced write went out before the read completed";
+    frame_header resp;
+    resp.op = frame_op::read_resp;
+    resp.seq = 0;
+    resp.length = 8;
+    std::vector<std::byte> data(8, std::byte{0x33});
+    ASSERT_NO_FATAL_FAILURE(send_frame(fd, resp, data));
+    ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+    EXPECT_EQ(r.op, frame_op::write);
+    EXPECT_EQ(r.seq, 1u);
+    EXPECT_EQ(r.flags, 0u) << "no fence or solicited bit on a write";
+    std::byte body[8];
+    ASSERT_EQ(::recv(fd, body, 8, MSG_WAITALL), 8);
+    EXPECT_EQ(0, std::memcmp(body, src.data(), 8));
+    frame_header a;
+    a.op = frame_op::ack;
+    a.seq = 1;
+    ASSERT_NO_FATAL_FAILURE(send_frame(fd, a));
+    auto done = expect_ok(*c, 2, 5s);
+    ASSERT_EQ(done.size(), 2u);
+    EXPECT_EQ(done[0].wr_id, 1u);
+    EXPECT_EQ(done[1].wr_id, 2u);
+    EXPECT_EQ(sink, data);
+    ::close(fd);
 }
 
 } // namespace

@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <rdmx/error.hpp>
 
@@ -166,6 +169,7 @@ TEST(tcp_wire, handshake_round_trip)
     buf[6] = std::byte{149};
     EXPECT_FALSE(handshake::decode({buf, handshake::reply_size}, false)) << "reject data over 148";
     r.type = handshake_type::accept;
+    r.max_rd_atomic = 4;
     r.private_data_len = 196;
     r.encode(buf);
     EXPECT_TRUE(handshake::decode({buf, handshake::reply_size}, false));
@@ -180,6 +184,130 @@ TEST(tcp_wire, handshake_round_trip)
     big.private_data_len = 57;
     big.encode(buf);
     EXPECT_FALSE(handshake::decode({buf, handshake::hello_size}, true)) << "hello data over 56";
+}
+
+TEST(tcp_wire, request_fields_an_opcode_does_not_use_must_be_zero)
+{
+    // docs/wire-format.md section 2: no field of a request is ignored.
+    auto req = [](frame_op op) {
+        frame_header h;
+        h.op = op;
+        h.seq = 1;
+        h.length = 8;
+        if (op != frame_op::send) {
+            h.addr = 0x1000;
+            h.key = 0xabc;
+        }
+        return h;
+    };
+    for (auto op : {frame_op::send, frame_op::write, frame_op::write_imm, frame_op::read_req}) {
+        SCOPED_TRACE(static_cast<int>(op));
+        EXPECT_FALSE(decode_bytes(encoded(req(op))));
+        frame_header h = req(op);
+        h.flags = flag_solicited;
+        bool may_solicit = op == frame_op::send || op == frame_op::write_imm;
+        EXPECT_EQ(!decode_bytes(encoded(h)), may_solicit) << "solicited only on send and write_imm";
+        h = req(op);
+        h.imm = 7;
+        EXPECT_EQ(!decode_bytes(encoded(h)), op == frame_op::write_imm) << "imm only on write_imm";
+        h = req(op);
+        h.status = 1;
+        EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "status on a request";
+        for (int bit = 1; bit < 8; ++bit) { // no fence bit, nor any other: the fence is local
+            h = req(op);
+            h.flags = static_cast<std::uint8_t>(1u << bit);
+            EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "flag bit " << bit;
+        }
+    }
+    frame_header s = req(frame_op::send);
+    s.addr = 1;
+    EXPECT_EQ(decode_bytes(encoded(s)), errc::protocol_error) << "addr on a send";
+    s = req(frame_op::send);
+    s.key = 1;
+    EXPECT_EQ(decode_bytes(encoded(s)), errc::protocol_error) << "key on a send";
+    // A zero-length write or read carries whatever addr and key: the codec passes them, and
+    // the engine does not look at them (it touches nothing, as on verbs).
+    for (auto op : {frame_op::write, frame_op::write_imm, frame_op::read_req}) {
+        frame_header z = req(op);
+        z.length = 0;
+        z.addr = ~std::uint64_t{0};
+        z.key = 0;
+        EXPECT_FALSE(decode_bytes(encoded(z))) << static_cast<int>(op);
+    }
+}
+
+TEST(tcp_wire, seq_is_a_full_64_bit_counter)
+{
+    // Not a ring index: every value decodes as itself, in requests and in responses.
+    for (std::uint64_t seq :
+         {std::uint64_t{0}, std::uint64_t{1} << 32, (std::uint64_t{1} << 32) + 5, ~std::uint64_t{0}}) {
+        for (auto op : {frame_op::write, frame_op::ack}) {
+            frame_header h;
+            h.op = op;
+            h.seq = seq;
+            auto b = encoded(h);
+            frame_header d;
+            ASSERT_FALSE(frame_header::decode(b.data(), d));
+            EXPECT_EQ(d.seq, seq);
+        }
+    }
+}
+
+/// A HELLO (or reply) as bytes, for tampering.
+std::vector<std::byte> handshake_bytes(handshake_type t, std::uint32_t max_rd, std::string_view pdata)
+{
+    handshake h;
+    h.type = t;
+    h.max_rd_atomic = max_rd;
+    h.private_data_len = static_cast<std::uint8_t>(pdata.size());
+    std::memcpy(h.private_data.data(), pdata.data(), pdata.size());
+    std::vector<std::byte> b(h.wire_size());
+    h.encode(b.data());
+    return b;
+}
+
+TEST(tcp_wire, handshake_padding_and_reserved_bytes_must_be_zero)
+{
+    for (auto t : {handshake_type::hello, handshake_type::accept, handshake_type::reject}) {
+        SCOPED_TRACE(static_cast<int>(t));
+        bool hello = t == handshake_type::hello;
+        std::uint32_t rd = t == handshake_type::reject ? 0 : 4;
+        auto good = handshake_bytes(t, rd, "abc");
+        ASSERT_TRUE(handshake::decode(good, hello));
+        // Padding: the first byte after the private data, and the last byte of the message.
+        for (std::size_t at : {handshake::header_size + 3, good.size() - 1}) {
+            auto b = good;
+            b[at] = std::byte{1};
+            EXPECT_FALSE(handshake::decode(b, hello)) << "padding byte " << at;
+        }
+        // Reserved: byte 7 and bytes 12..15.
+        for (std::size_t at : {7u, 12u, 13u, 14u, 15u}) {
+            auto b = good;
+            b[at] = std::byte{1};
+            EXPECT_FALSE(handshake::decode(b, hello)) << "reserved byte " << at;
+        }
+        // A full private data area leaves no padding.
+        auto full = handshake_bytes(t, rd, std::string(handshake::max_private_data(t), 'x'));
+        EXPECT_TRUE(handshake::decode(full, hello));
+    }
+}
+
+TEST(tcp_wire, handshake_read_limit_rules)
+{
+    // HELLO and ACCEPT: at least one read served; any larger value is accepted as sent.
+    for (auto t : {handshake_type::hello, handshake_type::accept}) {
+        bool hello = t == handshake_type::hello;
+        EXPECT_FALSE(handshake::decode(handshake_bytes(t, 0, ""), hello)) << "a limit of 0";
+        auto one = handshake::decode(handshake_bytes(t, 1, ""), hello);
+        ASSERT_TRUE(one);
+        EXPECT_EQ(one->max_rd_atomic, 1u);
+        auto huge = handshake::decode(handshake_bytes(t, 0xffffffffu, ""), hello);
+        ASSERT_TRUE(huge) << "a limit above ours is the peer's business";
+        EXPECT_EQ(huge->max_rd_atomic, 0xffffffffu);
+    }
+    // REJECT serves nothing: 0, and nothing else.
+    EXPECT_TRUE(handshake::decode(handshake_bytes(handshake_type::reject, 0, "no"), false));
+    EXPECT_FALSE(handshake::decode(handshake_bytes(handshake_type::reject, 1, "no"), false));
 }
 
 } // namespace
