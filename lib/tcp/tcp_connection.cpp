@@ -757,12 +757,7 @@ void conn_state::arm_read() noexcept
         continue_rx();
         return;
     }
-    // In the middle of a large payload, wake only when a good part of it is there (or the
-    // peer closed, or the receive window is nearly full: the kernel wakes for those
-    // regardless): each wake costs this thread a switch and the sender an IPI.
-    set_rcvlowat(rx_action_ != rx_action::none && rx_left_ >= rcvlowat_min
-                     ? static_cast<int>(std::min<std::uint64_t>(rx_left_, rcvlowat_max))
-                     : 1);
+    set_rcvlowat(wanted_rcvlowat());
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
                      with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
@@ -778,6 +773,34 @@ void conn_state::arm_read() noexcept
                          }
                          self->rx_run();
                      }));
+}
+
+int conn_state::wanted_rcvlowat() const noexcept
+{
+    // In the middle of a large payload, wake only when a good part of it is there (or the
+    // peer closed, or the receive window is nearly full: the kernel wakes for those
+    // regardless): each wake costs this thread a switch and the sender an IPI. Never more
+    // than the payload bytes still to come from the socket: what follows them may never be
+    // sent (a peer that waits for our answer), so a larger mark would never be reached.
+    if (rx_action_ == rx_action::none || state() != connection_state::established)
+        return 1;
+    std::uint64_t to_come = rx_left_ - std::min<std::uint64_t>(staged(), rx_left_);
+    return to_come >= rcvlowat_min ? static_cast<int>(std::min<std::uint64_t>(to_come, rcvlowat_max)) : 1;
+}
+
+void conn_state::keep_rcvlowat_reachable() noexcept
+{
+    // An armed read wait wakes at the mark that arm_read() set for the payload as it was
+    // then. A read since, on the application thread (rx_read) or in an engine run that a
+    // continuation started while the wait was armed, may have consumed part or all of that
+    // payload: lower the mark to what is still to come. Otherwise, if the application then
+    // sleeps (request_notify), the rest of the payload and the frames after it lie below
+    // the mark, no wake comes, and the peer's requests wait until it declares us dead.
+    // Lowering it wakes the wait at once if the bytes already there reach the new mark
+    // (the kernel re-checks readiness in setsockopt: tcp_set_rcvlowat).
+    if (read_armed_ && rcvlowat_ > 1)
+        if (int want = wanted_rcvlowat(); want < rcvlowat_)
+            set_rcvlowat(want);
 }
 
 void conn_state::set_rcvlowat(int bytes) noexcept
@@ -1006,6 +1029,7 @@ bool conn_state::rx_read() noexcept
     for (int budget = 0; budget < rx_budget; ++budget)
         if (rx_step() != rx_status::again)
             break;
+    keep_rcvlowat_reachable(); // the engine's wait may be armed for a payload read here
     if (!rx_app_owned_ && staged_work())
         continue_rx(); // budget spent with frames staged: the engine's wait would not see them
     return true;
@@ -1032,6 +1056,7 @@ void conn_state::rx_run() noexcept
         rx_status s = state() == connection_state::established ? rx_step() : rx_drain();
         if (s == rx_status::again)
             continue;
+        keep_rcvlowat_reachable();
         pump();
         if (s == rx_status::wait)
             arm_read();
@@ -1039,6 +1064,7 @@ void conn_state::rx_run() noexcept
     }
     // Budget used up: let the engine serve other connections; readiness is re-checked
     // when the wait is armed, and staged frames continue by a post, so nothing is lost.
+    keep_rcvlowat_reachable();
     pump();
     arm_read();
 }

@@ -81,6 +81,8 @@ private:
     static constexpr std::chrono::microseconds app_rx_interval{50};
     // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
     // wakes when min(left, rcvlowat_max) have arrived (SO_RCVLOWAT), not at the first byte.
+    // Whichever thread reads while that wait is armed lowers the mark with what it consumed
+    // (keep_rcvlowat_reachable): it never exceeds the payload bytes still to come.
     static constexpr std::uint64_t rcvlowat_min = 64u << 10;
     static constexpr std::uint64_t rcvlowat_max = 256u << 10;
 
@@ -213,6 +215,8 @@ private:
     bool app_took_data(bool app_in_call) noexcept; ///< engine, on a read wake: stand down?
     bool app_keeps_tx() noexcept;                  ///< transmission left to the busy application?
     void set_rcvlowat(int bytes) noexcept;         ///< the socket's SO_RCVLOWAT, when it changes
+    int wanted_rcvlowat() const noexcept;          ///< the mark for a read wait armed now
+    void keep_rcvlowat_reachable() noexcept;       ///< after a read: an armed wait's mark <= what is to come
     void arm_tx_check() noexcept;
     bool coalesce_post() noexcept; ///< leave this post()'s requests for the next call?
     bool only_acks_owed() const noexcept;

@@ -885,6 +885,81 @@ TEST_F(tcp_engine, slow_large_payload_is_not_taken_for_a_dead_peer)
     ::close(fd);
 }
 
+TEST_F(tcp_engine, sleeping_target_wakes_for_the_rest_of_a_payload_its_poll_began)
+{
+    // The engine's read wait in the middle of a large payload wakes once a good part of it
+    // has arrived (SO_RCVLOWAT). The application's poll() may read part of that payload
+    // meanwhile; the mark must come down with it. Otherwise an application that then
+    // sleeps (request_notify) is never woken for the rest and the send after it: the
+    // socket holds fewer bytes than the mark, and the peer sends nothing more until it
+    // hears from us (issue 15: event-mode targets stalled until the dead-peer bound).
+    int fd = raw_client();
+    ASSERT_GE(fd, 0);
+    auto req = listener_->get_request(5s);
+    ASSERT_NE(req, nullptr);
+    auto c = req->accept();
+    ASSERT_TRUE(read_reply(fd));
+    constexpr std::size_t len = 300u << 10, first = 8u << 10, middle = 200u << 10, msg = 16;
+    std::vector<std::byte> dst(len), payload(len + msg), inbox(msg);
+    for (std::size_t i = 0; i < payload.size(); ++i)
+        payload[i] = static_cast<std::byte>(i * 13 + (i >> 9));
+    auto dm = server_dom_->register_memory(dst.data(), len, access::local_write | access::remote_write);
+    auto im = server_dom_->register_memory(inbox.data(), msg, access::local_write);
+    sge in{im.get(), 0, msg};
+    ASSERT_FALSE(c->post_recv({&in, 1}, 7));
+    frame_header w;
+    w.op = frame_op::write;
+    w.seq = 0;
+    w.length = static_cast<std::uint32_t>(len);
+    w.addr = dm->remote(0, len).addr;
+    w.key = dm->remote(0, len).key;
+    frame_header::bytes hb;
+    w.encode(hb.data());
+    ASSERT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), 40);
+    ASSERT_EQ(::send(fd, payload.data(), first, MSG_NOSIGNAL), static_cast<ssize_t>(first));
+    // The engine reads those and waits for a good part of the rest; 200 KiB stay below
+    // that mark, so they wait for the application's poll, which reads them itself.
+    std::this_thread::sleep_for(100ms);
+    ASSERT_EQ(::send(fd, payload.data() + first, middle, MSG_NOSIGNAL), static_cast<ssize_t>(middle));
+    std::this_thread::sleep_for(100ms);
+    completion cs[4];
+    EXPECT_EQ(c->poll(cs), 0u);
+    ASSERT_FALSE(c->request_notify());
+    EXPECT_EQ(c->poll(cs), 0u);
+    // The application sleeps now. The rest of the payload, then a send.
+    for (std::size_t off = first + middle; off < len;) {
+        ssize_t n = ::send(fd, payload.data() + off, len - off, MSG_NOSIGNAL);
+        ASSERT_GT(n, 0);
+        off += static_cast<std::size_t>(n);
+    }
+    frame_header sh;
+    sh.op = frame_op::send;
+    sh.seq = 1;
+    sh.length = msg;
+    sh.encode(hb.data());
+    ASSERT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), 40);
+    ASSERT_EQ(::send(fd, payload.data() + len, msg, MSG_NOSIGNAL), static_cast<ssize_t>(msg));
+    pollfd pfd{c->completion_fd(), POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 5000), 1) << "the sleeping target was never woken for the send";
+    ASSERT_FALSE(c->ack_notify());
+    auto got = poll_n(*c, 1, 5s);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_FALSE(got[0].status) << got[0].status.message();
+    EXPECT_EQ(got[0].wr_id, 7u);
+    EXPECT_EQ(got[0].byte_len, msg);
+    EXPECT_EQ(0, std::memcmp(dst.data(), payload.data(), len)) << "the write did not land whole";
+    EXPECT_EQ(0, std::memcmp(inbox.data(), payload.data() + len, msg));
+    // Both requests are acknowledged (ACKs are cumulative: one for seq 1 may cover both).
+    for (;;) {
+        frame_header r;
+        ASSERT_NO_FATAL_FAILURE(read_header(fd, r));
+        ASSERT_EQ(r.op, frame_op::ack) << "unexpected frame";
+        if (r.seq == 1)
+            break;
+    }
+    ::close(fd);
+}
+
 // ---- hostile peers --------------------------------------------------------------------
 
 class hostile : public tcp_engine
