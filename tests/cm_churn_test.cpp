@@ -112,9 +112,18 @@ TEST_P(cm_churn, ids_destroyed_while_their_events_are_in_flight)
                 continue;
             }
             switch (plan[i]) {
-            case answer::accept: accepted.push_back(req->accept(opts)); ++answered; break;
-            case answer::reject: req->reject(as_bytes("no")); ++answered; break;
-            case answer::drop: req.reset(); ++answered; break; // the destructor rejects
+            case answer::accept:
+                accepted.push_back(req->accept(opts));
+                ++answered;
+                break;
+            case answer::reject:
+                req->reject(as_bytes("no"));
+                ++answered;
+                break;
+            case answer::drop:
+                req.reset();
+                ++answered;
+                break; // the destructor rejects
             case answer::unanswered: kept.push_back(std::move(req)); break;
             }
         }
