@@ -191,8 +191,12 @@ public:
 
     /// Posts a list of send-queue requests with one doorbell. Validates every request
     /// first (regions, bounds, access, sge count, inline size): on a validation error
-    /// nothing is posted. `would_block` means the send queue is full; `*posted` (if given)
-    /// says how many were posted before it.
+    /// nothing is posted; an operation the device lacks (write_with_imm on iWARP) is
+    /// errc::not_supported, also before anything is posted. `would_block` means the send
+    /// queue is full (rdmx counts the outstanding requests against
+    /// limits().send_queue_depth itself, on every provider: a signalled request's
+    /// completion frees its slot and those of the unsignalled ones before it); `*posted`
+    /// (if given) says exactly how many were posted before it or before any error.
     virtual std::error_code post(std::span<const work_request> wrs,
                                  std::size_t* posted = nullptr) noexcept = 0;
     virtual std::error_code post_recv(std::span<const recv_request> wrs,
