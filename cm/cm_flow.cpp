@@ -5,6 +5,10 @@
 //   server: rdma_create_id -> rdma_bind_addr -> rdma_listen -> CONNECT_REQUEST ->
 //           rdma_migrate_id -> QP to INIT, RTR, RTS -> rdma_accept -> ESTABLISHED
 //           (or rdma_reject)
+// iWARP differs (the kernel's iw_cm, RFC 5044 MPA): the provider moves the QP to RTS itself
+// when the MPA exchange completes, on both sides, so we take the QP to INIT only; the
+// active side gets ESTABLISHED directly (no CONNECT_RESPONSE, no rdma_establish), carrying
+// the accept's private data.
 // The QP is ours (ibv_create_qp), not rdma_cm's, so that its RNR and retry attributes are
 // the ones this side asked for (see verbs_connection::modify_qp).
 // Every step is bounded by connection_options::timeout.
@@ -24,8 +28,11 @@ namespace
 
 [[noreturn]] void throw_cm(const char* verb, const uri& u)
 {
-    int err = errno;
-    std::string what = std::string(verb) + " " + u.to_string() + ": " + std::strerror(err);
+    int err = errno < 0 ? -errno : errno;
+    std::string what = std::string(verb) + " " + u.to_string() + ": " +
+                       (err ? std::strerror(err) : "failed without an errno");
+    if (err == 0)
+        err = EIO;
     // The failures a caller handles by kind get rdmx's codes, as the CM events do.
     switch (err) {
     case ENETUNREACH:
@@ -75,6 +82,12 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
     set_state(cm_, connection_state::connecting);
     if (rdma_connect(raw, &param))
         throw_cm("rdma_connect", address);
+    if (domain_.iwarp()) {
+        cm::event_loop::wait_for(cm_, connection_state::established, "rdma_connect", opts_.timeout);
+        std::lock_guard lock(cm_.mutex);
+        peer_private_ = cm_.private_data;
+        return;
+    }
     cm::event_loop::wait_for_response(cm_, "rdma_connect", opts_.timeout);
     // INIT again first, as librdmacm does: before the connection existed rdma_cm granted
     // the QP no remote access; now it grants remote write (and read, if we serve reads).
@@ -103,18 +116,21 @@ void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     id_ = std::move(id);
     id_->context = this;
     peer_private_ = std::move(peer_private_data);
-    // Attach before migrating, so that no event of the id finds the loop unprepared.
+    // The request moved the id to the domain's channel already; from now on its events
+    // are this connection's.
     domain_.events().attach(id_.get(), &cm_);
-    if (rdma_migrate_id(id_.get(), domain_.events().channel()))
-        throw_errno(errno, "rdma_migrate_id");
     create_qp();
     rdma_conn_param param = conn_param(private_data);
     // Never promise more reads than the initiator asked for, nor accept more than we allow.
     param.responder_resources = std::min(param.responder_resources, request.initiator_depth);
     param.initiator_depth = std::min(param.initiator_depth, request.responder_resources);
     // (A depth of 0 keeps rdma_cm's value, which is then 0 as well.)
-    modify_qp(IBV_QPS_RTR, param.responder_resources);
-    modify_qp(IBV_QPS_RTS, param.initiator_depth);
+    // On iWARP these depths travel as IRD/ORD in the MPA exchange and the provider moves
+    // the QP to RTS itself (it refuses RTS from us: the QP has no stream yet).
+    if (!domain_.iwarp()) {
+        modify_qp(IBV_QPS_RTR, param.responder_resources);
+        modify_qp(IBV_QPS_RTS, param.initiator_depth);
+    }
     set_state(cm_, connection_state::connecting);
     if (rdma_accept(id_.get(), &param))
         throw_errno(errno, "rdma_accept");
@@ -127,20 +143,32 @@ namespace
 class verbs_request final : public connection_request
 {
 public:
-    verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param)
-        : domain_(dom), id_(std::move(id)), param_(param)
+    verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param) : domain_(dom), param_(param)
     {
         auto* p = static_cast<const std::byte*>(param.private_data);
         if (p)
             private_.assign(p, p + param.private_data_len);
         param_.private_data = nullptr;
         param_.private_data_len = 0;
+        // Move the new id off the listener's channel at once, onto the domain's, whose
+        // loop acknowledges its events: a request may outlive its listener (and its
+        // channel), and an id's rdma_destroy_id waits for its events to be acknowledged.
+        // Attach before migrating, so that no event of the id finds the loop unprepared.
+        domain_.events().attach(id.get(), &cm_);
+        if (rdma_migrate_id(id.get(), domain_.events().channel())) {
+            int err = errno;
+            domain_.events().detach(id.get());
+            throw_errno(err, "rdma_migrate_id");
+        }
+        id_ = std::move(id);
     }
     ~verbs_request() override
     {
         // Dropped without an answer: tell the peer now rather than let it time out.
-        if (id_)
+        if (id_) {
+            domain_.events().detach(id_.get());
             rdma_reject(id_.get(), nullptr, 0);
+        }
     }
 
     std::span<const std::byte> private_data() const noexcept override { return private_; }
@@ -153,6 +181,7 @@ public:
         if (private_data.size() > max_accept_private_data)
             throw_error(errc::invalid_argument, "rdma_accept: private data over 196 bytes");
         auto c = std::make_unique<verbs_connection>(domain_, opts);
+        domain_.events().detach(id_.get()); // the connection attaches its own state
         c->accept(std::move(id_), param_, private_data, std::move(private_));
         return c;
     }
@@ -166,12 +195,14 @@ public:
         if (rdma_reject(id_.get(), private_data.empty() ? nullptr : private_data.data(),
                         static_cast<std::uint8_t>(private_data.size())))
             throw_errno(errno, "rdma_reject");
+        domain_.events().detach(id_.get());
         id_.reset();
     }
 
 private:
     verbs_domain& domain_;
-    cm_id_ptr id_;
+    cm::cm_state cm_; ///< receives the id's events until accept() hands it over
+    cm_id_ptr id_;    ///< destroyed before cm_ (declared after it)
     rdma_conn_param param_;
     std::vector<std::byte> private_;
 };
@@ -184,6 +215,7 @@ public:
         channel_.reset(rdma_create_event_channel());
         if (!channel_)
             throw_cm("rdma_create_event_channel", u);
+        cm::set_nonblocking(channel_->fd, "fcntl(rdma_cm listen channel, O_NONBLOCK)");
         rdma_cm_id* raw = nullptr;
         if (rdma_create_id(channel_.get(), &raw, nullptr, RDMA_PS_TCP))
             throw_cm("rdma_create_id", u);
@@ -203,21 +235,28 @@ public:
 
     std::unique_ptr<connection_request> get_request(std::chrono::milliseconds timeout) override
     {
-        auto deadline = std::chrono::steady_clock::now() + timeout;
+        // The channel is non-blocking: take what is queued first, and sleep in poll() only
+        // while nothing is. So a zero timeout takes a pending request and never blocks,
+        // and an event that vanishes between poll() and the fetch (a child id destroyed
+        // meanwhile discards its events) cannot block us either.
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
-            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                deadline - std::chrono::steady_clock::now());
-            pollfd pfd{channel_->fd, POLLIN, 0};
-            int rc = ::poll(&pfd, 1, std::max<int>(0, static_cast<int>(left.count())));
-            if (rc < 0 && errno == EINTR)
-                continue;
-            if (rc < 0)
-                throw_errno(errno, "poll(rdma_cm listen channel)");
-            if (rc == 0)
-                return nullptr;
             rdma_cm_event* ev = nullptr;
-            if (rdma_get_cm_event(channel_.get(), &ev))
-                throw_errno(errno, "rdma_get_cm_event");
+            if (rdma_get_cm_event(channel_.get(), &ev)) {
+                if (errno == EINTR)
+                    continue;
+                if (errno != EAGAIN)
+                    throw_errno(errno, "rdma_get_cm_event");
+                auto left =
+                    std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+                if (left.count() <= 0)
+                    return nullptr;
+                pollfd pfd{channel_->fd, POLLIN, 0};
+                int rc = ::poll(&pfd, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30)));
+                if (rc < 0 && errno != EINTR)
+                    throw_errno(errno, "poll(rdma_cm listen channel)");
+                continue;
+            }
             switch (ev->event) {
             case RDMA_CM_EVENT_CONNECT_REQUEST: {
                 // The request's private data lives in the event: copy it before the ack.

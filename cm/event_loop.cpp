@@ -1,5 +1,6 @@
 #include "cm/event_loop.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -28,6 +29,13 @@ void flush(cm_state& st) noexcept
 }
 } // namespace
 
+void set_nonblocking(int fd, const char* what)
+{
+    int fl = ::fcntl(fd, F_GETFL);
+    if (fl < 0 || ::fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        throw_errno(errno, what);
+}
+
 const char* event_name(rdma_cm_event_type t) noexcept
 {
     // rdma_event_str() exists, but ours is noexcept and never returns null.
@@ -51,10 +59,18 @@ std::error_code event_error(const rdma_cm_event& ev) noexcept
     }
 }
 
-event_loop::event_loop() : channel_(rdma_create_event_channel())
+event_loop::event_loop(ibv_context* ctx) : ctx_(ctx), channel_(rdma_create_event_channel())
 {
     if (!channel_)
         throw_errno(errno, "rdma_create_event_channel");
+    // Non-blocking: poll() may report an event that rdma_destroy_id() discards before we
+    // fetch it (the kernel drops a destroyed id's queued events), and a blocking
+    // rdma_get_cm_event() would then sleep until some other event came, perhaps never,
+    // and ~event_loop would wait for this thread forever.
+    set_nonblocking(channel_->fd, "fcntl(rdma_cm event channel, O_NONBLOCK)");
+    // The context's async fd too (shared by every domain on the device, so a second loop
+    // that finds the event already taken gets EAGAIN instead of blocking).
+    set_nonblocking(ctx_->async_fd, "fcntl(ibv_context async fd, O_NONBLOCK)");
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0)
         throw_errno(errno, "eventfd");
@@ -83,9 +99,9 @@ void event_loop::detach(rdma_cm_id* id)
 
 void event_loop::run() noexcept
 {
-    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[3] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {ctx_->async_fd, POLLIN, 0}};
     for (;;) {
-        if (::poll(fds, 2, -1) < 0) {
+        if (::poll(fds, 3, -1) < 0) {
             if (errno == EINTR)
                 continue;
             std::fprintf(stderr, "rdmx: cm event loop: poll: %s\n", std::strerror(errno));
@@ -93,17 +109,26 @@ void event_loop::run() noexcept
         }
         if (fds[1].revents)
             return;
-        rdma_cm_event* ev = nullptr;
-        if (rdma_get_cm_event(channel_.get(), &ev) != 0)
-            continue;
-        {
-            std::lock_guard lock(mutex_);
-            if (auto it = ids_.find(ev->id); it != ids_.end())
-                handle(*ev, *it->second);
-            // else: the id was detached (its connection is being destroyed); acking below
-            // lets rdma_destroy_id return.
+        if (fds[2].revents)
+            drain_async();
+        // Drain what is queued; EAGAIN means nothing (left), not an error.
+        for (;;) {
+            rdma_cm_event* ev = nullptr;
+            if (rdma_get_cm_event(channel_.get(), &ev) != 0) {
+                if (errno != EAGAIN && errno != EINTR)
+                    std::fprintf(stderr, "rdmx: cm event loop: rdma_get_cm_event: %s\n",
+                                 std::strerror(errno));
+                break;
+            }
+            {
+                std::lock_guard lock(mutex_);
+                if (auto it = ids_.find(ev->id); it != ids_.end())
+                    handle(*ev, *it->second);
+                // else: the id was detached (its connection is being destroyed); acking
+                // below lets rdma_destroy_id return.
+            }
+            rdma_ack_cm_event(ev);
         }
-        rdma_ack_cm_event(ev);
     }
 }
 
@@ -178,6 +203,122 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         break;
     }
     st.changed.notify_all();
+}
+
+namespace
+{
+
+struct qp_route {
+    cm_state* st;
+    ibv_cq* cq;
+    rdma_cm_id* id;
+};
+// Lock order: routes_mutex, then a cm_state's mutex.
+std::mutex routes_mutex;
+std::unordered_map<ibv_qp*, qp_route> routes;
+
+// Marks the connection failed by `ev` (its QP is in the error state already).
+void async_fail(cm_state& st, std::error_code ec, const char* why) noexcept
+{
+    std::lock_guard lock(st.mutex);
+    // A disconnect this side did not ask for may be followed by the event that caused it
+    // (the CM's DISCONNECTED can overtake it): the cause wins.
+    if (st.state == connection_state::established || st.state == connection_state::connecting ||
+        (st.state == connection_state::disconnected && !st.local_disconnect)) {
+        st.state = connection_state::error;
+        st.error = ec;
+        st.what = why;
+        st.changed.notify_all();
+    }
+}
+
+void route_async(ibv_async_event& ev, ibv_context* ctx) noexcept
+{
+    std::lock_guard lock(routes_mutex);
+    auto qp_route_of = [&]() -> qp_route* {
+        auto it = routes.find(ev.element.qp);
+        return it == routes.end() ? nullptr : &it->second;
+    };
+    switch (ev.event_type) {
+    case IBV_EVENT_QP_ACCESS_ERR:
+        if (auto* r = qp_route_of())
+            async_fail(*r->st, errc::remote_access,
+                       "IBV_EVENT_QP_ACCESS_ERR: a request of the peer violated this side's access rights");
+        break;
+    case IBV_EVENT_QP_REQ_ERR:
+        if (auto* r = qp_route_of())
+            async_fail(*r->st, errc::remote_invalid_request,
+                       "IBV_EVENT_QP_REQ_ERR: the peer sent an invalid request");
+        break;
+    case IBV_EVENT_QP_FATAL:
+        if (auto* r = qp_route_of())
+            async_fail(*r->st, errc::completion_error, "IBV_EVENT_QP_FATAL: the queue pair failed");
+        break;
+    case IBV_EVENT_COMM_EST:
+        // A message arrived before the connection's RTU (the passive side's ESTABLISHED):
+        // tell rdma_cm, which cannot see our QP (rdma_notify(3)).
+        if (auto* r = qp_route_of())
+            rdma_notify(r->id, IBV_EVENT_COMM_EST);
+        break;
+    case IBV_EVENT_CQ_ERR:
+        // A CQ overrun (rdmx sizes CQs for both queues and counts them, so a provider bug).
+        for (auto& [qp, r] : routes)
+            if (r.cq == ev.element.cq)
+                async_fail(*r.st, errc::completion_error, "IBV_EVENT_CQ_ERR: completion queue overrun");
+        break;
+    case IBV_EVENT_DEVICE_FATAL:
+        for (auto& [qp, r] : routes)
+            if (qp->context == ctx)
+                async_fail(*r.st, errc::no_device, "IBV_EVENT_DEVICE_FATAL: the RDMA device failed");
+        break;
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+        // rdmx neither drains (SQD) nor loads alternate paths.
+        break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+        // rdmx uses no shared receive queues.
+        break;
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+    case IBV_EVENT_GID_CHANGE:
+        // Port events: a connection that loses its path fails through its own retries and
+        // the CM's events.
+        break;
+    default:
+        // Newer event types (WQ_FATAL: work queues, which rdmx does not use).
+        break;
+    }
+}
+
+} // namespace
+
+void register_qp(ibv_qp* qp, ibv_cq* cq, rdma_cm_id* id, cm_state* st)
+{
+    std::lock_guard lock(routes_mutex);
+    routes[qp] = {st, cq, id};
+}
+
+void unregister_qp(ibv_qp* qp) noexcept
+{
+    std::lock_guard lock(routes_mutex);
+    routes.erase(qp);
+}
+
+void event_loop::drain_async() noexcept
+{
+    ibv_async_event ev;
+    while (ibv_get_async_event(ctx_, &ev) == 0) {
+        route_async(ev, ctx_);
+        // After routing: ibv_destroy_qp waits for this, and the route is gone by then.
+        ibv_ack_async_event(&ev);
+    }
 }
 
 namespace

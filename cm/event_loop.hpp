@@ -31,8 +31,22 @@ struct cm_state {
     std::string what;                    ///< the event and status that caused `error`
     std::vector<std::byte> private_data; ///< from CONNECT_RESPONSE / ESTABLISHED, or REJECTED
     bool responded = false;              ///< CONNECT_RESPONSE arrived (active side)
-    ibv_qp* qp = nullptr;                ///< moved to the error state when the peer leaves
+    /// disconnect() was called here: a later asynchronous event is no news (otherwise one
+    /// that follows a disconnect still names its cause, state error).
+    bool local_disconnect = false;
+    ibv_qp* qp = nullptr; ///< moved to the error state when the peer leaves
 };
+
+/// Routes the device's asynchronous events (ibv_get_async_event) of `qp` to `st`, and
+/// those of `cq` too. One process-wide table: librdmacm opens each device once per
+/// process, so every domain on a device shares its context and its async event queue,
+/// and whichever domain's event loop reads an event finds the QP it names here.
+/// `id` gets rdma_notify(COMM_EST). Call unregister_qp before destroying the QP.
+void register_qp(ibv_qp* qp, ibv_cq* cq, rdma_cm_id* id, cm_state* st);
+void unregister_qp(ibv_qp* qp) noexcept;
+
+/// Sets O_NONBLOCK on `fd` (an event channel's); throws naming `what` on failure.
+void set_nonblocking(int fd, const char* what);
 
 /// "RDMA_CM_EVENT_REJECTED" etc.
 const char* event_name(rdma_cm_event_type t) noexcept;
@@ -43,7 +57,8 @@ std::error_code event_error(const rdma_cm_event& ev) noexcept;
 class event_loop
 {
 public:
-    event_loop();
+    /// `ctx`: the device whose asynchronous events this loop reads too.
+    explicit event_loop(ibv_context* ctx);
     ~event_loop();
     event_loop(const event_loop&) = delete;
     event_loop& operator=(const event_loop&) = delete;
@@ -66,7 +81,10 @@ public:
 private:
     void run() noexcept;
     void handle(rdma_cm_event& ev, cm_state& st) noexcept;
+    /// Reads the device's pending asynchronous events (non-blocking) and acknowledges each.
+    void drain_async() noexcept;
 
+    ibv_context* ctx_;
     verbs::event_channel_ptr channel_;
     int wake_fd_ = -1; ///< eventfd that tells run() to stop
     std::mutex mutex_; ///< guards ids_ and serialises handlers with detach()

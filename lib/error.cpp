@@ -1,5 +1,6 @@
 #include <rdmx/error.hpp>
 
+#include <cerrno>
 #include <cstring>
 #include <string>
 
@@ -37,6 +38,7 @@ public:
         case errc::not_connected: return "not connected";
         case errc::no_device: return "no RDMA device serves this address";
         case errc::protocol_error: return "protocol error from peer";
+        case errc::not_supported: return "operation not supported by this device or transport";
         }
         return "unknown rdmx error " + std::to_string(ev);
     }
@@ -52,6 +54,13 @@ const std::error_category& category() noexcept
 
 void throw_errno(int err, const char* verb)
 {
+    // Some providers return negative errnos (libsiw), and some fail without setting errno
+    // at all: "Success" must never be the reason a call failed.
+    if (err < 0)
+        err = -err;
+    if (err == 0)
+        throw error(std::error_code(EIO, std::system_category()),
+                    std::string(verb) + ": provider failed without an errno");
     throw error(std::error_code(err, std::system_category()), verb);
 }
 

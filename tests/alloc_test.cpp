@@ -182,6 +182,7 @@ struct workload {
     memory_region& dst; ///< server: receive buffers and one-sided target
     std::size_t large;  ///< bytes of the large transfers
     bool inline_ok;     ///< the connection allows 8-byte inline sends
+    bool imm_ok = true; ///< the device has write with immediate (not iWARP: sends instead)
 
     static constexpr std::size_t list = 8; ///< post-list length
     static constexpr std::size_t small = 8;
@@ -205,7 +206,8 @@ struct workload {
         // of each list signalled (selective signalling).
         sge ss[list];
         work_request w[list];
-        const opcode ops[] = {opcode::send, opcode::write, opcode::write_with_imm, opcode::read};
+        const opcode ops[] = {opcode::send, opcode::write, imm_ok ? opcode::write_with_imm : opcode::send,
+                              opcode::read};
         std::size_t client_completions = 0;
         for (opcode op : ops) {
             for (std::size_t i = 0; i < list; ++i) {
@@ -226,7 +228,7 @@ struct workload {
         // Large: one of each, all signalled, as single posts.
         sge ls{&src, 0, large};
         if (failed(client.post_send({&ls, 1}, 1)) || failed(client.post_write({&ls, 1}, target, 2)) ||
-            failed(client.post_write_imm({&ls, 1}, target, 7, 3)) ||
+            failed(imm_ok ? client.post_write_imm({&ls, 1}, target, 7, 3) : client.post_send({&ls, 1}, 3)) ||
             failed(client.post_read({&ls, 1}, target, 4)))
             return false;
         client_completions += 4;
@@ -250,7 +252,13 @@ TEST_P(allocation, steady_state_data_path_allocates_nothing)
     auto src = client_dom_->register_memory(a.data(), a.size(), access::local_write);
     auto dst = server_dom_->register_memory(b.data(), b.size(),
                                             access::local_write | access::remote_write | access::remote_read);
-    workload wl{*p.client, *p.server, *src, *dst, large, p.client->limits().max_inline >= workload::small};
+    workload wl{*p.client,
+                *p.server,
+                *src,
+                *dst,
+                large,
+                p.client->limits().max_inline >= workload::small,
+                server_dom_->limits().write_with_imm};
 
     // Warm-up: first use of rings, reactor registrations, asio's per-thread handler caches.
     for (int i = 0; i < 5; ++i)

@@ -15,6 +15,53 @@ namespace
 
 class conformance : public pair_fixture
 {
+protected:
+    bool iwarp() const { return server_dom_->limits().iwarp; }
+
+    // Whether the target memory shows a write whose completion was polled. On iWARP a
+    // write completes at the initiator once sent, not once placed: there it is given up
+    // to 5 s to land (RC delivers it; only the moment differs).
+    template <class Ok> bool placed(Ok ok) const
+    {
+        auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (iwarp() && !ok() && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        return ok();
+    }
+
+    // iWARP (RFC 5040) has no error completion for what the target refuses: the target
+    // terminates the connection (RDMAP TERMINATE), and the initiator's request may even
+    // have completed successfully (a write completes once sent). What rdmx promises
+    // there: both sides leave `established` within bounded time, the side that detected
+    // the error says why in last_error() (an asynchronous event of its QP), and the other
+    // side names a cause too.
+    void expect_torn_down(connection& detector, connection& other, std::error_code cause)
+    {
+        auto deadline = std::chrono::steady_clock::now() + 15s;
+        completion buf[8];
+        while ((detector.state() == connection_state::established ||
+                other.state() == connection_state::established) &&
+               std::chrono::steady_clock::now() < deadline) {
+            detector.poll(buf);
+            other.poll(buf);
+            std::this_thread::sleep_for(1ms);
+        }
+        // The completions that are there may name the cause more precisely than the event
+        // that ended the wait (a receive's local_length after IBV_EVENT_QP_FATAL): take them.
+        for (auto idle_until = std::chrono::steady_clock::now() + 100ms;
+             std::chrono::steady_clock::now() < std::min(idle_until, deadline + 1s);) {
+            if (detector.poll(buf) + other.poll(buf) > 0)
+                idle_until = std::chrono::steady_clock::now() + 100ms;
+            std::this_thread::sleep_for(1ms);
+        }
+        EXPECT_NE(detector.state(), connection_state::established);
+        EXPECT_NE(other.state(), connection_state::established);
+        EXPECT_EQ(detector.last_error(), cause) << detector.last_error().message();
+        EXPECT_TRUE(other.last_error()) << "the other side names no cause";
+        std::printf("[ iwarp    ] detector: %s (%s), other: %s (%s)\n", to_string(detector.state()),
+                    detector.last_error().message().c_str(), to_string(other.state()),
+                    other.last_error().message().c_str());
+    }
 };
 
 std::vector<std::byte> pattern(std::size_t n, unsigned seed)
@@ -194,6 +241,21 @@ TEST_P(conformance, write_then_send_notification)
 TEST_P(conformance, write_with_immediate_consumes_a_receive)
 {
     auto p = connect_pair();
+    if (!server_dom_->limits().write_with_imm) {
+        // Refused up front, whole lists included, never half posted.
+        std::vector<std::byte> b(64);
+        auto m = client_dom_->register_memory(b.data(), b.size(), access::remote_write);
+        sge s{m.get(), 0, 64};
+        work_request wrs[2] = {{.opcode = opcode::write, .local = {&s, 1}, .remote = m->remote()},
+                               {.opcode = opcode::write_with_imm, .local = {&s, 1}, .remote = m->remote()}};
+        std::size_t posted = 7;
+        EXPECT_EQ(p.client->post(wrs, &posted), errc::not_supported);
+        EXPECT_EQ(posted, 0u);
+        completion c[2];
+        EXPECT_EQ(p.client->poll(c), 0u);
+        GTEST_SKIP() << "device " << server_dom_->limits().device_name
+                     << " has no write with immediate (iWARP); post() refuses it with not_supported";
+    }
     constexpr std::size_t size = 3000;
     auto src = pattern(size, 3);
     std::vector<std::byte> target(size + 100);
@@ -250,11 +312,16 @@ TEST_P(conformance, one_sided_operations_work_in_both_directions)
     sge w{smr.get(), 0, size};
     ASSERT_FALSE(p.server->post_write({&w, 1}, kmr->remote(), 1));
     expect_ok(*p.server, 1);
-    EXPECT_EQ(sink, src);
+    // On iWARP a write completes at the initiator once sent, not once placed: the read
+    // behind it (answered after the write landed) is the proof there.
+    if (!iwarp()) {
+        EXPECT_EQ(sink, src);
+    }
     sge r{bmr.get(), 0, size};
     ASSERT_FALSE(p.server->post_read({&r, 1}, kmr->remote(), 2));
     expect_ok(*p.server, 1);
     EXPECT_EQ(back, src);
+    EXPECT_EQ(sink, src);
 }
 
 TEST_P(conformance, read_then_fenced_write_returns_old_data)
@@ -323,11 +390,20 @@ TEST_P(conformance, scatter_gather_lists)
     sge ws[2] = {{smr.get(), 500, 100}, {smr.get(), 0, 100}};
     ASSERT_FALSE(p.client->post_write(ws, m3->remote(10, 200), 3));
     expect_ok(*p.client, 1);
-    EXPECT_EQ(0, std::memcmp(r3.data() + 10, src.data() + 500, 100));
-    EXPECT_EQ(0, std::memcmp(r3.data() + 110, src.data(), 100));
+    EXPECT_TRUE(placed([&] {
+        return std::memcmp(r3.data() + 10, src.data() + 500, 100) == 0 &&
+               std::memcmp(r3.data() + 110, src.data(), 100) == 0;
+    }));
     std::vector<std::byte> back(200);
     auto bmr = client_dom_->register_memory(back.data(), back.size(), access::local_write);
     sge rd[2] = {{bmr.get(), 150, 50}, {bmr.get(), 0, 150}};
+    if (client_dom_->limits().max_sge_rd < 2) {
+        // The device fills only one SGE of a read (siw: max_sge_rd 1): refused up front
+        // rather than half filled.
+        EXPECT_EQ(p.client->post_read(rd, m3->remote(10, 200), 4), errc::invalid_argument);
+        GTEST_SKIP() << "device " << client_dom_->limits().device_name << " reads into "
+                     << client_dom_->limits().max_sge_rd << " SGE only (max_sge_rd)";
+    }
     ASSERT_FALSE(p.client->post_read(rd, m3->remote(10, 200), 4));
     expect_ok(*p.client, 1);
     EXPECT_EQ(0, std::memcmp(back.data() + 150, r3.data() + 10, 50));
@@ -348,6 +424,7 @@ TEST_P(conformance, many_outstanding_operations)
     auto imr = server_dom_->register_memory(inbox.data(), inbox.size(), access::local_write);
     std::size_t posted = 0, done = 0, recvd = 0, recv_posted = 0;
     std::uint64_t checksum_sent = 0, checksum_recv = 0;
+    std::vector<bool> seen(total);
     completion cs[32];
     auto deadline = std::chrono::steady_clock::now() + 60s;
     while ((done < total || recvd < total / 3) && std::chrono::steady_clock::now() < deadline) {
@@ -356,7 +433,9 @@ TEST_P(conformance, many_outstanding_operations)
             ASSERT_FALSE(p.server->post_recv({&r, 1}, recv_posted));
             ++recv_posted;
         }
-        if (posted < total && posted - done < slots) {
+        // A slot is reused once its previous request completed (on siw not necessarily
+        // the oldest one: see `seen`).
+        if (posted < total && posted - done < slots && (!iwarp() || posted < slots || seen[posted - slots])) {
             std::size_t slot = posted % slots;
             std::fill_n(src.data() + slot * size, size, static_cast<std::byte>(posted));
             sge s{smr.get(), slot * size, size};
@@ -377,7 +456,15 @@ TEST_P(conformance, many_outstanding_operations)
         std::size_t n = p.client->poll(cs);
         for (std::size_t i = 0; i < n; ++i) {
             ASSERT_FALSE(cs[i].status) << cs[i].status.message();
-            EXPECT_EQ(cs[i].wr_id, done) << "completions in posting order";
+            // siw completes a read after the writes and sends posted behind it (see
+            // docs/failure-semantics.md): there, each exactly once, in any order.
+            if (iwarp()) {
+                ASSERT_LT(cs[i].wr_id, total);
+                EXPECT_FALSE(seen[cs[i].wr_id]) << "wr_id " << cs[i].wr_id << " completed twice";
+                seen[cs[i].wr_id] = true;
+            } else {
+                EXPECT_EQ(cs[i].wr_id, done) << "completions in posting order";
+            }
             ++done;
         }
         n = p.server->poll(cs);
@@ -455,6 +542,9 @@ TEST_P(conformance, long_post_list_mixes_operations_and_sge_counts)
         constexpr opcode ops[4] = {opcode::send, opcode::write, opcode::write_with_imm, opcode::read};
         return ops[i % 4];
     };
+    if (!server_dom_->limits().write_with_imm)
+        GTEST_SKIP() << "device " << server_dom_->limits().device_name
+                     << " has no write with immediate (iWARP), which this list mixes in";
     // A receive for every send and write_with_imm, in order, each into the request's slot.
     std::vector<sge> rs(n);
     std::vector<recv_request> rr;
@@ -577,7 +667,7 @@ TEST_P(conformance, post_list_longer_than_the_send_queue_posts_a_prefix)
     std::vector<std::size_t> want(n);
     std::iota(want.begin(), want.end(), std::size_t{0});
     EXPECT_EQ(order, want);
-    EXPECT_EQ(target, src);
+    EXPECT_TRUE(placed([&] { return target == src; }));
 
     // A short list, then a longer one: every request of the second goes out (on verbs the
     // batch slots are chained once and each post cuts the chain after its last request).
@@ -600,11 +690,20 @@ TEST_P(conformance, unknown_key_is_a_remote_access_error)
     rb.key ^= 0x5a5a00; // forged
     sge s{smr.get(), 0, 256};
     ASSERT_FALSE(p.client->post_write({&s, 1}, rb, 1));
+    if (iwarp()) {
+        // siw raises no asynchronous event for an unknown key: the teardown is all.
+        expect_torn_down(*p.server, *p.client, errc::disconnected);
+        EXPECT_EQ(target, std::vector<std::byte>(256, std::byte{1})) << "target memory was touched";
+        return;
+    }
     auto c = poll_n(*p.client, 1);
     ASSERT_EQ(c.size(), 1u);
     EXPECT_EQ(c[0].status, errc::remote_access) << c[0].status.message();
     EXPECT_EQ(c[0].wr_id, 1u);
     EXPECT_EQ(target, std::vector<std::byte>(256, std::byte{1})) << "target memory was touched";
+    // The error completion says so on the connection too, by the time it is polled.
+    EXPECT_EQ(p.client->state(), connection_state::error);
+    EXPECT_EQ(p.client->last_error(), errc::remote_access) << p.client->last_error().message();
 }
 
 TEST_P(conformance, out_of_bounds_access_is_a_remote_access_error)
@@ -618,6 +717,11 @@ TEST_P(conformance, out_of_bounds_access_is_a_remote_access_error)
     rb.length = 8192;
     sge s{smr.get(), 0, 4096};
     ASSERT_FALSE(p.client->post_write({&s, 1}, *rb.slice(2048, 4096), 1));
+    if (iwarp()) {
+        expect_torn_down(*p.server, *p.client, errc::remote_access);
+        EXPECT_EQ(big, std::vector<std::byte>(8192, std::byte{1})) << "target memory was touched";
+        return;
+    }
     auto c = poll_n(*p.client, 1);
     ASSERT_EQ(c.size(), 1u);
     EXPECT_EQ(c[0].status, errc::remote_access) << c[0].status.message();
@@ -632,6 +736,11 @@ TEST_P(conformance, read_only_region_rejects_writes)
     auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
     sge s{smr.get(), 0, 128};
     ASSERT_FALSE(p.client->post_write({&s, 1}, tmr->remote(), 1));
+    if (iwarp()) {
+        expect_torn_down(*p.server, *p.client, errc::remote_access);
+        EXPECT_EQ(target, std::vector<std::byte>(128, std::byte{1}));
+        return;
+    }
     auto c = poll_n(*p.client, 1);
     ASSERT_EQ(c.size(), 1u);
     EXPECT_EQ(c[0].status, errc::remote_access) << c[0].status.message();
@@ -673,6 +782,12 @@ TEST_P(conformance, send_without_receive_exhausts_rnr_retries)
     auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
     sge s{smr.get(), 0, 64};
     ASSERT_FALSE(p.client->post_send({&s, 1}, 1));
+    if (iwarp()) {
+        // No receiver-not-ready on iWARP: a send without a receive ends the connection
+        // (siw raises no asynchronous event for it: the teardown is all).
+        expect_torn_down(*p.server, *p.client, errc::disconnected);
+        return;
+    }
     auto c = poll_n(*p.client, 1, 15s);
     ASSERT_EQ(c.size(), 1u);
     EXPECT_EQ(c[0].status, errc::rnr_retry_exceeded) << c[0].status.message();
@@ -681,6 +796,9 @@ TEST_P(conformance, send_without_receive_exhausts_rnr_retries)
 TEST_P(conformance, receive_posted_during_rnr_retries_gets_the_message)
 {
     auto p = connect_pair(); // rnr_retry_count 7: retry forever
+    if (iwarp())
+        GTEST_SKIP() << "iWARP has no receiver-not-ready retries (a send without a receive "
+                        "ends the connection: send_without_receive_exhausts_rnr_retries)";
     std::vector<std::byte> src(64, std::byte{3}), dst(64);
     auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
     auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
@@ -704,6 +822,10 @@ TEST_P(conformance, send_larger_than_receive_fails_on_both_sides)
     ASSERT_FALSE(p.server->post_recv({&r, 1}, 2));
     sge s{smr.get(), 0, 256};
     ASSERT_FALSE(p.client->post_send({&s, 1}, 1));
+    if (iwarp()) {
+        expect_torn_down(*p.server, *p.client, errc::local_length);
+        return;
+    }
     auto sc = poll_n(*p.client, 1);
     ASSERT_EQ(sc.size(), 1u);
     auto rc = poll_n(*p.server, 1);

@@ -75,7 +75,14 @@ TEST_P(soak, many_connections_move_checksummed_data)
 {
     // 256 on both: rxe in the 1 GiB test guest takes 256 connections (512 QPs) in its
     // stride; set-up then takes about 8 s under emulation.
-    const std::size_t n = env_or("RDMX_SOAK_CONNECTIONS", 256);
+    std::size_t n = env_or("RDMX_SOAK_CONNECTIONS", 256);
+    // siw's ibv_create_cq fails (EINVAL, or no errno at all) after a few dozen
+    // connections in one process: a provider limit, see docs/failure-semantics.md.
+    const bool iwarp = server_dom_->limits().iwarp;
+    if (iwarp)
+        n = std::min<std::size_t>(n, 16);
+    // iWARP has no write with immediate: the lanes cycle through the other three.
+    const std::size_t phases = iwarp ? 3 : 4;
     const auto duration = std::chrono::seconds(env_or("RDMX_SOAK_SECONDS", 8));
     // Each TCP connection holds a socket and an eventfd per side.
     rlimit rl{};
@@ -182,7 +189,7 @@ TEST_P(soak, many_connections_move_checksummed_data)
                 bytes += chunk;
                 two_sided += l.phase >= 2; // send and write_imm each consume a receive
                 l.busy = false;
-                l.phase = (l.phase + 1) % 4;
+                l.phase = (l.phase + 1) % phases;
                 ++l.seq;
             }
             // Server completions: verify sends, check immediates, re-post.

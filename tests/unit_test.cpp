@@ -127,13 +127,31 @@ TEST(errors, have_readable_messages_in_one_category)
     EXPECT_NE(ec.message().find("remote access"), std::string::npos);
     EXPECT_NE(std::error_code(errc::flushed).message().find("flushed"), std::string::npos);
     EXPECT_NE(std::error_code(errc::rnr_retry_exceeded).message().find("RNR"), std::string::npos);
-    for (int i = 1; i <= static_cast<int>(errc::protocol_error); ++i)
+    for (int i = 1; i <= static_cast<int>(errc::not_supported); ++i)
         EXPECT_EQ(std::error_code(i, category()).message().find("unknown"), std::string::npos) << i;
     try {
         throw_errno(ENOMEM, "ibv_reg_mr");
     } catch (const error& e) {
         EXPECT_NE(std::string(e.what()).find("ibv_reg_mr"), std::string::npos);
         EXPECT_EQ(e.code(), std::errc::not_enough_memory);
+    }
+    // A provider that fails without errno (libsiw's ibv_create_cq) is never "Success"; a
+    // negative errno (libsiw's posts) reads as its positive.
+    try {
+        throw_errno(0, "ibv_create_cq");
+        ADD_FAILURE() << "throw_errno returned";
+    } catch (const error& e) {
+        EXPECT_NE(std::string(e.what()).find("ibv_create_cq: provider failed without an errno"),
+                  std::string::npos)
+            << e.what();
+        EXPECT_TRUE(e.code());
+        EXPECT_EQ(std::string(e.what()).find("Success"), std::string::npos) << e.what();
+    }
+    try {
+        throw_errno(-EINVAL, "ibv_modify_qp");
+        ADD_FAILURE() << "throw_errno returned";
+    } catch (const error& e) {
+        EXPECT_EQ(e.code(), std::errc::invalid_argument) << e.what();
     }
 }
 

@@ -32,8 +32,10 @@ connection_limits clamp_limits(const device_limits& dev, const connection_option
 
 verbs_connection::verbs_connection(verbs_domain& dom, const connection_options& opts)
     : domain_(dom), opts_(opts), limits_(clamp_limits(dom.limits(), opts)), send_wrs_(limits_.max_send_sge),
-      recv_wrs_(limits_.max_recv_sge)
+      recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
 {
+    const std::uint32_t sge_rd = dom.limits().max_sge_rd;
+    max_read_sge_ = sge_rd ? std::min(limits_.max_send_sge, sge_rd) : limits_.max_send_sge;
     channel_.reset(ibv_create_comp_channel(dom.native_context()));
     if (!channel_)
         throw_errno(errno, "ibv_create_comp_channel");
@@ -52,8 +54,10 @@ verbs_connection::~verbs_connection()
 {
     if (id_)
         domain_.events().detach(id_.get());
-    qp_.reset(); // QP before its CQ
-    cq_.reset(); // CQ before its completion channel
+    if (qp_)
+        cm::unregister_qp(qp_.get()); // waits for a router using it; then destroy waits for its acks
+    qp_.reset();                      // QP before its CQ
+    cq_.reset();                      // CQ before its completion channel
     channel_.reset();
     id_.reset(); // waits until every event of the id was acknowledged
 }
@@ -78,6 +82,7 @@ void verbs_connection::create_qp()
         std::lock_guard lock(cm_.mutex);
         cm_.qp = qp_.get();
     }
+    cm::register_qp(qp_.get(), cq_.get(), id_.get(), &cm_);
     modify_qp(IBV_QPS_INIT);
 }
 
@@ -89,7 +94,15 @@ void verbs_connection::modify_qp(ibv_qp_state to, std::uint8_t rd_atomic)
     if (rdma_init_qp_attr(id_.get(), &attr, &mask))
         throw_errno(errno, "rdma_init_qp_attr");
     const char* verb = "ibv_modify_qp(INIT)";
-    if (to == IBV_QPS_RTR) {
+    if (to == IBV_QPS_INIT && domain_.iwarp()) {
+        // iWARP: until the connection exists rdma_cm grants the active side's QP no remote
+        // access at all (rdma_init_qp_attr has no iw_cm id to ask), and we never get a
+        // second INIT there: the provider takes the QP to RTS when the connection comes
+        // up. siw does not check QP access rights, hardware iWARP does: grant what we serve
+        // now, on both sides (remote write always, remote read as we accept reads).
+        attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        mask |= IBV_QP_ACCESS_FLAGS;
+    } else if (to == IBV_QPS_RTR) {
         verb = "ibv_modify_qp(RTR)";
         attr.min_rnr_timer = opts_.min_rnr_timer & 31;
         mask |= IBV_QP_MIN_RNR_TIMER;
@@ -142,19 +155,48 @@ connection_state verbs_connection::state() const noexcept
     return cm_.state;
 }
 
-void verbs_connection::note_error() noexcept
+std::error_code verbs_connection::last_error() const noexcept
 {
     std::lock_guard lock(cm_.mutex);
-    if (cm_.state == connection_state::established) {
-        cm_.state = connection_state::error;
-        cm_.error = errc::completion_error;
-        cm_.what = "error completion: the QP is in the error state";
+    switch (cm_.state) {
+    case connection_state::error: return cm_.error ? cm_.error : make_error_code(errc::completion_error);
+    case connection_state::disconnected: return cm_.error ? cm_.error : make_error_code(errc::disconnected);
+    default: return {};
+    }
+}
+
+void verbs_connection::note_error(std::error_code status) noexcept
+{
+    counting_ = false;
+    std::lock_guard lock(cm_.mutex);
+    if (status != errc::flushed) {
+        // A completion's status is the most precise cause there is: it replaces a
+        // disconnect this side did not ask for and a generic IBV_EVENT_QP_FATAL (either
+        // can overtake the completion that caused it).
+        const bool generic = cm_.state == connection_state::error && cm_.error == errc::completion_error;
+        const bool peer_left = cm_.state == connection_state::disconnected && !cm_.local_disconnect;
+        if (cm_.state == connection_state::established || generic || peer_left) {
+            cm_.state = connection_state::error;
+            cm_.error = status;
+            cm_.what = "error completion: the QP is in the error state";
+        }
+        return;
+    }
+    if (cm_.state != connection_state::established)
+        return;
+    {
+        // Flushed while we still thought the connection up: the QP left it (siw flushes
+        // before the DISCONNECTED event arrives; an async event may follow with a cause).
+        cm_.state = connection_state::disconnected;
+        cm_.error = errc::disconnected;
+        cm_.what = "work request flushed: the queue pair left the connected state";
     }
 }
 
 void verbs_connection::disconnect() noexcept
 {
     std::lock_guard lock(cm_.mutex);
+    cm_.local_disconnect = true;
     if (cm_.state == connection_state::established || cm_.state == connection_state::connecting) {
         rdma_disconnect(id_.get());
         flush_qp(); // every posted request completes with IBV_WC_WR_FLUSH_ERR

@@ -34,6 +34,7 @@ public:
 
     rdmx::backend backend() const noexcept override { return backend::verbs; }
     connection_state state() const noexcept override;
+    std::error_code last_error() const noexcept override;
     const connection_limits& limits() const noexcept override { return limits_; }
     std::span<const std::byte> peer_private_data() const noexcept override { return peer_private_; }
 
@@ -60,9 +61,22 @@ private:
     void modify_qp(ibv_qp_state to, std::uint8_t rd_atomic = 0);
     /// Moves the QP to the error state so that everything posted is flushed.
     void flush_qp() noexcept;
-    /// An error completion moved the QP to the error state: say so in state(), as the TCP
-    /// backend does. Slow path, kept out of poll()'s loop body.
-    [[gnu::noinline, gnu::cold]] void note_error() noexcept;
+    /// An error completion (`status`) showed the QP in the error state: say so in state()
+    /// and last_error(), as the TCP backend does, and stop counting queue slots. Slow path,
+    /// kept out of poll()'s loop body.
+    [[gnu::noinline, gnu::cold]] void note_error(std::error_code status) noexcept;
+    /// Frees the queue slots that a successful completion of `op` stands for.
+    void retire(rdmx::opcode op) noexcept
+    {
+        if (op == opcode::recv || op == opcode::recv_with_imm) {
+            if (rq_outstanding_)
+                --rq_outstanding_;
+        } else if (retire_count_) {
+            sq_outstanding_ -= sq_retire_[retire_head_];
+            retire_head_ = retire_head_ + 1 == sq_retire_.size() ? 0 : retire_head_ + 1;
+            --retire_count_;
+        }
+    }
     rdma_conn_param conn_param(std::span<const std::byte> private_data) const noexcept;
 
     verbs_domain& domain_;
@@ -100,6 +114,21 @@ private:
     };
     wr_array<ibv_send_wr> send_wrs_;
     wr_array<ibv_recv_wr> recv_wrs_;
+
+    /// SGEs a read may scatter into: max_send_sge, and no more than the device's max_sge_rd.
+    std::uint32_t max_read_sge_ = 1;
+    // rdmx's own count of each queue's outstanding requests, so that post() says
+    // would_block at the depth on every provider (siw took 1590 writes on a queue of 8)
+    // and the CQ, sized for both depths, cannot overrun. Data-path thread only.
+    std::uint32_t sq_outstanding_ = 0;
+    std::uint32_t rq_outstanding_ = 0;
+    std::uint32_t sq_unsignaled_ = 0;      ///< posted since the last signalled request
+    std::vector<std::uint32_t> sq_retire_; ///< ring: slots each outstanding signalled request frees
+    std::size_t retire_head_ = 0;
+    std::size_t retire_count_ = 0;
+    /// False once an error completion was polled: the QP is in the error state and flushes
+    /// both queues, and a flushed completion does not say which queue it came from.
+    bool counting_ = true;
 };
 
 } // namespace rdmx::verbs

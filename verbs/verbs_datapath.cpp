@@ -16,6 +16,9 @@ namespace
 
 std::error_code post_errno(int rc) noexcept
 {
+    // Providers return a positive errno (rxe, mlx5) or a negative one (libsiw).
+    if (rc < 0)
+        rc = -rc;
     // ENOMEM from ibv_post_* means the queue is full: try again after polling.
     if (rc == ENOMEM)
         return errc::would_block;
@@ -112,8 +115,9 @@ std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* poste
         // The latency case: straight through, with no chain to cut and mend.
         IbvWr& w = arr.wr[post_batch];
         fill_one(w, wrs[0], fill);
-        if (int rc = post(&w, &bad))
-            return post_errno(rc);
+        int rc = post(&w, &bad);
+        if (rc || bad) [[unlikely]]
+            return post_errno(rc ? rc : EINVAL);
         if (posted)
             *posted = 1;
         return detail::no_error;
@@ -130,13 +134,16 @@ std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* poste
         bad = nullptr;
         int rc = post(w, &bad);
         w[n - 1].next = n < post_batch ? &w[n] : nullptr;
-        if (rc) {
+        if (rc || bad) [[unlikely]] {
             // The provider names the first request it did not take (ibv_post_send(3)); one
-            // that names none is counted as having taken none of this batch.
-            done += bad ? static_cast<std::size_t>(bad - w) : 0;
+            // that names none (or one outside the batch) is counted as having taken none of
+            // it. A provider that names one but returns 0 still failed: never report
+            // success for requests that were not posted.
+            if (bad >= w && bad < w + n)
+                done += static_cast<std::size_t>(bad - w);
             if (posted)
                 *posted = done;
-            return post_errno(rc);
+            return post_errno(rc ? rc : EINVAL);
         }
         done += n;
     }
@@ -158,9 +165,25 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
         std::uint64_t total = 0;
         if (errc ec = detail::check_send(wr, &domain_, backend::verbs, limits_, total); ec != errc{})
             return ec;
+        // What the device lacks is refused here, not left to the provider: siw "filled"
+        // only the first SGE of a read and reported success, and failed a write with
+        // immediate in a list without saying so.
+        if (wr.opcode == opcode::read && wr.local.size() > max_read_sge_) [[unlikely]]
+            return errc::invalid_argument;
+        if (wr.opcode == opcode::write_with_imm && !domain_.limits().write_with_imm) [[unlikely]]
+            return errc::not_supported;
     }
-    return post_in_batches<ibv_send_wr>(
-        wrs, posted, send_wrs_,
+    // The queue's room by our own count: some providers (siw) accept far more than the
+    // depth and then overrun the CQ.
+    std::size_t take = wrs.size();
+    if (counting_) {
+        take = std::min<std::size_t>(take, limits_.send_queue_depth - sq_outstanding_);
+        if (take == 0)
+            return errc::would_block;
+    }
+    std::size_t done = 0;
+    std::error_code ec = post_in_batches<ibv_send_wr>(
+        wrs.first(take), &done, send_wrs_,
         [](ibv_send_wr& w, const work_request& wr) {
             w.opcode = to_ibv(wr.opcode);
             w.send_flags = to_ibv(wr.flags);
@@ -170,6 +193,22 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
             w.wr.rdma.rkey = one_sided ? static_cast<std::uint32_t>(wr.remote.key) : 0;
         },
         [qp = qp_.get()](ibv_send_wr* w, ibv_send_wr** bad) { return ibv_post_send(qp, w, bad); });
+    for (std::size_t i = 0; counting_ && i < done; ++i) {
+        // A signalled request's completion frees its slot and those of the unsignalled
+        // ones posted before it (ibv_post_send(3)).
+        ++sq_outstanding_;
+        ++sq_unsignaled_;
+        if (has(wrs[i].flags, send_flags::signaled)) {
+            sq_retire_[(retire_head_ + retire_count_) % sq_retire_.size()] = sq_unsignaled_;
+            ++retire_count_;
+            sq_unsignaled_ = 0;
+        }
+    }
+    if (posted)
+        *posted = done;
+    if (!ec && take < wrs.size())
+        return errc::would_block;
+    return ec;
 }
 
 std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
@@ -183,9 +222,23 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
         if (errc ec = detail::check_recv(wr, &domain_, limits_, total); ec != errc{})
             return ec;
     }
-    return post_in_batches<ibv_recv_wr>(
-        wrs, posted, recv_wrs_, [](ibv_recv_wr&, const recv_request&) {},
+    std::size_t take = wrs.size();
+    if (counting_) {
+        take = std::min<std::size_t>(take, limits_.recv_queue_depth - rq_outstanding_);
+        if (take == 0)
+            return errc::would_block;
+    }
+    std::size_t done = 0;
+    std::error_code ec = post_in_batches<ibv_recv_wr>(
+        wrs.first(take), &done, recv_wrs_, [](ibv_recv_wr&, const recv_request&) {},
         [qp = qp_.get()](ibv_recv_wr* w, ibv_recv_wr** bad) { return ibv_post_recv(qp, w, bad); });
+    if (counting_)
+        rq_outstanding_ += static_cast<std::uint32_t>(done);
+    if (posted)
+        *posted = done;
+    if (!ec && take < wrs.size())
+        return errc::would_block;
+    return ec;
 }
 
 std::size_t verbs_connection::poll(std::span<completion> out) noexcept
@@ -204,6 +257,7 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
             if (wc[i].status == IBV_WC_SUCCESS) [[likely]] {
                 c.status = detail::no_error;
                 c.opcode = from_ibv(wc[i].opcode);
+                retire(c.opcode);
                 c.with_imm = wc[i].wc_flags & IBV_WC_WITH_IMM;
                 c.imm = c.with_imm ? ntohl(wc[i].imm_data) : 0;
             } else {
@@ -212,8 +266,9 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
                 c.opcode = opcode::unknown;
                 c.with_imm = false;
                 c.imm = 0;
-                if (c.status != errc::flushed)
-                    note_error();
+                // The QP is in the error state: say so in state() before the user sees
+                // the completion (a flush can come before DISCONNECTED, as on siw).
+                note_error(c.status);
             }
         }
         if (got < want)

@@ -58,7 +58,7 @@ bool is_loopback(const sockaddr_storage& sa)
 
 verbs_domain::verbs_domain(event_channel_ptr probe_channel, cm_id_ptr probe_id)
     : probe_channel_(std::move(probe_channel)), probe_id_(std::move(probe_id)), ctx_(probe_id_->verbs),
-      pd_(ibv_alloc_pd(ctx_))
+      pd_(ibv_alloc_pd(ctx_)), events_(ctx_)
 {
     if (!pd_)
         throw_errno(errno, "ibv_alloc_pd");
@@ -75,6 +75,11 @@ verbs_domain::verbs_domain(event_channel_ptr probe_channel, cm_id_ptr probe_id)
     limits_.max_qp_init_rd_atom = static_cast<std::uint32_t>(attr.max_qp_init_rd_atom);
     limits_.max_mr_size = attr.max_mr_size;
     limits_.max_msg_size = port.max_msg_sz;
+    limits_.max_sge_rd = static_cast<std::uint32_t>(attr.max_sge_rd);
+    // iWARP (RFC 5040) has no write with immediate data.
+    iwarp_ = ctx_->device->transport_type == IBV_TRANSPORT_IWARP;
+    limits_.write_with_imm = !iwarp_;
+    limits_.iwarp = iwarp_;
     probe_max_inline();
 }
 

@@ -29,6 +29,8 @@ public:
     ibv_pd* native_pd() const noexcept override { return pd_.get(); }
 
     cm::event_loop& events() noexcept { return events_; }
+    /// An iWARP device: its CM drives the QP to RTS itself and it has no write with immediate.
+    bool iwarp() const noexcept { return iwarp_; }
 
 private:
     void probe_max_inline();
@@ -40,6 +42,7 @@ private:
     ibv_context* ctx_; ///< owned by librdmacm, pinned by probe_id_
     pd_ptr pd_;
     device_limits limits_;
+    bool iwarp_ = false;
     cm::event_loop events_;
 };
 

@@ -178,14 +178,26 @@ public:
 
     virtual rdmx::backend backend() const noexcept = 0;
     virtual connection_state state() const noexcept = 0;
+    /// Why the connection left `established`: empty while it is up (or still connecting),
+    /// otherwise the cause, readable with message(): errc::disconnected (either side
+    /// disconnected), the status of the error completion that broke it
+    /// (errc::transport_retry_exceeded, errc::remote_access, ...), or, on verbs, what the
+    /// device reported as an asynchronous event (a peer's access violation on this side's
+    /// memory, a fatal QP error: on iWARP such failures tear the connection down instead
+    /// of completing a request with an error).
+    virtual std::error_code last_error() const noexcept = 0;
     virtual const connection_limits& limits() const noexcept = 0;
     /// Private data the peer sent with its accept (client side) or connect (server side).
     virtual std::span<const std::byte> peer_private_data() const noexcept = 0;
 
     /// Posts a list of send-queue requests with one doorbell. Validates every request
     /// first (regions, bounds, access, sge count, inline size): on a validation error
-    /// nothing is posted. `would_block` means the send queue is full; `*posted` (if given)
-    /// says how many were posted before it.
+    /// nothing is posted; an operation the device lacks (write_with_imm on iWARP) is
+    /// errc::not_supported, also before anything is posted. `would_block` means the send
+    /// queue is full (rdmx counts the outstanding requests against
+    /// limits().send_queue_depth itself, on every provider: a signalled request's
+    /// completion frees its slot and those of the unsignalled ones before it); `*posted`
+    /// (if given) says exactly how many were posted before it or before any error.
     virtual std::error_code post(std::span<const work_request> wrs,
                                  std::size_t* posted = nullptr) noexcept = 0;
     virtual std::error_code post_recv(std::span<const recv_request> wrs,
@@ -289,6 +301,15 @@ struct device_limits {
     std::uint32_t max_qp_init_rd_atom = 0;
     std::uint64_t max_mr_size = 0;
     std::uint32_t max_msg_size = 0;
+    /// SGEs in the local list of an RDMA read (verbs: max_sge_rd; iWARP devices may allow
+    /// only 1). A read with more fails in post() with errc::invalid_argument.
+    std::uint32_t max_sge_rd = 0;
+    /// Whether opcode::write_with_imm exists (not on iWARP: post() refuses it with
+    /// errc::not_supported).
+    bool write_with_imm = true;
+    /// An iWARP device (verbs): a remote error (bad key, no receive, overlong send) tears
+    /// the connection down instead of failing the request; see docs/failure-semantics.md.
+    bool iwarp = false;
 };
 
 /// Limits of private data on connect / accept / reject (those of rdma_cm over RC).

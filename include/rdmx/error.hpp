@@ -38,6 +38,7 @@ enum class errc : int {
     not_connected,    ///< operation on a connection that is not established
     no_device,        ///< no RDMA device serves the address
     protocol_error,   ///< the TCP peer violated the wire protocol
+    not_supported,    ///< the device or transport lacks the operation (write with immediate on iWARP)
 };
 
 /// The category of `rdmx::errc`; its name is "rdmx".
@@ -66,6 +67,8 @@ private:
 };
 
 /// Throws `rdmx::error` for an OS errno, naming the verb ("ibv_reg_mr: Cannot allocate memory").
+/// A negative errno (as some providers return) counts as its positive; 0 (a provider that
+/// failed without setting errno) becomes EIO, "<verb>: provider failed without an errno".
 [[noreturn]] void throw_errno(int err, const char* verb);
 /// Throws `rdmx::error` for an rdmx code, naming the verb.
 [[noreturn]] void throw_error(errc code, const std::string& verb);

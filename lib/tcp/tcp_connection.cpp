@@ -173,7 +173,7 @@ void conn_state::check_progress() noexcept
     } else if (now - last_progress_ >= progress_timeout_) {
         // The peer has neither answered nor taken any byte for the whole budget of retries.
         complete_sq_head(errc::transport_retry_exceeded, 0);
-        fail(connection_state::error);
+        fail(connection_state::error, errc::transport_retry_exceeded);
         pump();
         return;
     }
@@ -429,10 +429,13 @@ void conn_state::complete_rq_head(const completion& c, bool solicited) noexcept
     push_cq(c, solicited);
 }
 
-void conn_state::fail(connection_state to) noexcept
+void conn_state::fail(connection_state to, std::error_code cause) noexcept
 {
     if (state() != connection_state::established)
         return;
+    cause_ = cause ? cause
+                   : make_error_code(to == connection_state::disconnected ? errc::disconnected
+                                                                          : errc::completion_error);
     state_.store(to, std::memory_order_release);
     // Everything outstanding completes as flushed, signalled or not (as verbs does for
     // errors). The engine touches none of that memory afterwards: the receive side only
@@ -477,7 +480,7 @@ void conn_state::target_fail(nak_code code, std::uint64_t seq) noexcept
     // As rxe and real HCAs: a class C responder error moves the responder's QP to error
     // too. The NAK is still sent (before our FIN) so that the initiator learns why.
     push_response({.op = frame_op::nak, .code = code, .seq = seq, .data = {}});
-    fail(connection_state::error);
+    fail(connection_state::error, nak_status(code));
 }
 
 void conn_state::protocol_violation(const char* why, bool blame_head) noexcept
@@ -488,7 +491,7 @@ void conn_state::protocol_violation(const char* why, bool blame_head) noexcept
     }
     if (blame_head && state() == connection_state::established && sq_head_ < tx_next_)
         complete_sq_head(errc::bad_response, 0);
-    fail(connection_state::error);
+    fail(connection_state::error, errc::protocol_error);
     // A peer that sends garbage gets no more of our attention: stop reading and writing.
     rx_done_ = true;
     tx_done_ = true;
@@ -1391,7 +1394,7 @@ void conn_state::finish_frame() noexcept
     case rx_action::read_resp:
         if (rx_fault_) {
             complete_sq_head(errc::local_protection, 0);
-            fail(connection_state::error);
+            fail(connection_state::error, errc::local_protection);
             return;
         }
         complete_sq_head({}, h.length);
@@ -1426,7 +1429,7 @@ void conn_state::on_nak(std::uint64_t seq, nak_code code) noexcept
     }
     if (code != nak_code::rnr) {
         complete_sq_head(nak_status(code), 0);
-        fail(connection_state::error);
+        fail(connection_state::error, nak_status(code));
         return;
     }
     if (rnr_seq_ != seq) {
@@ -1436,7 +1439,7 @@ void conn_state::on_nak(std::uint64_t seq, nak_code code) noexcept
     // rnr_retry_count 7 means retry forever, as on verbs.
     if (rnr_limit_ != 7 && rnr_tries_ >= rnr_limit_) {
         complete_sq_head(errc::rnr_retry_exceeded, 0);
-        fail(connection_state::error);
+        fail(connection_state::error, errc::rnr_retry_exceeded);
         return;
     }
     ++rnr_tries_;

@@ -39,6 +39,11 @@ public:
     void start();
 
     connection_state state() const noexcept { return state_.load(std::memory_order_acquire); }
+    std::error_code last_error() noexcept
+    {
+        std::lock_guard lk(mu_);
+        return cause_;
+    }
     const connection_limits& limits() const noexcept { return lim_; }
     int event_fd() const noexcept { return efd_.get(); }
 
@@ -160,7 +165,9 @@ private:
     void push_cq(const completion& c, bool solicited = false) noexcept;
     void complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept;
     void complete_rq_head(const completion& c, bool solicited) noexcept;
-    void fail(connection_state to) noexcept;
+    /// Leaves `established` for `to`; `cause` (default: errc::disconnected or, for error,
+    /// errc::completion_error) is what last_error() reports.
+    void fail(connection_state to, std::error_code cause = {}) noexcept;
     void push_ack(std::uint64_t seq) noexcept;
     void push_response(const response& r) noexcept;
     void target_fail(nak_code code, std::uint64_t seq) noexcept;
@@ -235,6 +242,7 @@ private:
     const int fd_;
     unique_fd efd_;
     std::atomic<connection_state> state_{connection_state::established};
+    std::error_code cause_; ///< why state_ left established (under mu_)
 
     std::mutex mu_;
     // Send queue: [sq_head_, tx_next_) started and awaiting a response, [tx_next_, sq_tail_)
@@ -342,6 +350,7 @@ public:
 
     rdmx::backend backend() const noexcept override { return backend::tcp; }
     connection_state state() const noexcept override { return st_->state(); }
+    std::error_code last_error() const noexcept override { return st_->last_error(); }
     const connection_limits& limits() const noexcept override { return st_->limits(); }
     std::span<const std::byte> peer_private_data() const noexcept override { return peer_pdata_; }
 

@@ -86,6 +86,7 @@ tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_)
     limits_.device_name = "tcp";
     limits_.max_qp_wr = max_depth;
     limits_.max_sge = max_sge;
+    limits_.max_sge_rd = max_sge;
     limits_.max_inline = max_inline;
     limits_.max_qp_rd_atom = max_rd_atomic;
     limits_.max_qp_init_rd_atom = max_rd_atomic;

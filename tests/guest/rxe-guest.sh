@@ -3,19 +3,20 @@
 # has real soft-RoCE (rdma_rxe), because the host kernel has no RDMA support.
 #
 #   rxe-guest.sh --cache DIR [--share DIR]... [--timeout SEC] [--smp N]
-#                [--mem MB] [--verbose] [--link MODE:PORT:IP] -- COMMAND [ARGS...]
+#                [--mem MB] [--verbose] [--link MODE:PORT:IP] [--provider rxe|siw]
+#                -- COMMAND [ARGS...]
 #
 # The guest boots Debian's current stock kernel (downloaded once into the
 # cache) with a tiny busybox initramfs, uses the host's / (read-only, over 9p)
 # as its root filesystem, creates rxe0 on eth0 (192.168.77.1/24) and runs
-# COMMAND there. COMMAND's stdout+stderr come out on our stdout and we exit
+# COMMAND there (--provider siw: soft-iWARP siw0 instead, built once out of tree,
+# since Debian's kernel has no siw.ko). COMMAND's stdout+stderr come out on our stdout and we exit
 # with its status. Harness failures (no boot, no rxe0, timeout) exit 125.
 # See tests/guest/README.md.
 set -euo pipefail
 
 readonly GUEST_IP=192.168.77.1
 readonly GUEST_PREFIX=24
-readonly RDMA_DEV=rxe0
 readonly HARNESS_FAIL=125
 # Guest PATH for COMMAND (and for the host tools init runs inside the chroot).
 readonly GUEST_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -25,7 +26,10 @@ readonly GUEST_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # crc32_generic is listed before rdma_rxe on purpose: rxe needs the "crc32"
 # crypto algorithm but does not declare the dependency, and without it
 # `rdma link add` fails ("failed to init crc32 algorithm").
-readonly REQUIRED_MODULES="virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm"
+readonly RXE_MODULES="virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm"
+# siw (built by build_siw below) needs crc32c through libcrc32c, which asks the crypto
+# layer for it at load time: crc32c_generic must be there first.
+readonly SIW_MODULES="virtio_pci virtio_net 9pnet_virtio 9p crc32c_generic libcrc32c siw ib_uverbs rdma_ucm"
 # Loaded if present but never configured (later tests use them); missing ones
 # are skipped silently.
 readonly OPTIONAL_MODULES="crc32c_generic dummy veth sch_netem"
@@ -37,11 +41,11 @@ die() { msg "error: $*"; exit "$HARNESS_FAIL"; }
 usage() {
 	cat <<EOF
 usage: $prog --cache DIR [--share DIR]... [--timeout SEC] [--smp N] [--mem MB]
-       [--verbose] [--link listen|connect:PORT:IP] -- COMMAND [ARGS...]
+       [--verbose] [--link listen|connect:PORT:IP] [--provider rxe|siw] -- COMMAND [ARGS...]
 
 Runs COMMAND (argv preserved, via /bin/sh -c) as root in a QEMU guest whose
 root is the host's / (read-only) with fresh tmpfs on /tmp /run /var/tmp and a
-soft-RoCE device $RDMA_DEV on eth0 = $GUEST_IP/$GUEST_PREFIX.
+soft-RoCE device rxe0 (or soft-iWARP siw0) on eth0 = $GUEST_IP/$GUEST_PREFIX.
 
   --cache DIR    kernel/modules/initramfs cache (created; first run downloads)
   --share DIR    host dir visible read-write at the same path (repeatable)
@@ -53,6 +57,9 @@ soft-RoCE device $RDMA_DEV on eth0 = $GUEST_IP/$GUEST_PREFIX.
                  a second NIC (eth1, address IP/24, soft-RoCE device rxe1) on a
                  QEMU socket network shared with another guest started with the
                  other mode and the same PORT (127.0.0.1 only): two hosts
+  --provider P   rxe (default): soft-RoCE rxe0; siw: soft-iWARP siw0 (siw.ko is
+                 built on the first run from Debian's linux-source and headers
+                 of the guest kernel, and cached)
 
 COMMAND gets RDMX_GUEST_IP, RDMX_RDMA_DEVICE, HOME=/tmp, a standard PATH and
 any RDMX_* variables of the caller. Exit status: COMMAND's, or $HARNESS_FAIL if
@@ -68,6 +75,7 @@ smp=2
 mem=1024
 verbose=${RDMX_GUEST_VERBOSE:-0}
 link=
+provider=rxe
 while (($#)); do
 	case $1 in
 	--cache) (($# >= 2)) || die "--cache needs a value"; cache=$2; shift 2 ;;
@@ -77,6 +85,7 @@ while (($#)); do
 	--mem) (($# >= 2)) || die "--mem needs a value"; mem=$2; shift 2 ;;
 	--verbose) verbose=1; shift ;;
 	--link) (($# >= 2)) || die "--link needs a value"; link=$2; shift 2 ;;
+	--provider) (($# >= 2)) || die "--provider needs a value"; provider=$2; shift 2 ;;
 	-h | --help) usage; exit 0 ;;
 	--) shift; break ;;
 	*) usage >&2; die "unknown argument: $1" ;;
@@ -88,11 +97,18 @@ done
 [[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive integer"
 [[ $mem =~ ^[1-9][0-9]*$ ]] || die "--mem must be a positive integer"
 [[ $verbose == 1 ]] || verbose=0
+case $provider in
+rxe) RDMA_DEV=rxe0 REQUIRED_MODULES=$RXE_MODULES ;;
+siw) RDMA_DEV=siw0 REQUIRED_MODULES=$SIW_MODULES ;;
+*) die "--provider must be rxe or siw" ;;
+esac
+readonly RDMA_DEV REQUIRED_MODULES
 # --link listen|connect:PORT:IP joins this guest to another one: a second NIC (eth1)
 # on a QEMU socket network (the two QEMUs talk over 127.0.0.1:PORT, nothing else), with
 # address IP/24 and its own soft-RoCE device rxe1. Two guests = two kernels = two hosts.
 link_ip= link_qemu=()
 if [[ -n $link ]]; then
+	[[ $provider == rxe ]] || die "--link needs --provider rxe (its second device is rxe1)"
 	[[ $link =~ ^(listen|connect):([0-9]+):([0-9]+\.[0-9]+\.[0-9]+\.([0-9]+))$ ]] ||
 		die "--link must be listen:PORT:IP or connect:PORT:IP"
 	link_ip=${BASH_REMATCH[3]}
@@ -213,6 +229,70 @@ if [[ ! -e $vmlinux && ! -e $kdir/vmlinux.bad ]]; then
 	fi
 fi
 
+# 3b. --provider siw: Debian builds no siw.ko (CONFIG_RDMA_SIW is off), so build it
+#     out of tree, once, from the linux-source package of the guest kernel's exact
+#     version and its headers package, and keep it with the kernel (updates/siw.ko,
+#     found by depmod like any other module). Needs make and gcc; the headers package
+#     is installed with apt-get when missing (root, or sudo).
+build_siw() {
+	local ko=$kdir/siw.ko dst=$kroot/lib/modules/$kver/updates/siw.ko
+	if [[ ! -s $ko ]]; then
+		local ver series hdr hpkg src sdeb sudo=() sandbox=()
+		ver=$(dpkg-deb -f "$deb" Version) || die "cannot read the version of $deb"
+		[[ $kver =~ ^([0-9]+\.[0-9]+)\. ]] || die "cannot tell the kernel series of $kver"
+		series=${BASH_REMATCH[1]}
+		hpkg=linux-headers-$kver
+		hdr=/usr/src/$hpkg
+		((EUID)) && sudo=(sudo)
+		((EUID)) || sandbox=(-o APT::Sandbox::User=root)
+		command -v make >/dev/null && command -v gcc >/dev/null || {
+			msg "installing make gcc (to build siw.ko; first run only)"
+			DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends make gcc >&2 ||
+				die "apt-get install make gcc failed"
+		}
+		# The headers must be those of this very kernel build: same ABI name and version.
+		if [[ $(dpkg-query -W -f '${Status} ${Version}' "$hpkg" 2>/dev/null) != "install ok installed $ver" ]]; then
+			msg "installing $hpkg=$ver (to build siw.ko; first run only)"
+			DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends \
+				"$hpkg=$ver" >&2 ||
+				die "apt-get install $hpkg=$ver failed (apt-get update? a newer kernel: rm -rf $cache)"
+		fi
+		[[ -e $hdr/Makefile ]] || die "$hpkg has no $hdr/Makefile"
+		src=$kdir/siw-src
+		if [[ ! -e $src/.extracted ]]; then
+			sdeb=$cache/pkg/linux-source-${series}_${ver}_all.deb
+			if [[ ! -s $sdeb ]]; then
+				msg "downloading linux-source-$series=$ver (first siw run only)"
+				(cd "$cache/pkg" && timeout "$timeout_s" apt-get download -q "${sandbox[@]}" \
+					"linux-source-$series=$ver") >&2 || die "apt-get download linux-source-$series=$ver failed"
+			fi
+			msg "unpacking drivers/infiniband/sw/siw from linux-source-$series"
+			rm -rf "$src" "$src.tmp"
+			mkdir -p "$src.tmp"
+			dpkg-deb --fsys-tarfile "$sdeb" | tar -xO "./usr/src/linux-source-$series.tar.xz" |
+				xz -dc | tar -x -C "$src.tmp" --strip-components=5 \
+					"linux-source-$series/drivers/infiniband/sw/siw" ||
+				die "cannot unpack the siw sources from $sdeb"
+			[[ -e $src.tmp/Makefile ]] || die "no siw Makefile in $sdeb"
+			touch "$src.tmp/.extracted"
+			mv "$src.tmp" "$src"
+			# The module is what we keep; the 140 MB source package can go.
+			rm -f "$sdeb"
+		fi
+		msg "building siw.ko for $kver"
+		make -s -C "$hdr" M="$src" CONFIG_RDMA_SIW=m modules >"$kdir/siw-build.log" 2>&1 ||
+			{ tail -n 30 "$kdir/siw-build.log" >&2; die "building siw.ko failed (log: $kdir/siw-build.log)"; }
+		# Without its debug info: a third of the size, and the initramfs unpacks faster.
+		strip --strip-debug -o "$ko.tmp" "$src/siw.ko" && mv "$ko.tmp" "$ko" || die "cannot store siw.ko"
+	fi
+	if ! cmp -s "$ko" "$dst"; then
+		mkdir -p "${dst%/*}"
+		cp "$ko" "$dst" || die "cannot install siw.ko into $kroot"
+		depmod -b "$kroot" "$kver" || die "depmod failed"
+	fi
+}
+[[ $provider == siw ]] && build_siw
+
 # 4. the initramfs: static busybox, the needed modules (uncompressed, so
 #    busybox insmod can load them), an ordered load list and /init below.
 #    Rebuilt when any input changes (key = hash of all of them).
@@ -303,7 +383,7 @@ ip addr add "$GUEST_IP/$GUEST_PREFIX" dev eth0 || fail "ip addr add"
 ip link set eth0 up || fail "ip link set eth0 up"
 # The rdma tool (iproute2) comes from the host root.
 hostrun() { env -i PATH="$GUEST_PATH" /bin/chroot /newroot "$@"; }
-hostrun rdma link add "$RDMA_DEV" type rxe netdev eth0 2>/tmp/rdma.err ||
+hostrun rdma link add "$RDMA_DEV" type "$RDMA_TYPE" netdev eth0 2>/tmp/rdma.err ||
 	fail "rdma link add $RDMA_DEV failed: $(cat /tmp/rdma.err)"
 # Port state as `rdma link show` reports it, read from sysfs: every exec of a
 # host binary costs ~0.1 s under TCG.
@@ -377,12 +457,15 @@ module_list() {
 	done
 }
 modlist=$(module_list) || exit "$HARNESS_FAIL"
+# One initramfs per provider (their module sets differ), so that alternating runs do
+# not rebuild it each time.
 initrd=$kdir/initramfs.cpio
+[[ $provider == rxe ]] || initrd=$kdir/initramfs-$provider.cpio
 key=$( {
 	printf '%s\n' "$GUEST_INIT" "$modlist"
 	sha256sum "$(command -v busybox)" | cut -d' ' -f1
 } | sha256sum | cut -d' ' -f1)
-if [[ ! -s $initrd || $(cat "$kdir/initramfs.key" 2>/dev/null) != "$key" ]]; then
+if [[ ! -s $initrd || $(cat "${initrd%.cpio}.key" 2>/dev/null) != "$key" ]]; then
 	msg "building initramfs"
 	stage=$(mktemp -d "$kdir/initramfs.XXXXXX")
 	mkdir -p "$stage"/{bin,dev,proc,sys,tmp,newroot,ctl,lib/modules}
@@ -407,7 +490,7 @@ if [[ ! -s $initrd || $(cat "$kdir/initramfs.key" 2>/dev/null) != "$key" ]]; the
 	(cd "$stage" && find . | busybox cpio -o -H newc -R 0:0 2>/dev/null) >"$initrd.tmp" ||
 		die "cpio failed"
 	mv "$initrd.tmp" "$initrd"
-	printf '%s\n' "$key" >"$kdir/initramfs.key"
+	printf '%s\n' "$key" >"${initrd%.cpio}.key"
 	rm -rf "$stage"
 fi
 
@@ -445,8 +528,8 @@ if ((${#shares[@]})); then
 	done
 fi
 
-printf 'GUEST_IP=%s GUEST_PREFIX=%s RDMA_DEV=%s GUEST_PATH=%s LINK_IP=%s\n' \
-	"$GUEST_IP" "$GUEST_PREFIX" "$RDMA_DEV" "$GUEST_PATH" "$link_ip" >"$run/net"
+printf 'GUEST_IP=%s GUEST_PREFIX=%s RDMA_DEV=%s RDMA_TYPE=%s GUEST_PATH=%s LINK_IP=%s\n' \
+	"$GUEST_IP" "$GUEST_PREFIX" "$RDMA_DEV" "$provider" "$GUEST_PATH" "$link_ip" >"$run/net"
 
 # run.sh: executed by the guest's init as /bin/sh (dash) inside the chroot.
 cwd=$(pwd -P)

@@ -1,0 +1,170 @@
+// Connection management under churn: connection ids created, connected, answered and
+// destroyed while their events are in flight, and domains destroyed right afterwards.
+// Before the rdma_cm channels were non-blocking, an event that rdma_destroy_id discarded
+// between the event loop's poll() and its rdma_get_cm_event() left the loop thread asleep
+// in the kernel, and destroying the domain then waited for it forever (issue 15, item 3).
+// Part of the conformance binary, so that it runs on every backend and provider.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <future>
+#include <optional>
+#include <thread>
+
+#include "common/test_util.hpp"
+
+namespace rdmx::test
+{
+namespace
+{
+
+class cm_churn : public testing::TestWithParam<backend>
+{
+protected:
+    void SetUp() override
+    {
+        if (GetParam() == backend::verbs && host_for(GetParam()).empty())
+            GTEST_SKIP() << "verbs run needs RDMX_TEST_RDMA_ADDR (an IP on an RDMA device)";
+    }
+};
+
+// Runs `f`, and aborts the whole binary with a message when it has not returned within
+// `limit`: a thread that hangs in the kernel cannot be cancelled, and a suite that waits
+// for it would hang too. Exceptions from `f` are rethrown here.
+template <class F> void bounded(const char* what, std::chrono::seconds limit, F f)
+{
+    std::promise<void> done;
+    auto fut = done.get_future();
+    std::thread t([&] {
+        try {
+            f();
+            done.set_value();
+        } catch (...) {
+            done.set_exception(std::current_exception());
+        }
+    });
+    if (fut.wait_for(limit) != std::future_status::ready) {
+        std::fprintf(stderr, "cm_churn: %s did not return within %lld s: hung\n", what,
+                     static_cast<long long>(limit.count()));
+        std::fflush(stderr);
+        std::abort();
+    }
+    t.join();
+    fut.get();
+}
+
+// What each client of a round is told by the server, by its index (in its private data).
+enum class answer { accept, reject, drop, unanswered };
+constexpr answer plan[] = {answer::accept, answer::accept,     answer::reject,
+                           answer::drop,   answer::unanswered, answer::unanswered};
+constexpr int clients = static_cast<int>(std::size(plan));
+
+TEST_P(cm_churn, ids_destroyed_while_their_events_are_in_flight)
+{
+    const backend b = GetParam();
+    connection_options opts;
+    opts.timeout = 2s; // unanswered clients give up after this
+    // Bounded in rounds and in time: enough rounds that a small window is hit now and
+    // then, never more than about 20 s on a slow guest.
+    const auto stop = std::chrono::steady_clock::now() + 20s;
+    int rounds = 0, established = 0;
+    for (; rounds < 12 && std::chrono::steady_clock::now() < stop; ++rounds) {
+        std::unique_ptr<domain> server_dom, client_dom;
+        bounded("domain::open", 30s, [&] {
+            server_dom = domain::open(address(b, 0));
+            client_dom = domain::open(address(b, 0));
+        });
+        auto lst = server_dom->listen(address(b, 0));
+        const std::string target = address(b, lst->port());
+
+        // Clients connect all at once; each keeps what it got.
+        std::vector<std::unique_ptr<connection>> conns(clients);
+        std::vector<std::optional<errc>> failed(clients);
+        std::vector<std::thread> threads;
+        for (int i = 0; i < clients; ++i)
+            threads.emplace_back([&, i] {
+                std::string pdata = "client " + std::to_string(i);
+                try {
+                    conns[i] = client_dom->connect(target, opts, as_bytes(pdata));
+                } catch (const rdmx::error& e) {
+                    // (an OS errno counts as some failure)
+                    failed[i] = e.code().category() == rdmx::category() ? static_cast<errc>(e.code().value())
+                                                                        : errc::completion_error;
+                }
+            });
+
+        // The server answers by plan; unanswered requests stay alive past the listener.
+        std::vector<std::unique_ptr<connection>> accepted;
+        std::vector<std::unique_ptr<connection_request>> kept;
+        int answered = 0;
+        const auto answer_until = std::chrono::steady_clock::now() + 5s;
+        while (answered < 4 && std::chrono::steady_clock::now() < answer_until) {
+            auto req = lst->get_request(100ms);
+            if (!req)
+                continue;
+            std::string who = as_string(req->private_data());
+            int i = who.rfind("client ", 0) == 0 ? std::atoi(who.c_str() + 7) : -1;
+            if (i < 0 || i >= clients) {
+                ADD_FAILURE() << "request with private data '" << who << "'";
+                continue;
+            }
+            switch (plan[i]) {
+            case answer::accept:
+                accepted.push_back(req->accept(opts));
+                ++answered;
+                break;
+            case answer::reject:
+                req->reject(as_bytes("no"));
+                ++answered;
+                break;
+            case answer::drop:
+                req.reset();
+                ++answered;
+                break; // the destructor rejects
+            case answer::unanswered: kept.push_back(std::move(req)); break;
+            }
+        }
+        // Requests may still be queued in the listener: destroy it with them.
+        lst.reset();
+        kept.clear();
+
+        bounded("client connects", 3 * opts.timeout.count() * 1s + 10s, [&] {
+            for (auto& t : threads)
+                t.join();
+        });
+        for (int i = 0; i < clients; ++i) {
+            if (plan[i] == answer::accept) {
+                EXPECT_NE(conns[i], nullptr) << "client " << i << " (accepted) failed";
+            } else {
+                EXPECT_EQ(conns[i], nullptr) << "client " << i << " connected without an accept";
+                EXPECT_TRUE(failed[i].has_value());
+            }
+            if (plan[i] == answer::reject || plan[i] == answer::drop) {
+                EXPECT_EQ(failed[i].value_or(errc{}), errc::rejected) << "client " << i;
+            }
+        }
+        // Tear down while the DISCONNECTED events race their ids' destruction: the server
+        // side disconnects, and the clients are destroyed at that very moment.
+        for (auto& c : accepted)
+            c->disconnect();
+        for (auto& c : conns)
+            if (c)
+                ++established;
+        bounded("destroying connections and domains", 30s, [&] {
+            conns.clear();
+            accepted.clear();
+            client_dom.reset();
+            server_dom.reset();
+        });
+    }
+    EXPECT_GE(rounds, 2);
+    EXPECT_EQ(established, rounds * 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(backends, cm_churn, testing::ValuesIn(selected_backends()), param_name);
+
+} // namespace
+} // namespace rdmx::test
