@@ -709,10 +709,17 @@ TEST_P(shapes, clients_killed_mid_transfer_leave_the_target_serving)
     // The bound the options promise (connection_options::ack_timeout), at least 1 s on TCP;
     // three times it leaves room for a loaded machine, and for rxe under emulation.
     const auto bound = 3 * std::max<clock::duration>(opts.ack_timeout * (opts.retry_count + 1), 1s);
-    std::vector<std::byte> victim_region(max_size);
-    auto victim_mr = server_dom_->register_memory(victim_region.data(), max_size,
+    // A slice of its own for each victim: two peers writing the same bytes at once would
+    // be a race in the target's memory (ThreadSanitizer sees the two receives).
+    std::vector<std::byte> victim_region(victims * max_size);
+    auto victim_mr = server_dom_->register_memory(victim_region.data(), victim_region.size(),
                                                   access::remote_write | access::remote_read);
-    const auto wire = victim_mr->remote().serialize();
+    auto slice = [&](std::size_t i) {
+        remote_buffer rb = victim_mr->remote();
+        rb.addr += i * max_size;
+        rb.length = max_size;
+        return rb.serialize();
+    };
 
     // The victims: this binary again (see victim_process), each told its part in its
     // environment, built here: between fork and exec only async-signal-safe calls.
@@ -761,7 +768,7 @@ TEST_P(shapes, clients_killed_mid_transfer_leave_the_target_serving)
         std::string who = as_string(req->private_data());
         std::size_t k = who.starts_with("victim ") ? std::strtoul(who.c_str() + 7, nullptr, 10) : victims;
         ASSERT_TRUE(k < victims && !victim_conns[k]) << "unexpected connection request: " << who;
-        victim_conns[k] = req->accept(opts, wire);
+        victim_conns[k] = req->accept(opts, slice(k));
     }
     const std::uint64_t tag = 0x7f;
     auto lanes = make_lanes(1, tag, opts);
