@@ -169,6 +169,9 @@ const char* to_string(connection_state s) noexcept;
 
 /// An RC connection. Not movable: its queue pair has posted work that refers to it.
 /// Data-path calls are noexcept and thread-compatible (one thread posts and polls).
+/// Destroying it disconnects; on TCP the engine still sends the peer what this side owed
+/// it (read responses, a NAK) and closes the socket afterwards, within
+/// ack_timeout * (retry_count + 1), at least 1 s (docs/wire-format.md section 6).
 class connection
 {
 public:

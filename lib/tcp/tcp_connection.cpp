@@ -16,16 +16,13 @@
 
 #include <boost/asio/post.hpp>
 
+#include "tcp/tcp_log.hpp"
 #include "validate.hpp"
 
 namespace rdmx::tcp
 {
 namespace
 {
-
-// Stands in for memory that was deregistered while a frame from it was partly sent: the
-// frame must still be completed on the wire, but that memory may no longer be read.
-alignas(64) const std::byte zero_page[64 * 1024] = {};
 
 rdmx::opcode completion_opcode(rdmx::opcode op) noexcept
 {
@@ -96,7 +93,7 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
       resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
       takeover_check_(std::clamp<std::chrono::microseconds>(
           opts.tcp_takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
-      standdown_timer_(dom.io()), tx_check_timer_(dom.io()),
+      standdown_timer_(dom.io()), tx_check_timer_(dom.io()), linger_timer_(dom.io()),
       // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
       // least, doubling) on a lossy link would look like a dead peer.
       progress_timeout_(std::max<std::chrono::steady_clock::duration>(
@@ -364,25 +361,73 @@ void conn_state::close() noexcept
 {
     {
         std::lock_guard lk(mu_);
+        app_busy_ = false; // no call will come again: what is left to send is the engine's
         fail(connection_state::disconnected);
         pump();
-        closed_ = true;
+        lingering_ = true;
     }
-    // The descriptor belongs to the engine thread; closing it there also cancels the waits.
+    // The descriptor belongs to the engine thread, and so does what is still owed.
     asio::post(dom_.io(), [self = shared_from_this()] {
         std::lock_guard lk(self->mu_);
-        boost::system::error_code ignored;
-        self->rnr_timer_.cancel();
-        self->progress_timer_.cancel(); // its handler holds the state (and its eventfd) alive
-        self->standdown_timer_.cancel();
-        self->tx_check_timer_.cancel();
-        if (self->rx_app_owned_) {
-            self->rx_app_owned_ = false;
-            ::close(self->fd_);
-        } else {
-            self->desc_.close(ignored);
-        }
+        self->start_linger();
     });
+}
+
+void conn_state::start_linger() noexcept
+{
+    // The connection object is gone, but the peer is still owed the frame on the wire and
+    // the responses (a NAK saying why, above all) and then FIN (docs/wire-format.md
+    // section 6): the engine goes on sending them, and reads (discarding) until the peer's
+    // EOF, so that closing never meets unread data (which would reset the connection and
+    // could discard what is still on its way). Both done, or after progress_timeout_ at
+    // the latest, the socket closes.
+    rnr_timer_.cancel();
+    progress_timer_.cancel(); // its handler holds the state (and its eventfd) alive
+    standdown_timer_.cancel();
+    tx_check_timer_.cancel();
+    if (rx_app_owned_) {
+        reclaim_rx(); // reads and sends on the engine again
+    } else {
+        arm_read();
+        pump();
+    }
+    if (closed_)
+        return;
+    linger_timer_.expires_after(progress_timeout_);
+    linger_timer_.async_wait(
+        with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code& ec) {
+            if (ec == asio::error::operation_aborted)
+                return;
+            std::lock_guard lk(self->mu_);
+            self->close_socket();
+        }));
+    linger_check();
+}
+
+void conn_state::linger_check() noexcept
+{
+    if (lingering_ && tx_done_ && rx_done_ && on_engine())
+        close_socket();
+}
+
+void conn_state::close_socket() noexcept
+{
+    if (closed_)
+        return;
+    closed_ = true;
+    // Closing the descriptor also cancels its waits.
+    boost::system::error_code ignored;
+    rnr_timer_.cancel();
+    progress_timer_.cancel();
+    standdown_timer_.cancel();
+    tx_check_timer_.cancel();
+    linger_timer_.cancel();
+    if (rx_app_owned_) {
+        rx_app_owned_ = false;
+        ::close(fd_);
+    } else {
+        desc_.close(ignored);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -394,7 +439,7 @@ void conn_state::push_cq(const completion& c, bool solicited) noexcept
         // CQ overrun is fatal on verbs too. The completion that did not fit is lost; the
         // flush that follows cannot add more (the ring is full), which is what verbs does.
         if (state() == connection_state::established) {
-            std::fprintf(stderr, "rdmx tcp: completion ring overrun (never polled?); connection to error\n");
+            log_limited("completion ring overrun (never polled?); connection to error");
             fail(connection_state::error);
         }
         return;
@@ -487,7 +532,7 @@ void conn_state::protocol_violation(const char* why, bool blame_head) noexcept
 {
     if (!violation_logged_) {
         violation_logged_ = true;
-        std::fprintf(stderr, "rdmx tcp: closing connection: peer violated the wire protocol (%s)\n", why);
+        log_limited("closing connection: peer violated the wire protocol (%s)", why);
     }
     if (blame_head && state() == connection_state::established && sq_head_ < tx_next_)
         complete_sq_head(errc::bad_response, 0);
@@ -502,6 +547,7 @@ void conn_state::peer_gone() noexcept
 {
     rx_done_ = true;
     fail(connection_state::disconnected);
+    linger_check();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -573,12 +619,13 @@ void conn_state::add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std:
         std::uint64_t n = len - from;
         void* base = p + from;
         if (st) {
-            if (pin(st, tag)) {
-                b.pinned[b.npinned++] = st;
-            } else {
-                base = const_cast<std::byte*>(zero_page);
-                n = std::min<std::uint64_t>(n, sizeof zero_page);
+            if (!pin(st, tag)) {
+                // Deregistered: none of it may be sent, and no stand-in either (a reader
+                // would take zeros for data). pump() withdraws the frame (revoked_frame).
+                b.revoked = b.closed = true;
+                return;
             }
+            b.pinned[b.npinned++] = st;
         }
         b.iov[b.niov++] = {base, static_cast<std::size_t>(n)};
         it.added += n;
@@ -615,13 +662,32 @@ void conn_state::pump() noexcept
         }
         tx_batch& b = batch_;
         b.niov = b.nitems = b.npinned = 0;
-        b.closed = false;
-        if (cur_.kind != frame_kind::none)
-            add_frame(b, cur_.kind, cur_.pos, cur_.skip);
+        b.closed = b.revoked = false;
+        // Adds a frame whole; false if its memory was deregistered: then it is not in the batch.
+        auto add_live = [&](frame_kind kind, std::uint64_t pos, std::uint64_t skip) {
+            int niov = b.niov, npinned = b.npinned, nitems = b.nitems;
+            add_frame(b, kind, pos, skip);
+            if (!b.revoked)
+                return true;
+            for (int i = npinned; i < b.npinned; ++i)
+                unpin(b.pinned[i]);
+            b.niov = niov;
+            b.npinned = npinned;
+            b.nitems = nitems;
+            b.closed = b.revoked = false;
+            return false;
+        };
+        if (cur_.kind != frame_kind::none && !add_live(cur_.kind, cur_.pos, cur_.skip)) {
+            revoked_frame(frame_kind::none, 0);
+            break;
+        }
         // Responses first: they free the peer's resources, and are bounded in number.
         std::uint64_t r = resp_head_ + (cur_.kind == frame_kind::response ? 1 : 0);
-        while (!b.closed && b.nitems < max_batch_frames && r < resp_tail_)
-            add_frame(b, frame_kind::response, r++, 0);
+        for (; !b.closed && b.nitems < max_batch_frames && r < resp_tail_; ++r)
+            if (!add_live(frame_kind::response, r, 0)) {
+                revoked_frame(frame_kind::response, r); // now a NAK, the last response
+                add_frame(b, frame_kind::response, r, 0);
+            }
         if (state() == connection_state::established && !rnr_active_) {
             std::uint64_t q = tx_next_;
             std::uint32_t reads = reads_in_flight_;
@@ -634,7 +700,11 @@ void conn_state::pump() noexcept
                 // The peer serves at most max_rd_out_ reads at once (its responder resources).
                 if (e.op == opcode::read && reads >= max_rd_out_)
                     break;
-                add_frame(b, frame_kind::request, q, 0);
+                if (!add_live(frame_kind::request, q, 0)) {
+                    if (q == tx_next_) // else the earlier ones in this batch go first
+                        revoked_frame(frame_kind::request, q);
+                    break;
+                }
                 if (e.op == opcode::read)
                     ++reads;
                 ++q;
@@ -711,6 +781,42 @@ void conn_state::maybe_shutdown() noexcept
         return;
     tx_done_ = true;
     ::shutdown(fd_, SHUT_WR);
+    linger_check();
+}
+
+void conn_state::revoked_frame(frame_kind kind, std::uint64_t pos) noexcept
+{
+    // A frame whose memory was deregistered (docs/wire-format.md section 5, Deregistration).
+    switch (kind) {
+    case frame_kind::response:
+        // A read response not started yet: the read fails with NAK REMOTE_ACCESS, as a read
+        // of memory deregistered before its request arrived does, and this side goes to
+        // error (a class C responder error). The NAK is the last response: what came
+        // after it is moot once the initiator is in error.
+        resp_at(pos) = {
+            .op = frame_op::nak, .code = nak_code::remote_access, .seq = resp_at(pos).seq, .data = {}};
+        resp_tail_ = pos + 1;
+        fail(connection_state::error);
+        return;
+    case frame_kind::request:
+        // Our own request, not started, its local memory deregistered under it: a usage
+        // error (verbs: a local protection error). At the head it says so; later, its
+        // predecessors are still in flight and everything is flushed.
+        if (pos == sq_head_)
+            complete_sq_head(errc::local_protection, 0);
+        fail(connection_state::error);
+        return;
+    case frame_kind::none: break;
+    }
+    // The frame on the wire: its header promised bytes that may no longer be read. It cannot
+    // be finished, so nothing can follow it: the connection ends in the middle of that frame
+    // (the peer sees end of stream inside it, never made-up bytes), and what is still owed
+    // is dropped.
+    cur_ = {};
+    fail(connection_state::error);
+    tx_done_ = true;
+    ::shutdown(fd_, SHUT_WR);
+    linger_check();
 }
 
 void conn_state::arm_write(bool would_block) noexcept
@@ -965,8 +1071,7 @@ void conn_state::reclaim_rx() noexcept
     desc_.assign(fd_, ec);
     if (ec) {
         // epoll_ctl(ADD) failed (out of memory): nobody could wait on this socket.
-        std::fprintf(stderr, "rdmx tcp: cannot watch the socket again (%s); connection to error\n",
-                     ec.message().c_str());
+        log_limited("cannot watch the socket again (%s); connection to error", ec.message().c_str());
         rx_done_ = tx_done_ = true;
         ::shutdown(fd_, SHUT_RDWR);
         fail(connection_state::error);

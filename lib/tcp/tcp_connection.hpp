@@ -132,7 +132,8 @@ private:
         std::byte headers[max_batch_frames][frame_header::wire_size];
         region_state* pinned[max_iov];
         int npinned = 0;
-        bool closed = false; ///< a frame could not be added whole: nothing may follow it
+        bool closed = false;  ///< a frame could not be added whole: nothing may follow it
+        bool revoked = false; ///< the last frame's memory was deregistered (pump withdraws it)
     };
     /// What the payload of the frame being received is for.
     enum class rx_action : std::uint8_t {
@@ -182,6 +183,13 @@ private:
     /// budget ran out or on the application thread.
     void arm_write(bool would_block) noexcept;
     void maybe_shutdown() noexcept;
+    /// A frame could not be added because its memory was deregistered: `kind` and `pos`
+    /// name one not started yet, frame_kind::none the frame on the wire (cur_).
+    void revoked_frame(frame_kind kind, std::uint64_t pos) noexcept;
+    // --- after the connection object is gone (engine thread) ---
+    void start_linger() noexcept;
+    void linger_check() noexcept; ///< closes the socket once everything owed is out and EOF read
+    void close_socket() noexcept;
 
     // --- receive (engine thread) ---
     void arm_read() noexcept;
@@ -317,7 +325,8 @@ private:
     std::chrono::steady_clock::time_point last_app_rx_{}; ///< latest poll(), or post() that read
     bool rx_stalled_ = false; ///< stopped reading because the response ring is full
     bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
-    bool closed_ = false;     ///< the connection object is gone
+    bool lingering_ = false;  ///< the connection object is gone: finishing what is owed
+    bool closed_ = false;     ///< the socket is closed (or being closed): nothing more happens
     bool violation_logged_ = false;
     std::byte app_discard_[4096]; ///< rx_poll's sink for payload that is dropped
 
@@ -330,6 +339,7 @@ private:
     const std::chrono::microseconds takeover_check_;
     asio::steady_timer standdown_timer_;
     asio::steady_timer tx_check_timer_; ///< app_keeps_tx() outside a stand-down
+    asio::steady_timer linger_timer_;   ///< bounds start_linger() by progress_timeout_
     bool tx_check_armed_ = false;
     std::uint64_t tx_check_calls_ = 0; ///< app_calls_ when the check was armed
 

@@ -108,6 +108,9 @@ seg region_seg(const memory_region& mr, std::size_t offset, std::size_t length) 
 
 /// Listening side, in tcp_listener.cpp.
 std::unique_ptr<listener> make_listener(tcp_domain& dom, std::string_view address, int backlog);
+/// Times a listener of this process paused accepting because accept4 found no descriptor
+/// or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM); for tests.
+std::uint64_t listener_accept_pauses() noexcept;
 
 /// Clamps requested options to what this backend grants.
 connection_limits clamp_limits(const connection_options& opts) noexcept;

@@ -21,8 +21,8 @@ public:
     // Outstanding operations per connection: read wait, write wait, a hand-over post from
     // the application thread, a receive resume, the RNR timer, the liveness timer, the
     // stand-down and transmit checks, the receive hand-back and continue posts
-    // (tcp_connection.hpp), the close post.
-    static constexpr std::size_t slots = 12;
+    // (tcp_connection.hpp), the close post, the linger timer.
+    static constexpr std::size_t slots = 13;
     static constexpr std::size_t slot_size = 256; ///< asio 1.74's ops measure ~120-200 B
 
     handler_memory() = default;
