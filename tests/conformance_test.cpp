@@ -893,6 +893,12 @@ TEST_P(conformance, bad_work_requests_are_rejected_before_posting)
     sge h{hmr.get(), 0, huge.size()};
     EXPECT_EQ(p.client->post_send({&h, 1}, 1, send_flags::inline_data | send_flags::signaled),
               errc::invalid_argument);
+    // An empty list posts nothing and is not an error (nor "queue full").
+    std::size_t posted = 99;
+    EXPECT_FALSE(p.client->post(std::span<const work_request>{}, &posted));
+    EXPECT_EQ(posted, 0u);
+    EXPECT_FALSE(p.client->post_recv(std::span<const recv_request>{}, &posted));
+    EXPECT_EQ(posted, 0u);
     // None of these reached the wire.
     completion c[4];
     std::this_thread::sleep_for(20ms);

@@ -152,6 +152,26 @@ std::error_code post_in_batches(std::span<const Request> wrs, std::size_t* poste
     return detail::no_error;
 }
 
+// Posts at most `room` of `wrs` (the queue's free slots by rdmx's own count: some providers,
+// siw, accept far more than the depth and then overrun the CQ) through `post_some`, which
+// posts a prefix and says how much went through. A list cut short by the count is
+// would_block, after what fitted; *posted is exact either way.
+template <class Request, class PostSome>
+std::error_code post_within(std::span<const Request> wrs, std::size_t room, std::size_t* posted,
+                            PostSome post_some) noexcept
+{
+    std::size_t take = std::min(wrs.size(), room);
+    if (take == 0 && !wrs.empty())
+        return errc::would_block;
+    std::size_t done = 0;
+    std::error_code ec = post_some(wrs.first(take), &done);
+    if (posted)
+        *posted = done;
+    if (!ec && take < wrs.size())
+        return errc::would_block;
+    return ec;
+}
+
 } // namespace
 
 std::error_code verbs_connection::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
@@ -173,42 +193,32 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
         if (wr.opcode == opcode::write_with_imm && !domain_.limits().write_with_imm) [[unlikely]]
             return errc::not_supported;
     }
-    // The queue's room by our own count: some providers (siw) accept far more than the
-    // depth and then overrun the CQ.
-    std::size_t take = wrs.size();
-    if (counting_) {
-        take = std::min<std::size_t>(take, limits_.send_queue_depth - sq_outstanding_);
-        if (take == 0)
-            return errc::would_block;
-    }
-    std::size_t done = 0;
-    std::error_code ec = post_in_batches<ibv_send_wr>(
-        wrs.first(take), &done, send_wrs_,
-        [](ibv_send_wr& w, const work_request& wr) {
-            w.opcode = to_ibv(wr.opcode);
-            w.send_flags = to_ibv(wr.flags);
-            w.imm_data = wr.opcode == opcode::write_with_imm ? htonl(wr.imm) : 0;
-            const bool one_sided = wr.opcode != opcode::send;
-            w.wr.rdma.remote_addr = one_sided ? wr.remote.addr : 0;
-            w.wr.rdma.rkey = one_sided ? static_cast<std::uint32_t>(wr.remote.key) : 0;
-        },
-        [qp = qp_.get()](ibv_send_wr* w, ibv_send_wr** bad) { return ibv_post_send(qp, w, bad); });
-    for (std::size_t i = 0; counting_ && i < done; ++i) {
-        // A signalled request's completion frees its slot and those of the unsignalled
-        // ones posted before it (ibv_post_send(3)).
-        ++sq_outstanding_;
-        ++sq_unsignaled_;
-        if (has(wrs[i].flags, send_flags::signaled)) {
-            sq_retire_[(retire_head_ + retire_count_) % sq_retire_.size()] = sq_unsignaled_;
-            ++retire_count_;
-            sq_unsignaled_ = 0;
+    const std::size_t room = counting_ ? limits_.send_queue_depth - sq_outstanding_ : wrs.size();
+    return post_within(wrs, room, posted, [this](std::span<const work_request> some, std::size_t* done) {
+        std::error_code ec = post_in_batches<ibv_send_wr>(
+            some, done, send_wrs_,
+            [](ibv_send_wr& w, const work_request& wr) {
+                w.opcode = to_ibv(wr.opcode);
+                w.send_flags = to_ibv(wr.flags);
+                w.imm_data = wr.opcode == opcode::write_with_imm ? htonl(wr.imm) : 0;
+                const bool one_sided = wr.opcode != opcode::send;
+                w.wr.rdma.remote_addr = one_sided ? wr.remote.addr : 0;
+                w.wr.rdma.rkey = one_sided ? static_cast<std::uint32_t>(wr.remote.key) : 0;
+            },
+            [qp = qp_.get()](ibv_send_wr* w, ibv_send_wr** bad) { return ibv_post_send(qp, w, bad); });
+        for (std::size_t i = 0; counting_ && i < *done; ++i) {
+            // A signalled request's completion frees its slot and those of the unsignalled
+            // ones posted before it (ibv_post_send(3)).
+            ++sq_outstanding_;
+            ++sq_unsignaled_;
+            if (has(some[i].flags, send_flags::signaled)) {
+                sq_retire_[(retire_head_ + retire_count_) % sq_retire_.size()] = sq_unsignaled_;
+                ++retire_count_;
+                sq_unsignaled_ = 0;
+            }
         }
-    }
-    if (posted)
-        *posted = done;
-    if (!ec && take < wrs.size())
-        return errc::would_block;
-    return ec;
+        return ec;
+    });
 }
 
 std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
@@ -222,23 +232,15 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
         if (errc ec = detail::check_recv(wr, &domain_, limits_, total); ec != errc{})
             return ec;
     }
-    std::size_t take = wrs.size();
-    if (counting_) {
-        take = std::min<std::size_t>(take, limits_.recv_queue_depth - rq_outstanding_);
-        if (take == 0)
-            return errc::would_block;
-    }
-    std::size_t done = 0;
-    std::error_code ec = post_in_batches<ibv_recv_wr>(
-        wrs.first(take), &done, recv_wrs_, [](ibv_recv_wr&, const recv_request&) {},
-        [qp = qp_.get()](ibv_recv_wr* w, ibv_recv_wr** bad) { return ibv_post_recv(qp, w, bad); });
-    if (counting_)
-        rq_outstanding_ += static_cast<std::uint32_t>(done);
-    if (posted)
-        *posted = done;
-    if (!ec && take < wrs.size())
-        return errc::would_block;
-    return ec;
+    const std::size_t room = counting_ ? limits_.recv_queue_depth - rq_outstanding_ : wrs.size();
+    return post_within(wrs, room, posted, [this](std::span<const recv_request> some, std::size_t* done) {
+        std::error_code ec = post_in_batches<ibv_recv_wr>(
+            some, done, recv_wrs_, [](ibv_recv_wr&, const recv_request&) {},
+            [qp = qp_.get()](ibv_recv_wr* w, ibv_recv_wr** bad) { return ibv_post_recv(qp, w, bad); });
+        if (counting_)
+            rq_outstanding_ += static_cast<std::uint32_t>(*done);
+        return ec;
+    });
 }
 
 std::size_t verbs_connection::poll(std::span<completion> out) noexcept
