@@ -19,10 +19,23 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 "$guest" --cache "$build/guest-cache" --share "$build" --timeout 700 --link "listen:$port:192.168.79.2" -- \
     sh "$build/guest-scripts/peer-agent.sh" "$peer_bin" "$done_file" 2>&1 | sed 's/^/[guest A] /' &
 a=$!
-# Guest B's QEMU connects to guest A's: wait until A's QEMU listens (bounded).
-for _ in $(seq 300); do
-    ss -ltn "sport = :$port" 2>/dev/null | grep -q LISTEN && break
+# Guest B's QEMU connects to guest A's, and it must not start before A's QEMU listens:
+# a QEMU whose connect is refused still boots, with a dead eth1 (the connect is
+# non-blocking). A may wait minutes first, for the cache lock and an empty cache's
+# kernel download, so wait for as long as A's side is alive (bounded by its timeout).
+waited=0
+until ss -ltn "sport = :$port" 2>/dev/null | grep -q LISTEN; do
+    if ! kill -0 "$a" 2>/dev/null; then
+        echo "run-two-hosts.sh: guest A ended before its QEMU listened on 127.0.0.1:$port" >&2
+        exit 125
+    fi
+    if ((waited >= 7200)); then # 720 s: A's own --timeout is 700 s
+        echo "run-two-hosts.sh: guest A's QEMU did not listen on 127.0.0.1:$port within 720 s" >&2
+        kill "$a" 2>/dev/null
+        exit 125
+    fi
     sleep 0.1
+    waited=$((waited + 1))
 done
 rc=0
 "$guest" --cache "$build/guest-cache" --share "$build" --timeout 700 --link "connect:$port:192.168.79.1" -- \
