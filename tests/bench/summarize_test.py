@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/summarize.py: the target table that the README's Performance section quotes.
+"""bench/summarize.py: the target table that docs/performance.md quotes.
 
 Feeds it raw lines as bench/compare.sh writes them and checks the ratios, the goal
 checks in both directions, the bootstrap range and the report's rows."""
