@@ -176,7 +176,7 @@ test_fuzz() {
                 "$t" "${runs:-?}" "$seconds" "${speed:-?}" "$seeds" "$(ls "$work/corpus" | wc -l)"
         else
             printf '%s: FAILED (exit %s); the input is in %s/fuzz-artifacts/; last lines:\n' "$t" "$trc" "$BUILD"
-            grep -v '^rdmx tcp: ' "$work/log" | tail -n 40 | sed 's/^/    /'
+            grep -v '^rdmx: tcp: ' "$work/log" | tail -n 40 | sed 's/^/    /'
             # Then the reason (a failed check, a sanitizer report, a hang) again, last: a
             # stack trace can push it out of the tail, and a CI excerpt shows only the end.
             grep -E 'check failed|ERROR: |runtime error|hang: |touched outside|^fuzz_' "$work/log" |
