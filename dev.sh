@@ -15,7 +15,7 @@ readonly BUILD=${RDMX_BUILD_DIR:-build}
 
 # Why each package is here: README.md, "Dependencies".
 readonly PACKAGES=(
-    g++ meson ninja-build pkg-config
+    g++ meson ninja-build pkg-config cmake
     libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils rdmacm-utils
     libboost-dev libgtest-dev libgmock-dev libcli11-dev clang-14 libclang-rt-14-dev clang-format-14
     qemu-system-x86 busybox-static kmod iproute2 xz-utils zstd util-linux procps
