@@ -15,7 +15,7 @@ readonly BUILD=${RDMX_BUILD_DIR:-build}
 
 # Why each package is here: README.md, "Dependencies".
 readonly PACKAGES=(
-    g++ meson ninja-build pkg-config
+    g++ meson ninja-build pkg-config cmake
     libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils rdmacm-utils
     libboost-dev libgtest-dev libgmock-dev libcli11-dev clang-14 libclang-rt-14-dev clang-format-14
     qemu-system-x86 busybox-static kmod iproute2 xz-utils zstd util-linux procps
@@ -176,7 +176,7 @@ test_fuzz() {
                 "$t" "${runs:-?}" "$seconds" "${speed:-?}" "$seeds" "$(ls "$work/corpus" | wc -l)"
         else
             printf '%s: FAILED (exit %s); the input is in %s/fuzz-artifacts/; last lines:\n' "$t" "$trc" "$BUILD"
-            grep -v '^rdmx tcp: ' "$work/log" | tail -n 40 | sed 's/^/    /'
+            grep -v '^rdmx: tcp: ' "$work/log" | tail -n 40 | sed 's/^/    /'
             # Then the reason (a failed check, a sanitizer report, a hang) again, last: a
             # stack trace can push it out of the tail, and a CI excerpt shows only the end.
             grep -E 'check failed|ERROR: |runtime error|hang: |touched outside|^fuzz_' "$work/log" |

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "log.hpp"
+
 namespace rdmx::cm
 {
 namespace
@@ -104,7 +106,7 @@ void event_loop::run() noexcept
         if (::poll(fds, 3, -1) < 0) {
             if (errno == EINTR)
                 continue;
-            std::fprintf(stderr, "rdmx: cm event loop: poll: %s\n", std::strerror(errno));
+            RDMX_LOG(error, "cm event loop: poll: %s", std::strerror(errno));
             return;
         }
         if (fds[1].revents)
@@ -116,8 +118,7 @@ void event_loop::run() noexcept
             rdma_cm_event* ev = nullptr;
             if (rdma_get_cm_event(channel_.get(), &ev) != 0) {
                 if (errno != EAGAIN && errno != EINTR)
-                    std::fprintf(stderr, "rdmx: cm event loop: rdma_get_cm_event: %s\n",
-                                 std::strerror(errno));
+                    RDMX_LOG(error, "cm event loop: rdma_get_cm_event: %s", std::strerror(errno));
                 break;
             }
             {
@@ -199,7 +200,7 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         break;
     default:
         // Event types newer than this code: nothing to do, but say so once.
-        std::fprintf(stderr, "rdmx: ignoring unexpected rdma_cm event %s\n", event_name(ev.event));
+        RDMX_LOG(warn, "ignoring unexpected rdma_cm event %s", event_name(ev.event));
         break;
     }
     st.changed.notify_all();

@@ -11,48 +11,12 @@
 
 #include <rdmx/rdmx.hpp>
 
+#include "sample_common.hpp"
+
 namespace
 {
 
 constexpr std::size_t msg_size = 256;
-
-// Completions that arrived while waiting for another one.
-std::vector<rdmx::completion> early;
-
-// Waits (event mode) for the completion of work request `wr_id`; completions of other
-// requests that arrive first are kept for their own wait. Throws a clear message on an
-// error completion or when nothing arrives in time.
-rdmx::completion wait_one(rdmx::connection& c, std::uint64_t wr_id, const char* what,
-                          std::chrono::milliseconds timeout)
-{
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-        for (auto it = early.begin(); it != early.end(); ++it) {
-            if (it->wr_id != wr_id && !it->status)
-                continue;
-            rdmx::completion wc = *it;
-            early.erase(it);
-            if (wc.status)
-                throw std::runtime_error(std::string(what) + ": " + wc.status.message());
-            return wc;
-        }
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                          std::chrono::steady_clock::now());
-        rdmx::completion wc;
-        if (left.count() <= 0 || c.wait({&wc, 1}, left) == 0)
-            throw std::runtime_error(std::string(what) + ": no completion within " +
-                                     std::to_string(timeout.count()) + " ms (server dead?)");
-        early.push_back(wc);
-    }
-}
-
-std::uint64_t checksum(const std::byte* p, std::size_t n)
-{
-    std::uint64_t h = 1469598103934665603ull; // FNV-1a, as the server computes it
-    for (std::size_t i = 0; i < n; ++i)
-        h = (h ^ static_cast<std::uint8_t>(p[i])) * 1099511628211ull;
-    return h;
-}
 
 } // namespace
 
@@ -95,6 +59,7 @@ int main(int argc, char** argv)
         auto in_mr = dom->register_memory(inbox.data(), inbox.size(), rdmx::access::local_write);
         auto out_mr = dom->register_memory(outbox.data(), outbox.size(), rdmx::access::none);
         rdmx::sge in{in_mr.get(), 0, msg_size};
+        sample::completion_waiter completions(*conn, timeout);
 
         // 1. Greeting: post the receive for the reply first (no receive, no delivery).
         if (auto ec = conn->post_recv({&in, 1}, 1))
@@ -104,8 +69,8 @@ int main(int argc, char** argv)
         rdmx::sge out{out_mr.get(), 0, sizeof hello - 1};
         if (auto ec = conn->post_send({&out, 1}, 2))
             throw rdmx::error(ec, "post_send");
-        wait_one(*conn, 2, "send greeting", timeout);
-        auto wc = wait_one(*conn, 1, "receive reply", timeout);
+        completions.wait(2, "send greeting");
+        auto wc = completions.wait(1, "receive reply");
         std::printf("client: server replied \"%.*s\"\n", static_cast<int>(wc.byte_len),
                     reinterpret_cast<const char*>(inbox.data()));
 
@@ -120,8 +85,8 @@ int main(int argc, char** argv)
         out.length = 4 + desc.size();
         if (auto ec = conn->post_send({&out, 1}, 4))
             throw rdmx::error(ec, "post_send");
-        wait_one(*conn, 4, "send bulk request", timeout);
-        wc = wait_one(*conn, 3, "receive bulk completion", timeout);
+        completions.wait(4, "send bulk request");
+        wc = completions.wait(3, "receive bulk completion");
         std::string done(reinterpret_cast<const char*>(inbox.data()), wc.byte_len);
         std::size_t got_size = 0;
         unsigned long long got_sum = 0;
@@ -129,9 +94,9 @@ int main(int argc, char** argv)
             throw std::runtime_error("bulk completion: unexpected message \"" + done + "\"");
         // Verify every byte against the pattern the server promised and its checksum.
         for (std::size_t i = 0; i < size; ++i)
-            if (sink[i] != static_cast<std::byte>((i * 7 + (i >> 12)) & 0xff))
+            if (sink[i] != sample::bulk_pattern(i))
                 throw std::runtime_error("bulk data: byte " + std::to_string(i) + " is wrong");
-        if (checksum(sink.data(), size) != got_sum)
+        if (sample::checksum(sink.data(), size) != got_sum)
             throw std::runtime_error("bulk data: checksum mismatch");
         std::printf("client: bulk transfer verified: %zu bytes written by the server, checksum %016llx\n",
                     size, got_sum);

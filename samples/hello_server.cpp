@@ -15,6 +15,8 @@
 
 #include <rdmx/rdmx.hpp>
 
+#include "sample_common.hpp"
+
 using namespace std::chrono_literals;
 
 namespace
@@ -22,48 +24,8 @@ namespace
 
 constexpr std::size_t msg_size = 256; // every control message fits in one receive
 
-// Waits (event mode) for one completion; throws with a clear message on error or silence.
-// Completions that arrived while waiting for another one.
-std::vector<rdmx::completion> early;
-
-// Waits (event mode) for the completion of work request `wr_id`; completions of other
-// requests that arrive first are kept for their own wait. Throws a clear message on an
-// error completion or when nothing arrives in time.
-rdmx::completion wait_one(rdmx::connection& c, std::uint64_t wr_id, const char* what,
-                          std::chrono::milliseconds timeout)
-{
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-        for (auto it = early.begin(); it != early.end(); ++it) {
-            if (it->wr_id != wr_id && !it->status)
-                continue;
-            rdmx::completion wc = *it;
-            early.erase(it);
-            if (wc.status)
-                throw std::runtime_error(std::string(what) + ": " + wc.status.message());
-            return wc;
-        }
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                          std::chrono::steady_clock::now());
-        rdmx::completion wc;
-        if (left.count() <= 0 || c.wait({&wc, 1}, left) == 0)
-            throw std::runtime_error(std::string(what) + ": no completion within " +
-                                     std::to_string(timeout.count()) + " ms (peer dead?)");
-        early.push_back(wc);
-    }
-}
-
-std::uint64_t checksum(const std::byte* p, std::size_t n)
-{
-    std::uint64_t h = 1469598103934665603ull; // FNV-1a
-    for (std::size_t i = 0; i < n; ++i)
-        h = (h ^ static_cast<std::uint8_t>(p[i])) * 1099511628211ull;
-    return h;
-}
-
 void serve(rdmx::domain& dom, rdmx::connection_request& req, std::chrono::milliseconds timeout)
 {
-    early.clear(); // nothing of an earlier client may match this one's requests
     std::string hello(reinterpret_cast<const char*>(req.private_data().data()), req.private_data().size());
     std::printf("server: connection request (private data: \"%s\")\n", hello.c_str());
     rdmx::connection_options opts;
@@ -75,11 +37,12 @@ void serve(rdmx::domain& dom, rdmx::connection_request& req, std::chrono::millis
     auto in_mr = dom.register_memory(inbox.data(), inbox.size(), rdmx::access::local_write);
     auto out_mr = dom.register_memory(outbox.data(), outbox.size(), rdmx::access::none);
     rdmx::sge in{in_mr.get(), 0, msg_size};
+    sample::completion_waiter completions(*conn, timeout);
 
     // 1. Greeting.
     if (auto ec = conn->post_recv({&in, 1}, 1))
         throw rdmx::error(ec, "post_recv");
-    auto wc = wait_one(*conn, 1, "receive greeting", timeout);
+    auto wc = completions.wait(1, "receive greeting");
     std::printf("server: received \"%.*s\"\n", static_cast<int>(wc.byte_len),
                 reinterpret_cast<const char*>(inbox.data()));
     if (auto ec = conn->post_recv({&in, 1}, 2)) // for the bulk request, before answering
@@ -89,10 +52,10 @@ void serve(rdmx::domain& dom, rdmx::connection_request& req, std::chrono::millis
     rdmx::sge out{out_mr.get(), 0, sizeof reply - 1};
     if (auto ec = conn->post_send({&out, 1}, 3))
         throw rdmx::error(ec, "post_send");
-    wait_one(*conn, 3, "send reply", timeout);
+    completions.wait(3, "send reply");
 
     // 2. Bulk: "BULK" + the 32-byte descriptor of the client's buffer.
-    wc = wait_one(*conn, 2, "receive bulk request", timeout);
+    wc = completions.wait(2, "receive bulk request");
     if (wc.byte_len != 4 + rdmx::remote_buffer::wire_size || std::memcmp(inbox.data(), "BULK", 4) != 0)
         throw std::runtime_error("bulk request: malformed message");
     auto rb = rdmx::remote_buffer::parse(std::span(inbox).subspan(4, rdmx::remote_buffer::wire_size));
@@ -101,7 +64,7 @@ void serve(rdmx::domain& dom, rdmx::connection_request& req, std::chrono::millis
     std::printf("server: bulk request for %llu bytes\n", static_cast<unsigned long long>(rb->length));
     std::vector<std::byte> data(rb->length);
     for (std::size_t i = 0; i < data.size(); ++i)
-        data[i] = static_cast<std::byte>((i * 7 + (i >> 12)) & 0xff);
+        data[i] = sample::bulk_pattern(i);
     auto data_mr = dom.register_memory(data.data(), data.size(), rdmx::access::none);
     rdmx::sge d{data_mr.get(), 0, data.size()};
     // Unsignaled write followed by a signalled send: RC ordering guarantees the data has
@@ -109,11 +72,11 @@ void serve(rdmx::domain& dom, rdmx::connection_request& req, std::chrono::millis
     if (auto ec = conn->post_write({&d, 1}, *rb, 4, rdmx::send_flags::none))
         throw rdmx::error(ec, "post_write");
     int n = std::snprintf(reinterpret_cast<char*>(outbox.data()), msg_size, "DONE %zu %016llx", data.size(),
-                          static_cast<unsigned long long>(checksum(data.data(), data.size())));
+                          static_cast<unsigned long long>(sample::checksum(data.data(), data.size())));
     out.length = static_cast<std::size_t>(n);
     if (auto ec = conn->post_send({&out, 1}, 5))
         throw rdmx::error(ec, "post_send");
-    wait_one(*conn, 5, "RDMA write + completion message", timeout);
+    completions.wait(5, "RDMA write + completion message");
     std::printf("server: wrote %zu bytes into the client's buffer and sent the completion\n", data.size());
 
     // 3. Wait for the client to hang up (its disconnect flushes our posted receive).

@@ -4,5 +4,6 @@
 #include <rdmx/config.hpp>
 #include <rdmx/connection.hpp>
 #include <rdmx/error.hpp>
+#include <rdmx/log.hpp>
 #include <rdmx/memory.hpp>
 #include <rdmx/uri.hpp>

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "backends.hpp"
+#include "log.hpp"
 #include "tcp/tcp_connection.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -98,7 +99,7 @@ tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_)
         try {
             io_.run();
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "rdmx tcp engine stopped: %s\n", e.what());
+            RDMX_LOG(error, "tcp engine stopped: %s", e.what());
         }
     });
 }

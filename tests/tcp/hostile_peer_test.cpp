@@ -30,112 +30,20 @@
 #include <boost/asio/post.hpp>
 
 #include "common/test_util.hpp"
+#include "tcp/raw_peer.hpp"
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_log.hpp"
-#include "tcp/tcp_wire.hpp"
 
 namespace rdmx::test
 {
 namespace
 {
 
-using tcp::frame_header;
-using tcp::frame_op;
-using tcp::handshake;
-using tcp::handshake_type;
-
 constexpr std::byte pattern{0xa5};
 
 bool all_pattern(const std::byte* p, std::size_t n)
 {
     return std::all_of(p, p + n, [](std::byte b) { return b == pattern; });
-}
-
-/// A blocking TCP connect to 127.0.0.1:port from `source` (a loopback address); -1 on failure.
-int tcp_connect(std::uint16_t port, const char* source = "127.0.0.1", int rcvbuf = 0)
-{
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    if (rcvbuf > 0) // before connect, so that the window is small from the start
-        ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
-    sockaddr_in src{};
-    src.sin_family = AF_INET;
-    ::inet_pton(AF_INET, source, &src.sin_addr);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
-        ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-        ::close(fd);
-        return -1;
-    }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return fd;
-}
-
-bool send_all(int fd, const void* p, std::size_t n)
-{
-    auto b = static_cast<const std::byte*>(p);
-    while (n > 0) {
-        ssize_t k = ::send(fd, b, n, MSG_NOSIGNAL);
-        if (k <= 0)
-            return false;
-        b += k;
-        n -= static_cast<std::size_t>(k);
-    }
-    return true;
-}
-
-/// Reads up to n bytes, blocking; returns how many arrived before end of stream.
-std::size_t recv_all(int fd, void* p, std::size_t n)
-{
-    auto b = static_cast<std::byte*>(p);
-    std::size_t got = 0;
-    while (got < n) {
-        ssize_t k = ::recv(fd, b + got, n - got, 0);
-        if (k <= 0)
-            break;
-        got += static_cast<std::size_t>(k);
-    }
-    return got;
-}
-
-bool send_hello(int fd)
-{
-    handshake h;
-    h.type = handshake_type::hello;
-    h.max_rd_atomic = 16;
-    std::byte buf[handshake::reply_size];
-    h.encode(buf);
-    return send_all(fd, buf, handshake::hello_size);
-}
-
-bool read_accept(int fd)
-{
-    std::byte buf[handshake::reply_size];
-    if (recv_all(fd, buf, sizeof buf) != sizeof buf)
-        return false;
-    auto r = handshake::decode(buf, false);
-    return r && r->type == handshake_type::accept;
-}
-
-bool send_header(int fd, const frame_header& h)
-{
-    frame_header::bytes b;
-    h.encode(b.data());
-    return send_all(fd, b.data(), b.size());
-}
-
-/// The next frame header from the engine; false at end of stream (or a malformed one).
-bool read_header(int fd, frame_header& h)
-{
-    frame_header::bytes b;
-    if (recv_all(fd, b.data(), b.size()) != b.size())
-        return false;
-    return !frame_header::decode(b.data(), h);
 }
 
 bool wait_for(const std::function<bool()>& f, std::chrono::milliseconds t)
@@ -226,32 +134,9 @@ private:
     std::string text_;
 };
 
-class tcp_hostile : public testing::Test
+class tcp_hostile : public tcp_loopback
 {
 protected:
-    void SetUp() override
-    {
-        server_dom_ = domain::open("tcp://127.0.0.1:0");
-        client_dom_ = domain::open("tcp://127.0.0.1:0");
-        listener_ = server_dom_->listen("tcp://127.0.0.1:0");
-        port_ = listener_->port();
-    }
-    std::string addr() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
-
-    /// A raw peer that said HELLO and was accepted; fd is its socket.
-    std::unique_ptr<connection> accept_raw(int& fd, const connection_options& opts = {}, int rcvbuf = 0)
-    {
-        fd = tcp_connect(port_, "127.0.0.1", rcvbuf);
-        EXPECT_GE(fd, 0);
-        EXPECT_TRUE(send_hello(fd));
-        auto req = listener_->get_request(5s);
-        EXPECT_NE(req, nullptr);
-        if (!req)
-            return nullptr;
-        auto c = req->accept(opts);
-        EXPECT_TRUE(read_accept(fd));
-        return c;
-    }
     /// A server region of `size` bytes of `pattern`, readable by peers.
     std::unique_ptr<memory_region> readable(std::vector<std::byte>& mem, std::size_t size)
     {
@@ -268,10 +153,6 @@ protected:
         h.length = len;
         return h;
     }
-
-    std::unique_ptr<domain> server_dom_, client_dom_;
-    std::unique_ptr<listener> listener_;
-    std::uint16_t port_ = 0;
 };
 
 // ---- handshake slots --------------------------------------------------------------------
@@ -384,7 +265,7 @@ TEST_F(tcp_hostile, idle_socket_flood_does_not_lock_out_legitimate_clients)
         try {
             connection_options o;
             o.timeout = 5s;
-            int fd = tcp_connect(port_, source.c_str());
+            int fd = raw_connect(port_, source.c_str());
             ASSERT_GE(fd, 0);
             // The library's client binds no source address; a raw HELLO is the same bytes.
             ASSERT_TRUE(send_hello(fd));

@@ -1,0 +1,156 @@
+// A raw TCP peer of the engine, for the tests that speak the wire format by hand
+// (engine_test.cpp, hostile_peer_test.cpp): blocking socket helpers, the handshake, frame
+// headers, and a fixture with a listener that accepts such peers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/test_util.hpp"
+#include "tcp/tcp_wire.hpp"
+
+namespace rdmx::test
+{
+
+using tcp::frame_header;
+using tcp::frame_op;
+using tcp::handshake;
+using tcp::handshake_type;
+
+/// A blocking TCP connect to 127.0.0.1:port from `source` (a loopback address), with
+/// TCP_NODELAY and, if given, a small receive buffer; -1 on failure.
+inline int raw_connect(std::uint16_t port, const char* source = "127.0.0.1", int rcvbuf = 0)
+{
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (rcvbuf > 0) // before connect, so that the window is small from the start
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source, &src.sin_addr);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+        ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+inline bool send_all(int fd, const void* p, std::size_t n)
+{
+    auto b = static_cast<const std::byte*>(p);
+    while (n > 0) {
+        ssize_t k = ::send(fd, b, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return false;
+        b += k;
+        n -= static_cast<std::size_t>(k);
+    }
+    return true;
+}
+
+/// Reads up to n bytes, blocking; returns how many arrived before end of stream.
+inline std::size_t recv_all(int fd, void* p, std::size_t n)
+{
+    auto b = static_cast<std::byte*>(p);
+    std::size_t got = 0;
+    while (got < n) {
+        ssize_t k = ::recv(fd, b + got, n - got, 0);
+        if (k <= 0)
+            break;
+        got += static_cast<std::size_t>(k);
+    }
+    return got;
+}
+
+/// The HELLO of a well-behaved peer (a read limit of 16, no private data).
+inline bool send_hello(int fd)
+{
+    handshake h;
+    h.type = handshake_type::hello;
+    h.max_rd_atomic = 16;
+    std::byte buf[handshake::reply_size];
+    h.encode(buf);
+    return send_all(fd, buf, handshake::hello_size);
+}
+
+/// Whether the listener's reply is a whole, valid ACCEPT.
+inline bool read_accept(int fd)
+{
+    std::byte buf[handshake::reply_size];
+    if (recv_all(fd, buf, sizeof buf) != sizeof buf)
+        return false;
+    auto r = handshake::decode(buf, false);
+    return r && r->type == handshake_type::accept;
+}
+
+inline bool send_header(int fd, const frame_header& h)
+{
+    frame_header::bytes b;
+    h.encode(b.data());
+    return send_all(fd, b.data(), b.size());
+}
+
+/// The next frame header from the engine; false at end of stream (or a malformed one).
+inline bool read_header(int fd, frame_header& h)
+{
+    frame_header::bytes b;
+    if (recv_all(fd, b.data(), b.size()) != b.size())
+        return false;
+    return !frame_header::decode(b.data(), h);
+}
+
+/// Two TCP domains on loopback and a listener (with `backlog`) on the server one.
+class tcp_loopback : public testing::Test
+{
+protected:
+    explicit tcp_loopback(int backlog = 64) : backlog_(backlog) {}
+
+    void SetUp() override
+    {
+        server_dom_ = domain::open("tcp://127.0.0.1:0");
+        client_dom_ = domain::open("tcp://127.0.0.1:0");
+        listener_ = server_dom_->listen("tcp://127.0.0.1:0", backlog_);
+        port_ = listener_->port();
+    }
+    std::string addr() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+
+    /// A raw peer that said HELLO and was accepted; fd is its socket. Null (and a failed
+    /// expectation) if the handshake did not complete.
+    std::unique_ptr<connection> accept_raw(int& fd, const connection_options& opts = {}, int rcvbuf = 0)
+    {
+        fd = raw_connect(port_, "127.0.0.1", rcvbuf);
+        EXPECT_GE(fd, 0);
+        EXPECT_TRUE(send_hello(fd));
+        auto req = listener_->get_request(5s);
+        EXPECT_NE(req, nullptr);
+        if (!req)
+            return nullptr;
+        auto c = req->accept(opts);
+        EXPECT_TRUE(read_accept(fd));
+        return c;
+    }
+
+    const int backlog_;
+    std::unique_ptr<domain> server_dom_, client_dom_;
+    std::unique_ptr<listener> listener_;
+    std::uint16_t port_ = 0;
+};
+
+} // namespace rdmx::test
