@@ -67,7 +67,7 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
 
     if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&dst), step_ms))
         throw_cm("rdma_resolve_addr", address);
-    cm::event_loop::wait_for(cm_, connection_state::addr_resolved, "rdma_resolve_addr", opts_.timeout);
+    cm::event_loop::wait_for(cm_, cm::resolve_step::addr_resolved, "rdma_resolve_addr", opts_.timeout);
     if (raw->verbs != domain_.native_context())
         throw error(make_error_code(errc::invalid_argument),
                     "rdma_resolve_addr " + address.to_string() +
@@ -75,7 +75,7 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
 
     if (rdma_resolve_route(raw, step_ms))
         throw_cm("rdma_resolve_route", address);
-    cm::event_loop::wait_for(cm_, connection_state::route_resolved, "rdma_resolve_route", opts_.timeout);
+    cm::event_loop::wait_for(cm_, cm::resolve_step::route_resolved, "rdma_resolve_route", opts_.timeout);
 
     create_qp();
     rdma_conn_param param = conn_param(private_data);

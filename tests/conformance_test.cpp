@@ -906,6 +906,111 @@ TEST_P(conformance, bad_work_requests_are_rejected_before_posting)
     EXPECT_EQ(p.client->state(), connection_state::established);
 }
 
+// The states a user sees on a connection, in the order seen, each change once.
+class state_trace
+{
+public:
+    explicit state_trace(const connection& c) : c_(c) { look(); }
+    connection_state look()
+    {
+        auto s = c_.state();
+        if (seen_.empty() || seen_.back() != s)
+            seen_.push_back(s);
+        return s;
+    }
+    const std::vector<connection_state>& seen() const { return seen_; }
+    std::string str() const
+    {
+        std::string out;
+        for (auto s : seen_)
+            out += std::string(out.empty() ? "" : " -> ") + to_string(s);
+        return out;
+    }
+
+private:
+    const connection& c_;
+    std::vector<connection_state> seen_;
+};
+
+// Polls both sides (on verbs a polled completion may be how a side learns that its queue
+// pair failed) and looks at their states until `done` holds or 15 s passed, then 200 ms
+// more, so that a later change shows in the traces too.
+template <class Done> void watch(connection& a, state_trace& ta, connection& b, state_trace& tb, Done done)
+{
+    completion buf[8];
+    auto step = [&] {
+        a.poll(buf);
+        b.poll(buf);
+        ta.look();
+        tb.look();
+        std::this_thread::sleep_for(1ms);
+    };
+    auto deadline = std::chrono::steady_clock::now() + 15s;
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+        step();
+    for (auto settle = std::chrono::steady_clock::now() + 200ms; std::chrono::steady_clock::now() < settle;)
+        step();
+}
+
+using states = std::vector<connection_state>;
+
+TEST_P(conformance, users_see_established_then_disconnected_on_both_sides)
+{
+    // connect() and accept() return established connections only: the set-up steps
+    // (rdma_cm's resolution, the TCP handshake) are no state a user ever sees.
+    auto p = connect_pair();
+    state_trace client(*p.client), server(*p.server);
+    EXPECT_EQ(client.seen(), states{connection_state::established}) << client.str();
+    EXPECT_EQ(server.seen(), states{connection_state::established}) << server.str();
+    EXPECT_FALSE(p.client->last_error());
+    EXPECT_FALSE(p.server->last_error());
+    p.client->disconnect();
+    EXPECT_EQ(client.look(), connection_state::disconnected) << "disconnect() takes effect at once";
+    watch(*p.client, client, *p.server, server,
+          [&] { return p.server->state() != connection_state::established; });
+    const states expected{connection_state::established, connection_state::disconnected};
+    EXPECT_EQ(client.seen(), expected) << client.str();
+    EXPECT_EQ(server.seen(), expected) << "the peer's side: " << server.str();
+    EXPECT_EQ(p.client->last_error(), errc::disconnected) << p.client->last_error().message();
+    EXPECT_EQ(p.server->last_error(), errc::disconnected) << p.server->last_error().message();
+}
+
+TEST_P(conformance, users_see_established_then_error_after_a_failure)
+{
+    auto p = connect_pair();
+    state_trace client(*p.client), server(*p.server);
+    std::vector<std::byte> target(128, std::byte{1}), src(128, std::byte{9});
+    auto tmr = server_dom_->register_memory(target.data(), target.size(), access::remote_read);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    sge s{smr.get(), 0, 128};
+    ASSERT_FALSE(p.client->post_write({&s, 1}, tmr->remote(), 1)); // into read-only memory
+    // The side that detects the violation fails: the initiator through its error completion,
+    // on iWARP the target (which tears the connection down instead, see expect_torn_down).
+    connection& failing = iwarp() ? *p.server : *p.client;
+    state_trace& trace = iwarp() ? server : client;
+    watch(*p.client, client, *p.server, server,
+          [&] { return failing.state() != connection_state::established; });
+    if (iwarp()) {
+        // A teardown may show as a disconnect first; the cause then follows as error.
+        ASSERT_FALSE(trace.seen().empty());
+        EXPECT_EQ(trace.seen().front(), connection_state::established) << trace.str();
+        EXPECT_EQ(trace.seen().back(), connection_state::error) << trace.str();
+        EXPECT_LE(trace.seen().size(), 3u) << trace.str();
+    } else {
+        EXPECT_EQ(trace.seen(), (states{connection_state::established, connection_state::error}))
+            << trace.str();
+    }
+    EXPECT_EQ(failing.last_error(), errc::remote_access) << failing.last_error().message();
+    // Neither side shows a set-up state, nor comes back once it left established.
+    for (const state_trace* t : {&client, &server}) {
+        EXPECT_EQ(t->seen().front(), connection_state::established) << t->str();
+        EXPECT_EQ(std::count(t->seen().begin(), t->seen().end(), connection_state::established), 1)
+            << t->str();
+        EXPECT_EQ(std::count(t->seen().begin(), t->seen().end(), connection_state::connecting), 0)
+            << t->str();
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, conformance, testing::ValuesIn(selected_backends()), param_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(conformance);
 

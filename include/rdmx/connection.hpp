@@ -88,7 +88,10 @@ struct completion {
 };
 
 /// Queue sizes and protocol knobs of one connection. Requests beyond the device's limits
-/// are clamped; the values in effect are in `connection::limits()`.
+/// are clamped; the values in effect are in `connection::limits()`. The fields at the top
+/// mean the same on both backends; settings that only one backend has live in a struct of
+/// their own (`tcp`), which the other backend ignores. No setting is verbs-only: each verbs
+/// knob here has a TCP meaning too.
 struct connection_options {
     std::uint32_t send_queue_depth = 128;
     std::uint32_t recv_queue_depth = 128;
@@ -117,25 +120,29 @@ struct connection_options {
     std::uint8_t min_rnr_timer = 12;
     /// Bound on each connection-management step (resolve, connect, accept).
     std::chrono::milliseconds timeout{5000};
-    /// TCP: how often the engine checks whether an application that busy-polls (and so
-    /// reads and writes the socket in its own post() and poll() calls) has stopped calling;
-    /// it then takes the socket back and serves one-sided requests and pending transfers
-    /// without the application, at most about two checks after the last call. Each check
-    /// wakes the engine thread, on the application's CPU when the two share one: on
-    /// loopback here, at 1 ms a busy-polling ping-pong's 99th percentile was 23-33 us
-    /// against a median of about 4 us, at 8 ms mostly 8-13 us. Clamped to 100 us .. 1 s.
-    /// verbs: unused.
-    std::chrono::microseconds tcp_takeover_check{1000};
-    /// TCP: the congestion control algorithm of this side's socket (TCP_CONGESTION, as in
-    /// /proc/sys/net/ipv4/tcp_available_congestion_control: "cubic", "reno", "bbr", ...);
-    /// each side sets its own, which governs what it sends. Empty (the default) keeps the
-    /// system's (net.ipv4.tcp_congestion_control). One the kernel does not have, or does not
-    /// allow an unprivileged process, fails connect() / accept() with the errno of
-    /// setsockopt (ENOENT, EPERM); one over 15 bytes (the kernel's limit) with
-    /// errc::invalid_argument. On loopback here the system's bbr ran iperf3 at 3.7-4.4
-    /// GB/s with hundreds of retransmissions per 2 s, cubic at 7.7-8.5 GB/s with none or
-    /// almost none. verbs: unused.
-    std::string tcp_congestion;
+
+    /// Settings of the TCP backend alone; the verbs backend ignores them.
+    struct tcp_options {
+        /// How often the engine checks whether an application that busy-polls (and so
+        /// reads and writes the socket in its own post() and poll() calls) has stopped
+        /// calling; it then takes the socket back and serves one-sided requests and
+        /// pending transfers without the application, at most about two checks after the
+        /// last call. Each check wakes the engine thread, on the application's CPU when the
+        /// two share one: a shorter interval hands the socket back to the engine sooner, a
+        /// longer one disturbs a busy-polling application less (docs/tuning.md).
+        /// Clamped to 100 us .. 1 s.
+        std::chrono::microseconds takeover_check{1000};
+        /// The congestion control algorithm of this side's socket (TCP_CONGESTION, as in
+        /// /proc/sys/net/ipv4/tcp_available_congestion_control: "cubic", "reno", "bbr",
+        /// ...); each side sets its own, which governs what it sends. For a system whose
+        /// default suits its other traffic but not this link (docs/tuning.md). Empty (the
+        /// default) keeps the system's (net.ipv4.tcp_congestion_control). One the kernel
+        /// does not have, or does not allow an unprivileged process, fails connect() /
+        /// accept() with the errno of setsockopt (ENOENT, EPERM); one over 15 bytes (the
+        /// kernel's limit) with errc::invalid_argument.
+        std::string congestion;
+    };
+    tcp_options tcp;
 };
 
 /// Limits in effect for a connection (after clamping to the device).
@@ -156,14 +163,20 @@ struct native_handles {
     ibv_cq* cq = nullptr;
 };
 
+/// What a connection's user can act on, the same on both backends. connect() and accept()
+/// return a connection only once it is established and throw otherwise (a failed set-up
+/// step is that exception), so an application sees `established` first and then, when the
+/// connection ends, `disconnected` or `error`. The steps of setting up (rdma_cm's address
+/// and route resolution on verbs, the handshake on TCP) differ between the backends and
+/// leave the caller nothing to do: they are all `connecting`, which no connection that
+/// connect() or accept() returned is in. `error` is final; `disconnected` is final after a
+/// disconnect() of this side, while one the peer or the network caused may still become
+/// `error` when its cause arrives later (verbs: an asynchronous event of the device).
 enum class connection_state : std::uint8_t {
-    idle,           ///< created, nothing resolved yet
-    addr_resolved,  ///< rdma_resolve_addr done
-    route_resolved, ///< rdma_resolve_route done
-    connecting,     ///< connect/accept sent, waiting for ESTABLISHED
-    established,
+    connecting,   ///< being set up (internal to connect() and accept())
+    established,  ///< post and poll
     disconnected, ///< either side disconnected; posted work is flushed
-    error,        ///< failed; posted work is flushed
+    error,        ///< failed (last_error() says why); posted work is flushed
 };
 const char* to_string(connection_state s) noexcept;
 

@@ -92,7 +92,7 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
       resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
       takeover_check_(std::clamp<std::chrono::microseconds>(
-          opts.tcp_takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
+          opts.tcp.takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
       standdown_timer_(dom.io()), tx_check_timer_(dom.io()), linger_timer_(dom.io()),
       // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
       // least, doubling) on a lossy link would look like a dead peer.

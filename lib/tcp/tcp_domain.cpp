@@ -199,7 +199,7 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     connection_limits lim = clamp_limits(opts);
 
     unique_fd fd = connect_socket(u, clock::now() + opts.timeout, what);
-    set_congestion_control(fd.get(), opts.tcp_congestion); // before the peer hears of us
+    set_congestion_control(fd.get(), opts.tcp.congestion); // before the peer hears of us
 
     handshake hello;
     hello.type = handshake_type::hello;

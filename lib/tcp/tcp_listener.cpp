@@ -76,7 +76,7 @@ public:
             throw_error(errc::invalid_argument, "accept: private data over 196 bytes");
         connection_limits lim = clamp_limits(opts);
         // A failure leaves the request unanswered: the client is rejected.
-        set_congestion_control(fd_.get(), opts.tcp_congestion);
+        set_congestion_control(fd_.get(), opts.tcp.congestion);
         handshake reply;
         reply.type = handshake_type::accept;
         reply.max_rd_atomic = lim.max_rd_atomic;
