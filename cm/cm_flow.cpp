@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "cm/event_loop.hpp"
+#include "validate.hpp"
 #include "verbs/verbs_connection.hpp"
 #include "verbs/verbs_domain.hpp"
 
@@ -178,8 +179,7 @@ public:
     {
         if (!id_)
             throw_error(errc::invalid_argument, "rdma_accept: request already answered");
-        if (private_data.size() > max_accept_private_data)
-            throw_error(errc::invalid_argument, "rdma_accept: private data over 196 bytes");
+        detail::check_private_data(detail::private_data_use::accept, private_data, "rdma_accept");
         auto c = std::make_unique<verbs_connection>(domain_, opts);
         domain_.events().detach(id_.get()); // the connection attaches its own state
         c->accept(std::move(id_), param_, private_data, std::move(private_));
@@ -190,8 +190,7 @@ public:
     {
         if (!id_)
             throw_error(errc::invalid_argument, "rdma_reject: request already answered");
-        if (private_data.size() > max_reject_private_data)
-            throw_error(errc::invalid_argument, "rdma_reject: private data over 148 bytes");
+        detail::check_private_data(detail::private_data_use::reject, private_data, "rdma_reject");
         if (rdma_reject(id_.get(), private_data.empty() ? nullptr : private_data.data(),
                         static_cast<std::uint8_t>(private_data.size())))
             throw_errno(errno, "rdma_reject");

@@ -1011,6 +1011,62 @@ TEST_P(conformance, users_see_established_then_error_after_a_failure)
     }
 }
 
+TEST_P(conformance, private_data_over_its_limit_is_refused_and_at_the_limit_arrives)
+{
+    // The limits are rdma_cm's over RC (connection.hpp); both backends check them before
+    // anything is sent, so a request whose accept or reject was refused is still unanswered.
+    const std::vector<std::byte> connect_max(max_connect_private_data, std::byte{1});
+    const std::vector<std::byte> accept_max(max_accept_private_data, std::byte{2});
+    const std::vector<std::byte> reject_max(max_reject_private_data, std::byte{3});
+    auto over = [](std::vector<std::byte> v) {
+        v.push_back(std::byte{4});
+        return v;
+    };
+    auto refused = [](const char* what, auto&& call) {
+        try {
+            call();
+            ADD_FAILURE() << what << " took private data over its limit";
+        } catch (const rdmx::error& e) {
+            EXPECT_EQ(e.code(), errc::invalid_argument) << what << ": " << e.what();
+        }
+    };
+    auto prefix = [](std::span<const std::byte> got, const std::vector<std::byte>& sent) {
+        // rdma_cm may pad private data; the prefix is what was sent.
+        return got.size() >= sent.size() && std::equal(sent.begin(), sent.end(), got.begin());
+    };
+    refused("connect", [&] { client_dom_->connect(server_address(), {}, over(connect_max)); });
+    EXPECT_EQ(listener_->get_request(200ms), nullptr) << "a refused connect reached the listener";
+
+    auto accepter = std::async(std::launch::async, [&]() -> std::unique_ptr<connection> {
+        auto req = listener_->get_request(10s);
+        if (!req)
+            return nullptr;
+        EXPECT_TRUE(prefix(req->private_data(), connect_max));
+        refused("accept", [&] { req->accept({}, over(accept_max)); });
+        return req->accept({}, accept_max);
+    });
+    auto client = client_dom_->connect(server_address(), {}, connect_max);
+    auto server = accepter.get();
+    ASSERT_NE(server, nullptr);
+    EXPECT_TRUE(prefix(client->peer_private_data(), accept_max));
+    EXPECT_TRUE(prefix(server->peer_private_data(), connect_max));
+
+    auto rejecter = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(10s);
+        ASSERT_NE(req, nullptr);
+        refused("reject", [&] { req->reject(over(reject_max)); });
+        req->reject(reject_max);
+    });
+    try {
+        client_dom_->connect(server_address());
+        ADD_FAILURE() << "connect succeeded although the server rejected";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::rejected) << e.what();
+        EXPECT_TRUE(prefix(e.private_data(), reject_max));
+    }
+    rejecter.get();
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, conformance, testing::ValuesIn(selected_backends()), param_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(conformance);
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backends.hpp"
+#include "validate.hpp"
 #include "verbs/verbs_connection.hpp"
 
 namespace rdmx::verbs
@@ -135,8 +136,7 @@ std::unique_ptr<connection> verbs_domain::connect(std::string_view address, cons
     uri u = uri::parse(address);
     if (u.scheme == scheme::tcp)
         throw_error(errc::invalid_argument, "connect: tcp:// address on a verbs domain");
-    if (private_data.size() > max_connect_private_data)
-        throw_error(errc::invalid_argument, "rdma_connect: private data over 56 bytes");
+    detail::check_private_data(detail::private_data_use::connect, private_data, "rdma_connect");
     auto c = std::make_unique<verbs_connection>(*this, opts);
     c->connect(u, private_data);
     return c;

@@ -17,6 +17,8 @@
 
 #include <rdmx/connection.hpp>
 
+#include "tcp/tcp_wire.hpp"
+
 namespace rdmx::tcp
 {
 
@@ -112,7 +114,12 @@ std::unique_ptr<listener> make_listener(tcp_domain& dom, std::string_view addres
 /// or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM); for tests.
 std::uint64_t listener_accept_pauses() noexcept;
 
-/// Clamps requested options to what this backend grants.
-connection_limits clamp_limits(const connection_options& opts) noexcept;
+/// The handshake message of `type` with this side's read depth and `private_data`, encoded
+/// into `out`; returns the bytes to send. Throws errc::invalid_argument naming `verb` when
+/// the private data is over the limit of the message (detail::check_private_data).
+std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t max_rd_atomic,
+                                            std::span<const std::byte> private_data,
+                                            std::span<std::byte, handshake::reply_size> out,
+                                            std::string_view verb);
 
 } // namespace rdmx::tcp

@@ -24,6 +24,7 @@
 #include "tcp/tcp_log.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
+#include "validate.hpp"
 
 namespace rdmx::tcp
 {
@@ -72,25 +73,18 @@ public:
     {
         if (!fd_)
             throw_error(errc::invalid_argument, "accept: request already answered");
-        if (private_data.size() > max_accept_private_data)
-            throw_error(errc::invalid_argument, "accept: private data over 196 bytes");
-        connection_limits lim = clamp_limits(opts);
+        connection_limits lim = detail::clamp_limits(opts, dom_.limits());
+        std::byte buf[handshake::reply_size];
+        auto reply = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
         // A failure leaves the request unanswered: the client is rejected.
         set_congestion_control(fd_.get(), opts.tcp.congestion);
-        handshake reply;
-        reply.type = handshake_type::accept;
-        reply.max_rd_atomic = lim.max_rd_atomic;
-        reply.private_data_len = static_cast<std::uint8_t>(private_data.size());
-        std::copy(private_data.begin(), private_data.end(), reply.private_data.begin());
-        std::byte buf[handshake::reply_size];
-        reply.encode(buf);
         // Build the rings before answering, so that an allocation failure rejects (by
         // closing) rather than leaving the client with a connection nobody serves.
         int fd = fd_.get();
         auto st = std::make_shared<conn_state>(dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic);
         auto conn = std::make_unique<tcp_connection>(
             st, std::vector<std::byte>(hello_.data().begin(), hello_.data().end()));
-        send_exact(fd, buf, clock::now() + opts.timeout, "accept (reply)");
+        send_exact(fd, reply, clock::now() + opts.timeout, "accept (reply)");
         st->start();
         return conn;
     }
@@ -99,16 +93,10 @@ public:
     {
         if (!fd_)
             throw_error(errc::invalid_argument, "reject: request already answered");
-        if (private_data.size() > max_reject_private_data)
-            throw_error(errc::invalid_argument, "reject: private data over 148 bytes");
-        handshake reply;
-        reply.type = handshake_type::reject;
-        reply.private_data_len = static_cast<std::uint8_t>(private_data.size());
-        std::copy(private_data.begin(), private_data.end(), reply.private_data.begin());
         std::byte buf[handshake::reply_size];
-        reply.encode(buf);
+        auto reply = encode_handshake(handshake_type::reject, 0, private_data, buf, "reject");
         unique_fd fd = std::move(fd_);
-        send_exact(fd.get(), buf, clock::now() + std::chrono::seconds(2), "reject (reply)");
+        send_exact(fd.get(), reply, clock::now() + std::chrono::seconds(2), "reject (reply)");
     }
 
 private:

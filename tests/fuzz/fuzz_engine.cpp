@@ -29,6 +29,7 @@
 #include "tcp/tcp_connection.hpp"
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_wire.hpp"
+#include "validate.hpp"
 
 using namespace rdmx;
 using tcp::frame_header;
@@ -217,7 +218,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
     auto [fd, engine_fd] = fx.socket_pair();
     connection_options opts;
-    auto conn = tcp::make_connection(fx.dom, tcp::unique_fd(engine_fd), tcp::clamp_limits(opts), opts,
+    auto conn = tcp::make_connection(fx.dom, tcp::unique_fd(engine_fd),
+                                     detail::clamp_limits(opts, fx.dom.limits()), opts,
                                      /*peer_max_rd=*/16, {});
     fx.post_work(*conn);
 
