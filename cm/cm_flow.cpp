@@ -144,7 +144,8 @@ namespace
 class verbs_request final : public connection_request
 {
 public:
-    verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param) : domain_(dom), param_(param)
+    verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param)
+        : owner_(dom.shared_from_this()), domain_(dom), param_(param)
     {
         auto* p = static_cast<const std::byte*>(param.private_data);
         if (p)
@@ -199,6 +200,7 @@ public:
     }
 
 private:
+    std::shared_ptr<verbs_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
     verbs_domain& domain_;
     cm::cm_state cm_; ///< receives the id's events until accept() hands it over
     cm_id_ptr id_;    ///< destroyed before cm_ (declared after it)
@@ -209,7 +211,8 @@ private:
 class verbs_listener final : public listener
 {
 public:
-    verbs_listener(verbs_domain& dom, const uri& u, int backlog) : domain_(dom)
+    verbs_listener(verbs_domain& dom, const uri& u, int backlog)
+        : owner_(dom.shared_from_this()), domain_(dom)
     {
         channel_.reset(rdma_create_event_channel());
         if (!channel_)
@@ -282,6 +285,7 @@ public:
     rdmx::backend backend() const noexcept override { return backend::verbs; }
 
 private:
+    std::shared_ptr<verbs_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
     verbs_domain& domain_;
     event_channel_ptr channel_; ///< destroyed after id_ (declared first)
     cm_id_ptr id_;

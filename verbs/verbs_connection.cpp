@@ -13,8 +13,9 @@ namespace rdmx::verbs
 {
 
 verbs_connection::verbs_connection(verbs_domain& dom, const connection_options& opts)
-    : domain_(dom), opts_(opts), limits_(detail::clamp_limits(opts, dom.limits(), max_sge_per_wr)),
-      send_wrs_(limits_.max_send_sge), recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
+    : owner_(dom.shared_from_this()), domain_(dom), opts_(opts),
+      limits_(detail::clamp_limits(opts, dom.limits(), max_sge_per_wr)), send_wrs_(limits_.max_send_sge),
+      recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
 {
     const std::uint32_t sge_rd = dom.limits().max_sge_rd;
     max_read_sge_ = sge_rd ? std::min(limits_.max_send_sge, sge_rd) : limits_.max_send_sge;

@@ -184,7 +184,8 @@ const char* to_string(connection_state s) noexcept;
 /// Data-path calls are noexcept and thread-compatible (one thread posts and polls).
 /// Destroying it disconnects; on TCP the engine still sends the peer what this side owed
 /// it (read responses, a NAK) and closes the socket afterwards, within
-/// ack_timeout * (retry_count + 1), at least 1 s (docs/wire-format.md section 6).
+/// ack_timeout * (retry_count + 1), at least 1 s (docs/wire-format.md section 6), as long
+/// as the engine runs (see domain: it stops with the last object of its domain).
 class connection
 {
 public:
@@ -334,7 +335,15 @@ inline constexpr std::size_t max_accept_private_data = 196;
 inline constexpr std::size_t max_reject_private_data = 148;
 
 /// A protection domain on one device (verbs) or one TCP progress engine: registers
-/// memory, listens and connects. Regions and connections must not outlive it.
+/// memory, listens and connects.
+///
+/// Lifetimes: connections, listeners, connection requests and memory regions keep what
+/// they need of their domain alive (the verbs PD, device context and rdma_cm event thread;
+/// the TCP engine thread and its region table), so they and the domain may be destroyed in
+/// any order. Destroying the domain object only gives up the application's share: the
+/// backend's resources, its thread included, go with the last object made from it. Work
+/// the TCP engine still owed a peer after its connection was destroyed (read responses, a
+/// NAK, the close) is dropped at that point.
 class domain
 {
 public:

@@ -355,7 +355,8 @@ private:
 class tcp_connection final : public connection
 {
 public:
-    tcp_connection(std::shared_ptr<conn_state> st, std::vector<std::byte> peer_private_data);
+    tcp_connection(std::shared_ptr<tcp_domain> dom, std::shared_ptr<conn_state> st,
+                   std::vector<std::byte> peer_private_data);
     ~tcp_connection() override;
 
     rdmx::backend backend() const noexcept override { return backend::tcp; }
@@ -383,6 +384,9 @@ public:
     void disconnect() noexcept override { st_->disconnect(); }
 
 private:
+    /// Keeps the engine that st_ runs on (and the regions it reaches) alive; declared
+    /// first, so it goes after st_ was handed to the engine to linger.
+    std::shared_ptr<tcp_domain> dom_;
     std::shared_ptr<conn_state> st_;
     std::vector<std::byte> peer_pdata_;
 };

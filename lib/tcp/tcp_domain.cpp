@@ -28,19 +28,19 @@ constexpr std::uint32_t max_rd_atomic = 128;
 class tcp_region final : public memory_region
 {
 public:
-    tcp_region(tcp_domain& dom, region_state* st, std::byte* data, std::size_t size, rdmx::access acc,
-               std::uint64_t key) noexcept
-        : memory_region(dom.owner(), backend::tcp, data, size, acc, 0, key), dom_(dom), st_(st),
+    tcp_region(std::shared_ptr<tcp_domain> dom, region_state* st, std::byte* data, std::size_t size,
+               rdmx::access acc, std::uint64_t key) noexcept
+        : memory_region(dom->owner(), backend::tcp, data, size, acc, 0, key), dom_(std::move(dom)), st_(st),
           tag_(st->tag.load())
     {
     }
-    ~tcp_region() override { dom_.deregister(st_); }
+    ~tcp_region() override { dom_->deregister(st_); }
 
     region_state* state() const noexcept { return st_; }
     std::uint64_t tag() const noexcept { return tag_; }
 
 private:
-    tcp_domain& dom_;
+    std::shared_ptr<tcp_domain> dom_; ///< its region pool holds st_
     region_state* st_;
     std::uint64_t tag_;
 };
@@ -144,7 +144,8 @@ std::unique_ptr<memory_region> tcp_domain::register_memory(void* addr, std::size
     st->tag.store((((st->tag.load() >> 1) + 1) << 1) | 1);
     keys_.emplace(key, st);
     try {
-        return std::make_unique<tcp_region>(*this, st, static_cast<std::byte*>(addr), length, rights, key);
+        return std::make_unique<tcp_region>(shared_from_this(), st, static_cast<std::byte*>(addr), length,
+                                            rights, key);
     } catch (...) {
         keys_.erase(key);
         st->tag.store(st->tag.load() & ~std::uint64_t{1});
@@ -188,7 +189,7 @@ bool tcp_domain::find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_
 
 std::unique_ptr<listener> tcp_domain::listen(std::string_view address, int backlog)
 {
-    return make_listener(*this, address, backlog);
+    return make_listener(shared_from_this(), address, backlog);
 }
 
 std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const connection_options& opts,
@@ -224,9 +225,9 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
 
 } // namespace tcp
 
-std::unique_ptr<domain> detail::open_tcp_domain()
+std::shared_ptr<domain> detail::open_tcp_domain()
 {
-    return std::make_unique<tcp::tcp_domain>();
+    return std::make_shared<tcp::tcp_domain>();
 }
 
 } // namespace rdmx
