@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "cm/event_loop.hpp"
+#include "validate.hpp"
 #include "verbs/verbs_connection.hpp"
 #include "verbs/verbs_domain.hpp"
 
@@ -67,7 +68,7 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
 
     if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&dst), step_ms))
         throw_cm("rdma_resolve_addr", address);
-    cm::event_loop::wait_for(cm_, connection_state::addr_resolved, "rdma_resolve_addr", opts_.timeout);
+    cm::event_loop::wait_for(cm_, cm::resolve_step::addr_resolved, "rdma_resolve_addr", opts_.timeout);
     if (raw->verbs != domain_.native_context())
         throw error(make_error_code(errc::invalid_argument),
                     "rdma_resolve_addr " + address.to_string() +
@@ -75,7 +76,7 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
 
     if (rdma_resolve_route(raw, step_ms))
         throw_cm("rdma_resolve_route", address);
-    cm::event_loop::wait_for(cm_, connection_state::route_resolved, "rdma_resolve_route", opts_.timeout);
+    cm::event_loop::wait_for(cm_, cm::resolve_step::route_resolved, "rdma_resolve_route", opts_.timeout);
 
     create_qp();
     rdma_conn_param param = conn_param(private_data);
@@ -143,7 +144,8 @@ namespace
 class verbs_request final : public connection_request
 {
 public:
-    verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param) : domain_(dom), param_(param)
+    verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param)
+        : owner_(dom.shared_from_this()), domain_(dom), param_(param)
     {
         auto* p = static_cast<const std::byte*>(param.private_data);
         if (p)
@@ -178,8 +180,7 @@ public:
     {
         if (!id_)
             throw_error(errc::invalid_argument, "rdma_accept: request already answered");
-        if (private_data.size() > max_accept_private_data)
-            throw_error(errc::invalid_argument, "rdma_accept: private data over 196 bytes");
+        detail::check_private_data(detail::private_data_use::accept, private_data, "rdma_accept");
         auto c = std::make_unique<verbs_connection>(domain_, opts);
         domain_.events().detach(id_.get()); // the connection attaches its own state
         c->accept(std::move(id_), param_, private_data, std::move(private_));
@@ -190,8 +191,7 @@ public:
     {
         if (!id_)
             throw_error(errc::invalid_argument, "rdma_reject: request already answered");
-        if (private_data.size() > max_reject_private_data)
-            throw_error(errc::invalid_argument, "rdma_reject: private data over 148 bytes");
+        detail::check_private_data(detail::private_data_use::reject, private_data, "rdma_reject");
         if (rdma_reject(id_.get(), private_data.empty() ? nullptr : private_data.data(),
                         static_cast<std::uint8_t>(private_data.size())))
             throw_errno(errno, "rdma_reject");
@@ -200,6 +200,7 @@ public:
     }
 
 private:
+    std::shared_ptr<verbs_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
     verbs_domain& domain_;
     cm::cm_state cm_; ///< receives the id's events until accept() hands it over
     cm_id_ptr id_;    ///< destroyed before cm_ (declared after it)
@@ -210,7 +211,8 @@ private:
 class verbs_listener final : public listener
 {
 public:
-    verbs_listener(verbs_domain& dom, const uri& u, int backlog) : domain_(dom)
+    verbs_listener(verbs_domain& dom, const uri& u, int backlog)
+        : owner_(dom.shared_from_this()), domain_(dom)
     {
         channel_.reset(rdma_create_event_channel());
         if (!channel_)
@@ -283,6 +285,7 @@ public:
     rdmx::backend backend() const noexcept override { return backend::verbs; }
 
 private:
+    std::shared_ptr<verbs_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
     verbs_domain& domain_;
     event_channel_ptr channel_; ///< destroyed after id_ (declared first)
     cm_id_ptr id_;

@@ -149,8 +149,8 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         st.private_data.assign(p, p + (p ? ev.param.conn.private_data_len : 0));
     };
     switch (ev.event) {
-    case RDMA_CM_EVENT_ADDR_RESOLVED: st.state = connection_state::addr_resolved; break;
-    case RDMA_CM_EVENT_ROUTE_RESOLVED: st.state = connection_state::route_resolved; break;
+    case RDMA_CM_EVENT_ADDR_RESOLVED: st.resolved = resolve_step::addr_resolved; break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: st.resolved = resolve_step::route_resolved; break;
     case RDMA_CM_EVENT_ESTABLISHED:
         // On the client this carries the accept's private data; on the server it is empty.
         if (ev.param.conn.private_data_len && st.private_data.empty())
@@ -356,6 +356,13 @@ void event_loop::wait_for(cm_state& st, connection_state target, const char* ver
 {
     wait_until(
         st, [&] { return st.state == target; }, verb, timeout);
+}
+
+void event_loop::wait_for(cm_state& st, resolve_step target, const char* verb,
+                          std::chrono::milliseconds timeout)
+{
+    wait_until(
+        st, [&] { return st.resolved == target; }, verb, timeout);
 }
 
 } // namespace rdmx::cm

@@ -22,11 +22,17 @@
 namespace rdmx::cm
 {
 
+/// The active side's resolution steps, as rdma_cm reports them. Internal: the public
+/// connection_state is `connecting` throughout (TCP has no such steps, and a user of either
+/// backend can do nothing with them).
+enum class resolve_step : std::uint8_t { none, addr_resolved, route_resolved };
+
 /// Connection-management state of one cm_id, written by the event thread.
 struct cm_state {
     std::mutex mutex;
     std::condition_variable changed;
-    connection_state state = connection_state::idle;
+    connection_state state = connection_state::connecting;
+    resolve_step resolved = resolve_step::none;
     std::error_code error;               ///< set with state == error
     std::string what;                    ///< the event and status that caused `error`
     std::vector<std::byte> private_data; ///< from CONNECT_RESPONSE / ESTABLISHED, or REJECTED
@@ -74,6 +80,9 @@ public:
     /// Waits until `st` reaches `target` (true), fails (throws rdmx::error naming `verb`
     /// and the event), or `timeout` passes (throws errc::timed_out).
     static void wait_for(cm_state& st, connection_state target, const char* verb,
+                         std::chrono::milliseconds timeout);
+    /// Active side: waits until rdma_cm reported step `target`, with wait_for's failure reporting.
+    static void wait_for(cm_state& st, resolve_step target, const char* verb,
                          std::chrono::milliseconds timeout);
     /// Active side: waits for CONNECT_RESPONSE, with wait_for's failure reporting.
     static void wait_for_response(cm_state& st, const char* verb, std::chrono::milliseconds timeout);

@@ -1,5 +1,12 @@
 // Internal: how domain::open reaches each backend. The verbs entry point is defined in
 // verbs/ when the rdma feature is on, and in lib/no_verbs.cpp when it is off.
+//
+// A backend's domain is shared: domain::open hands the application a handle (domain.cpp)
+// holding one reference, and each region, listener, request and connection made from it
+// holds another (shared_from_this), declared before whatever it must outlive. The domain's
+// resources (the TCP engine thread, the verbs PD and event thread) thus go with the last of
+// them, in any order of destruction. None of those references lives on a backend thread,
+// so a backend's destructor never runs on the thread it joins.
 #pragma once
 
 #include <chrono>
@@ -10,11 +17,15 @@
 namespace rdmx::detail
 {
 
-std::unique_ptr<domain> open_tcp_domain();
+std::shared_ptr<domain> open_tcp_domain();
 
 /// Opens the verbs domain of the device that `address` maps to. With `required` false,
 /// returns nullptr (instead of throwing errc::no_device) when no RDMA device serves it.
-std::unique_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
+std::shared_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
                                           bool required);
+
+/// The backend's domain behind a domain that domain::open returned (for tests that reach
+/// into a backend); any other domain is returned as it is.
+domain& backend_domain(domain& d) noexcept;
 
 } // namespace rdmx::detail

@@ -24,9 +24,6 @@ const char* to_string(opcode op) noexcept
 const char* to_string(connection_state s) noexcept
 {
     switch (s) {
-    case connection_state::idle: return "idle";
-    case connection_state::addr_resolved: return "addr_resolved";
-    case connection_state::route_resolved: return "route_resolved";
     case connection_state::connecting: return "connecting";
     case connection_state::established: return "established";
     case connection_state::disconnected: return "disconnected";

@@ -1,24 +1,71 @@
 // domain::open: the backend choice. rdma:// and tcp:// are explicit; auto:// asks rdma_cm
 // whether the address maps to an RDMA device and falls back to TCP when it does not.
+// What it returns is the application's handle on the backend's shared domain
+// (backends.hpp): destroying it gives up the application's reference only.
 #include <rdmx/connection.hpp>
 
 #include "backends.hpp"
 
 namespace rdmx
 {
+namespace
+{
+
+class domain_handle final : public domain
+{
+public:
+    explicit domain_handle(std::shared_ptr<domain> backend) noexcept : backend_(std::move(backend)) {}
+
+    domain& backend_domain() noexcept { return *backend_; }
+
+    rdmx::backend backend() const noexcept override { return backend_->backend(); }
+    const device_limits& limits() const noexcept override { return backend_->limits(); }
+    std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
+                                                   rdmx::access rights) override
+    {
+        return backend_->register_memory(addr, length, rights);
+    }
+    std::unique_ptr<listener> listen(std::string_view address, int backlog) override
+    {
+        return backend_->listen(address, backlog);
+    }
+    std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts,
+                                        std::span<const std::byte> private_data) override
+    {
+        return backend_->connect(address, opts, private_data);
+    }
+    ibv_context* native_context() const noexcept override { return backend_->native_context(); }
+    ibv_pd* native_pd() const noexcept override { return backend_->native_pd(); }
+
+private:
+    std::shared_ptr<domain> backend_;
+};
+
+std::unique_ptr<domain> handle(std::shared_ptr<domain> backend)
+{
+    return backend ? std::make_unique<domain_handle>(std::move(backend)) : nullptr;
+}
+
+} // namespace
 
 std::unique_ptr<domain> domain::open(std::string_view address, std::chrono::milliseconds timeout)
 {
     uri u = uri::parse(address);
     switch (u.scheme) {
-    case scheme::tcp: return detail::open_tcp_domain();
-    case scheme::rdma: return detail::open_verbs_domain(u, timeout, true);
+    case scheme::tcp: return handle(detail::open_tcp_domain());
+    case scheme::rdma: return handle(detail::open_verbs_domain(u, timeout, true));
     case scheme::automatic:
         if (auto d = detail::open_verbs_domain(u, timeout, false))
-            return d;
-        return detail::open_tcp_domain();
+            return handle(std::move(d));
+        return handle(detail::open_tcp_domain());
     }
     throw_error(errc::invalid_argument, "domain::open: unknown scheme");
+}
+
+domain& detail::backend_domain(domain& d) noexcept
+{
+    auto* h = dynamic_cast<domain_handle*>(&d);
+    return h ? h->backend_domain() : d;
 }
 
 } // namespace rdmx

@@ -4,7 +4,7 @@
 namespace rdmx::detail
 {
 
-std::unique_ptr<domain> open_verbs_domain(const uri&, std::chrono::milliseconds, bool required)
+std::shared_ptr<domain> open_verbs_domain(const uri&, std::chrono::milliseconds, bool required)
 {
     if (required)
         throw_error(errc::no_device, "rdmx was built without the verbs backend (meson -Drdma=enabled)");

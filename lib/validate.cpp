@@ -1,7 +1,39 @@
 #include "validate.hpp"
 
+#include <algorithm>
+#include <string>
+
 namespace rdmx::detail
 {
+
+connection_limits clamp_limits(const connection_options& opts, const device_limits& dev,
+                               std::uint32_t max_sge_per_wr) noexcept
+{
+    const std::uint32_t max_sge = std::min(dev.max_sge, max_sge_per_wr);
+    connection_limits l;
+    l.send_queue_depth = std::clamp<std::uint32_t>(opts.send_queue_depth, 1, dev.max_qp_wr);
+    l.recv_queue_depth = std::clamp<std::uint32_t>(opts.recv_queue_depth, 1, dev.max_qp_wr);
+    l.max_send_sge = std::clamp<std::uint32_t>(opts.max_send_sge, 1, max_sge);
+    l.max_recv_sge = std::clamp<std::uint32_t>(opts.max_recv_sge, 1, max_sge);
+    l.max_inline = std::min(opts.max_inline, dev.max_inline);
+    // One value is both the initiator depth and the responder resources.
+    l.max_rd_atomic = std::clamp<std::uint32_t>(opts.max_rd_atomic, 1,
+                                                std::min(dev.max_qp_rd_atom, dev.max_qp_init_rd_atom));
+    return l;
+}
+
+void check_private_data(private_data_use use, std::span<const std::byte> data, std::string_view verb)
+{
+    std::size_t limit = max_connect_private_data;
+    switch (use) {
+    case private_data_use::connect: limit = max_connect_private_data; break;
+    case private_data_use::accept: limit = max_accept_private_data; break;
+    case private_data_use::reject: limit = max_reject_private_data; break;
+    }
+    if (data.size() > limit)
+        throw_error(errc::invalid_argument,
+                    std::string(verb) + ": private data over " + std::to_string(limit) + " bytes");
+}
 
 std::chrono::microseconds rnr_delay(std::uint8_t code) noexcept
 {

@@ -1,11 +1,13 @@
-// Internal: the checks every backend runs on a work request before posting it, so that
-// both backends reject the same bad input with the same error code, before any byte moves.
+// Internal: the checks every backend runs on a work request before posting it, and on the
+// options and private data of a connection before setting it up, so that both backends
+// reject the same bad input with the same error code, before any byte moves.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <system_error>
 
 #include <rdmx/connection.hpp>
@@ -79,6 +81,19 @@ inline errc check_recv(const recv_request& wr, const void* owner, const connecti
 {
     return check_local(wr.local, owner, lim.max_recv_sge, true, total);
 }
+
+/// What a connection asks for (`opts`), clamped to what the device grants (`dev`: the
+/// domain's limits), and SGE lists to at most `max_sge_per_wr` (what a backend's prebuilt
+/// work requests hold, where that is less than the device allows). Set-up only.
+connection_limits clamp_limits(const connection_options& opts, const device_limits& dev,
+                               std::uint32_t max_sge_per_wr = UINT32_MAX) noexcept;
+
+/// The message private data travels with; each has its limit (max_*_private_data).
+enum class private_data_use : std::uint8_t { connect, accept, reject };
+/// Throws errc::invalid_argument, "`verb`: private data over N bytes", when `data` is
+/// longer than `use` allows. Called before anything is sent, so that a request whose
+/// accept or reject fails this check is still unanswered.
+void check_private_data(private_data_use use, std::span<const std::byte> data, std::string_view verb);
 
 /// The IBTA encoding of the RNR NAK timer (connection_options::min_rnr_timer) in time.
 std::chrono::microseconds rnr_delay(std::uint8_t code) noexcept;

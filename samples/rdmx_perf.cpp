@@ -131,8 +131,8 @@ struct options {
     std::string cpus;
     bool json = false;
     int timeout_ms = 10000;
-    std::uint32_t takeover_check_us = 1000; ///< connection_options::tcp_takeover_check
-    std::string congestion;                 ///< connection_options::tcp_congestion
+    std::uint32_t takeover_check_us = 1000; ///< connection_options::tcp.takeover_check
+    std::string congestion;                 ///< connection_options::tcp.congestion
 };
 
 std::size_t parse_size(const std::string& s)
@@ -626,8 +626,8 @@ rdmx::connection_options connection_opts(const options& o)
     c.recv_queue_depth = 2 * o.depth;
     c.max_inline = o.inline_max;
     c.timeout = std::chrono::milliseconds(o.timeout_ms);
-    c.tcp_takeover_check = std::chrono::microseconds(o.takeover_check_us);
-    c.tcp_congestion = o.congestion;
+    c.tcp.takeover_check = std::chrono::microseconds(o.takeover_check_us);
+    c.tcp.congestion = o.congestion;
     return c;
 }
 

@@ -914,6 +914,240 @@ TEST_P(conformance, bad_work_requests_are_rejected_before_posting)
     EXPECT_EQ(p.client->state(), connection_state::established);
 }
 
+// The states a user sees on a connection, in the order seen, each change once.
+class state_trace
+{
+public:
+    explicit state_trace(const connection& c) : c_(c) { look(); }
+    connection_state look()
+    {
+        auto s = c_.state();
+        if (seen_.empty() || seen_.back() != s)
+            seen_.push_back(s);
+        return s;
+    }
+    const std::vector<connection_state>& seen() const { return seen_; }
+    std::string str() const
+    {
+        std::string out;
+        for (auto s : seen_)
+            out += std::string(out.empty() ? "" : " -> ") + to_string(s);
+        return out;
+    }
+
+private:
+    const connection& c_;
+    std::vector<connection_state> seen_;
+};
+
+// Polls both sides (on verbs a polled completion may be how a side learns that its queue
+// pair failed) and looks at their states until `done` holds or 15 s passed, then 200 ms
+// more, so that a later change shows in the traces too.
+template <class Done> void watch(connection& a, state_trace& ta, connection& b, state_trace& tb, Done done)
+{
+    completion buf[8];
+    auto step = [&] {
+        a.poll(buf);
+        b.poll(buf);
+        ta.look();
+        tb.look();
+        std::this_thread::sleep_for(1ms);
+    };
+    auto deadline = std::chrono::steady_clock::now() + 15s;
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+        step();
+    for (auto settle = std::chrono::steady_clock::now() + 200ms; std::chrono::steady_clock::now() < settle;)
+        step();
+}
+
+using states = std::vector<connection_state>;
+
+TEST_P(conformance, users_see_established_then_disconnected_on_both_sides)
+{
+    // connect() and accept() return established connections only: the set-up steps
+    // (rdma_cm's resolution, the TCP handshake) are no state a user ever sees.
+    auto p = connect_pair();
+    state_trace client(*p.client), server(*p.server);
+    EXPECT_EQ(client.seen(), states{connection_state::established}) << client.str();
+    EXPECT_EQ(server.seen(), states{connection_state::established}) << server.str();
+    EXPECT_FALSE(p.client->last_error());
+    EXPECT_FALSE(p.server->last_error());
+    p.client->disconnect();
+    EXPECT_EQ(client.look(), connection_state::disconnected) << "disconnect() takes effect at once";
+    watch(*p.client, client, *p.server, server,
+          [&] { return p.server->state() != connection_state::established; });
+    const states expected{connection_state::established, connection_state::disconnected};
+    EXPECT_EQ(client.seen(), expected) << client.str();
+    EXPECT_EQ(server.seen(), expected) << "the peer's side: " << server.str();
+    EXPECT_EQ(p.client->last_error(), errc::disconnected) << p.client->last_error().message();
+    EXPECT_EQ(p.server->last_error(), errc::disconnected) << p.server->last_error().message();
+}
+
+TEST_P(conformance, users_see_established_then_error_after_a_failure)
+{
+    auto p = connect_pair();
+    state_trace client(*p.client), server(*p.server);
+    std::vector<std::byte> target(128, std::byte{1}), src(128, std::byte{9});
+    auto tmr = server_dom_->register_memory(target.data(), target.size(), access::remote_read);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    sge s{smr.get(), 0, 128};
+    ASSERT_FALSE(p.client->post_write({&s, 1}, tmr->remote(), 1)); // into read-only memory
+    // The side that detects the violation fails: the initiator through its error completion,
+    // on iWARP the target (which tears the connection down instead, see expect_torn_down).
+    connection& failing = iwarp() ? *p.server : *p.client;
+    state_trace& trace = iwarp() ? server : client;
+    watch(*p.client, client, *p.server, server,
+          [&] { return failing.state() != connection_state::established; });
+    if (iwarp()) {
+        // A teardown may show as a disconnect first; the cause then follows as error.
+        ASSERT_FALSE(trace.seen().empty());
+        EXPECT_EQ(trace.seen().front(), connection_state::established) << trace.str();
+        EXPECT_EQ(trace.seen().back(), connection_state::error) << trace.str();
+        EXPECT_LE(trace.seen().size(), 3u) << trace.str();
+    } else {
+        EXPECT_EQ(trace.seen(), (states{connection_state::established, connection_state::error}))
+            << trace.str();
+    }
+    EXPECT_EQ(failing.last_error(), errc::remote_access) << failing.last_error().message();
+    // Neither side shows a set-up state, nor comes back once it left established.
+    for (const state_trace* t : {&client, &server}) {
+        EXPECT_EQ(t->seen().front(), connection_state::established) << t->str();
+        EXPECT_EQ(std::count(t->seen().begin(), t->seen().end(), connection_state::established), 1)
+            << t->str();
+        EXPECT_EQ(std::count(t->seen().begin(), t->seen().end(), connection_state::connecting), 0)
+            << t->str();
+    }
+}
+
+TEST_P(conformance, private_data_over_its_limit_is_refused_and_at_the_limit_arrives)
+{
+    // The limits are rdma_cm's over RC (connection.hpp); both backends check them before
+    // anything is sent, so a request whose accept or reject was refused is still unanswered.
+    const std::vector<std::byte> connect_max(max_connect_private_data, std::byte{1});
+    const std::vector<std::byte> accept_max(max_accept_private_data, std::byte{2});
+    const std::vector<std::byte> reject_max(max_reject_private_data, std::byte{3});
+    auto over = [](std::vector<std::byte> v) {
+        v.push_back(std::byte{4});
+        return v;
+    };
+    auto refused = [](const char* what, auto&& call) {
+        try {
+            call();
+            ADD_FAILURE() << what << " took private data over its limit";
+        } catch (const rdmx::error& e) {
+            EXPECT_EQ(e.code(), errc::invalid_argument) << what << ": " << e.what();
+        }
+    };
+    auto prefix = [](std::span<const std::byte> got, const std::vector<std::byte>& sent) {
+        // rdma_cm may pad private data; the prefix is what was sent.
+        return got.size() >= sent.size() && std::equal(sent.begin(), sent.end(), got.begin());
+    };
+    refused("connect", [&] { client_dom_->connect(server_address(), {}, over(connect_max)); });
+    EXPECT_EQ(listener_->get_request(200ms), nullptr) << "a refused connect reached the listener";
+
+    auto accepter = std::async(std::launch::async, [&]() -> std::unique_ptr<connection> {
+        auto req = listener_->get_request(10s);
+        if (!req)
+            return nullptr;
+        EXPECT_TRUE(prefix(req->private_data(), connect_max));
+        refused("accept", [&] { req->accept({}, over(accept_max)); });
+        return req->accept({}, accept_max);
+    });
+    auto client = client_dom_->connect(server_address(), {}, connect_max);
+    auto server = accepter.get();
+    ASSERT_NE(server, nullptr);
+    EXPECT_TRUE(prefix(client->peer_private_data(), accept_max));
+    EXPECT_TRUE(prefix(server->peer_private_data(), connect_max));
+
+    auto rejecter = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(10s);
+        ASSERT_NE(req, nullptr);
+        refused("reject", [&] { req->reject(over(reject_max)); });
+        req->reject(reject_max);
+    });
+    try {
+        client_dom_->connect(server_address());
+        ADD_FAILURE() << "connect succeeded although the server rejected";
+    } catch (const rdmx::error& e) {
+        EXPECT_EQ(e.code(), errc::rejected) << e.what();
+        EXPECT_TRUE(prefix(e.private_data(), reject_max));
+    }
+    rejecter.get();
+}
+
+TEST_P(conformance, domains_may_go_before_their_connections_listeners_and_regions)
+{
+    // Everything made from a domain keeps the domain's resources alive (its PD, device
+    // context and event thread; the TCP engine thread and region table): the application
+    // may destroy the domain first and go on using what it made, then destroy that in any
+    // order. Under ASan this also shows that nothing is used after it was freed or leaked.
+    auto p = connect_pair();
+    constexpr std::size_t size = 4096;
+    std::vector<std::byte> src = pattern(size, 7), dst(size), back(size);
+    auto smr = client_dom_->register_memory(src.data(), size, access::local_write);
+    auto bmr = client_dom_->register_memory(back.data(), size, access::local_write);
+    auto dmr = server_dom_->register_memory(dst.data(), size,
+                                            access::local_write | access::remote_write | access::remote_read);
+    const auto limits = p.client->limits();
+    client_dom_.reset();
+    server_dom_.reset();
+
+    // The connections still move data: a send, a write, a read.
+    sge r{dmr.get(), 0, size};
+    ASSERT_FALSE(p.server->post_recv({&r, 1}, 1));
+    sge s{smr.get(), 0, size};
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 2));
+    expect_ok(*p.client, 1);
+    expect_ok(*p.server, 1);
+    EXPECT_EQ(dst, src);
+    sge w{smr.get(), 0, size / 2};
+    ASSERT_FALSE(p.client->post_write({&w, 1}, dmr->remote(size / 2), 3));
+    expect_ok(*p.client, 1);
+    sge rd{bmr.get(), 0, size};
+    ASSERT_FALSE(p.client->post_read({&rd, 1}, dmr->remote(), 4));
+    expect_ok(*p.client, 1);
+    EXPECT_TRUE(std::equal(back.begin(), back.begin() + size / 2, src.begin()));
+    EXPECT_TRUE(std::equal(back.begin() + size / 2, back.end(), src.begin()));
+    EXPECT_EQ(p.client->limits().send_queue_depth, limits.send_queue_depth);
+
+    // The listener still takes and accepts requests, from a domain opened now.
+    auto other = domain::open(address(b_, 0));
+    auto accepted = std::async(std::launch::async, [&]() -> std::unique_ptr<connection> {
+        auto req = listener_->get_request(10s);
+        return req ? req->accept() : nullptr;
+    });
+    auto c2 = other->connect(server_address());
+    auto s2 = accepted.get();
+    ASSERT_NE(s2, nullptr);
+    EXPECT_EQ(c2->state(), connection_state::established);
+    EXPECT_EQ(s2->state(), connection_state::established);
+    // A request taken while the listener's domain is gone, and dropped after its listener.
+    auto dropped = std::async(std::launch::async, [&]() -> std::error_code {
+        try {
+            other->connect(server_address());
+            return {};
+        } catch (const rdmx::error& e) {
+            return e.code();
+        }
+    });
+    auto req = listener_->get_request(10s);
+    EXPECT_NE(req, nullptr);
+
+    // Now the rest, in an order that frees a region under a live connection and the
+    // listener before the request and the connections it made.
+    listener_.reset();
+    smr.reset();
+    p.server.reset();
+    req.reset();
+    EXPECT_EQ(dropped.get(), errc::rejected) << "a dropped request rejects its client";
+    s2.reset();
+    dmr.reset();
+    p.client.reset();
+    bmr.reset();
+    other.reset();
+    c2.reset();
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, conformance, testing::ValuesIn(selected_backends()), param_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(conformance);
 

@@ -6,32 +6,15 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "validate.hpp"
 #include "verbs/verbs_domain.hpp"
 
 namespace rdmx::verbs
 {
 
-namespace
-{
-
-/// What this connection asks for, clamped to what the device has.
-connection_limits clamp_limits(const device_limits& dev, const connection_options& opts) noexcept
-{
-    connection_limits l;
-    l.send_queue_depth = std::clamp<std::uint32_t>(opts.send_queue_depth, 1, dev.max_qp_wr);
-    l.recv_queue_depth = std::clamp<std::uint32_t>(opts.recv_queue_depth, 1, dev.max_qp_wr);
-    l.max_send_sge = std::clamp<std::uint32_t>(opts.max_send_sge, 1, std::min(dev.max_sge, max_sge_per_wr));
-    l.max_recv_sge = std::clamp<std::uint32_t>(opts.max_recv_sge, 1, std::min(dev.max_sge, max_sge_per_wr));
-    l.max_inline = std::min(opts.max_inline, dev.max_inline);
-    l.max_rd_atomic = std::clamp<std::uint32_t>(opts.max_rd_atomic, 1,
-                                                std::min(dev.max_qp_rd_atom, dev.max_qp_init_rd_atom));
-    return l;
-}
-
-} // namespace
-
 verbs_connection::verbs_connection(verbs_domain& dom, const connection_options& opts)
-    : domain_(dom), opts_(opts), limits_(clamp_limits(dom.limits(), opts)), send_wrs_(limits_.max_send_sge),
+    : owner_(dom.shared_from_this()), domain_(dom), opts_(opts),
+      limits_(detail::clamp_limits(opts, dom.limits(), max_sge_per_wr)), send_wrs_(limits_.max_send_sge),
       recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
 {
     const std::uint32_t sge_rd = dom.limits().max_sge_rd;

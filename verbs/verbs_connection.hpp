@@ -79,6 +79,7 @@ private:
     }
     rdma_conn_param conn_param(std::span<const std::byte> private_data) const noexcept;
 
+    std::shared_ptr<verbs_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
     verbs_domain& domain_;
     connection_options opts_;
     connection_limits limits_;

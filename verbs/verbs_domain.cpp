@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backends.hpp"
+#include "validate.hpp"
 #include "verbs/verbs_connection.hpp"
 
 namespace rdmx::verbs
@@ -33,15 +34,16 @@ namespace
 class verbs_region final : public memory_region
 {
 public:
-    verbs_region(const void* owner, mr_ptr mr, rdmx::access acc)
-        : memory_region(owner, backend::verbs, static_cast<std::byte*>(mr->addr), mr->length, acc, mr->lkey,
-                        mr->rkey),
-          mr_(std::move(mr))
+    verbs_region(std::shared_ptr<const verbs_domain> dom, mr_ptr mr, rdmx::access acc)
+        : memory_region(dom.get(), backend::verbs, static_cast<std::byte*>(mr->addr), mr->length, acc,
+                        mr->lkey, mr->rkey),
+          dom_(std::move(dom)), mr_(std::move(mr))
     {
     }
     ibv_mr* native() const noexcept override { return mr_.get(); }
 
 private:
+    std::shared_ptr<const verbs_domain> dom_; ///< its PD; declared first: the MR goes before it
     mr_ptr mr_;
 };
 
@@ -126,7 +128,7 @@ std::unique_ptr<memory_region> verbs_domain::register_memory(void* addr, std::si
         throw_errno(errno, "ibv_reg_mr");
     if (any(rights & access::remote_write))
         rights = rights | access::local_write;
-    return std::make_unique<verbs_region>(this, std::move(mr), rights);
+    return std::make_unique<verbs_region>(shared_from_this(), std::move(mr), rights);
 }
 
 std::unique_ptr<connection> verbs_domain::connect(std::string_view address, const connection_options& opts,
@@ -135,8 +137,7 @@ std::unique_ptr<connection> verbs_domain::connect(std::string_view address, cons
     uri u = uri::parse(address);
     if (u.scheme == scheme::tcp)
         throw_error(errc::invalid_argument, "connect: tcp:// address on a verbs domain");
-    if (private_data.size() > max_connect_private_data)
-        throw_error(errc::invalid_argument, "rdma_connect: private data over 56 bytes");
+    detail::check_private_data(detail::private_data_use::connect, private_data, "rdma_connect");
     auto c = std::make_unique<verbs_connection>(*this, opts);
     c->connect(u, private_data);
     return c;
@@ -147,11 +148,11 @@ std::unique_ptr<connection> verbs_domain::connect(std::string_view address, cons
 namespace rdmx::detail
 {
 
-std::unique_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
+std::shared_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
                                           bool required)
 {
     using namespace rdmx::verbs;
-    auto no_device = [&](const std::string& why) -> std::unique_ptr<domain> {
+    auto no_device = [&](const std::string& why) -> std::shared_ptr<domain> {
         if (required)
             throw error(make_error_code(errc::no_device), "rdma://" + address.host + ": " + why);
         return nullptr;
@@ -185,7 +186,7 @@ std::unique_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milli
     if (type != RDMA_CM_EVENT_ADDR_RESOLVED || id->verbs == nullptr)
         return no_device(std::string("rdma_resolve_addr: ") + cm::event_name(type) + " (status " +
                          std::to_string(status) + ")");
-    return std::make_unique<verbs_domain>(std::move(channel), std::move(id));
+    return std::make_shared<verbs_domain>(std::move(channel), std::move(id));
 }
 
 } // namespace rdmx::detail

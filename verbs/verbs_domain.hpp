@@ -10,7 +10,9 @@
 namespace rdmx::verbs
 {
 
-class verbs_domain final : public domain
+/// Shared by the regions, listeners, requests and connections made from it (each holds
+/// shared_from_this()), so that the PD, the device context and the event loop outlive them.
+class verbs_domain final : public domain, public std::enable_shared_from_this<verbs_domain>
 {
 public:
     /// `probe_channel`/`probe_id` resolved the address to the device; we keep them, since

@@ -88,7 +88,10 @@ struct completion {
 };
 
 /// Queue sizes and protocol knobs of one connection. Requests beyond the device's limits
-/// are clamped; the values in effect are in `connection::limits()`.
+/// are clamped; the values in effect are in `connection::limits()`. The fields at the top
+/// mean the same on both backends; settings that only one backend has live in a struct of
+/// their own (`tcp`), which the other backend ignores. No setting is verbs-only: each verbs
+/// knob here has a TCP meaning too.
 struct connection_options {
     std::uint32_t send_queue_depth = 128;
     std::uint32_t recv_queue_depth = 128;
@@ -117,25 +120,29 @@ struct connection_options {
     std::uint8_t min_rnr_timer = 12;
     /// Bound on each connection-management step (resolve, connect, accept).
     std::chrono::milliseconds timeout{5000};
-    /// TCP: how often the engine checks whether an application that busy-polls (and so
-    /// reads and writes the socket in its own post() and poll() calls) has stopped calling;
-    /// it then takes the socket back and serves one-sided requests and pending transfers
-    /// without the application, at most about two checks after the last call. Each check
-    /// wakes the engine thread, on the application's CPU when the two share one: on
-    /// loopback here, at 1 ms a busy-polling ping-pong's 99th percentile was 23-33 us
-    /// against a median of about 4 us, at 8 ms mostly 8-13 us. Clamped to 100 us .. 1 s.
-    /// verbs: unused.
-    std::chrono::microseconds tcp_takeover_check{1000};
-    /// TCP: the congestion control algorithm of this side's socket (TCP_CONGESTION, as in
-    /// /proc/sys/net/ipv4/tcp_available_congestion_control: "cubic", "reno", "bbr", ...);
-    /// each side sets its own, which governs what it sends. Empty (the default) keeps the
-    /// system's (net.ipv4.tcp_congestion_control). One the kernel does not have, or does not
-    /// allow an unprivileged process, fails connect() / accept() with the errno of
-    /// setsockopt (ENOENT, EPERM); one over 15 bytes (the kernel's limit) with
-    /// errc::invalid_argument. On loopback here the system's bbr ran iperf3 at 3.7-4.4
-    /// GB/s with hundreds of retransmissions per 2 s, cubic at 7.7-8.5 GB/s with none or
-    /// almost none. verbs: unused.
-    std::string tcp_congestion;
+
+    /// Settings of the TCP backend alone; the verbs backend ignores them.
+    struct tcp_options {
+        /// How often the engine checks whether an application that busy-polls (and so
+        /// reads and writes the socket in its own post() and poll() calls) has stopped
+        /// calling; it then takes the socket back and serves one-sided requests and
+        /// pending transfers without the application, at most about two checks after the
+        /// last call. Each check wakes the engine thread, on the application's CPU when the
+        /// two share one: a shorter interval hands the socket back to the engine sooner, a
+        /// longer one disturbs a busy-polling application less (docs/tuning.md).
+        /// Clamped to 100 us .. 1 s.
+        std::chrono::microseconds takeover_check{1000};
+        /// The congestion control algorithm of this side's socket (TCP_CONGESTION, as in
+        /// /proc/sys/net/ipv4/tcp_available_congestion_control: "cubic", "reno", "bbr",
+        /// ...); each side sets its own, which governs what it sends. For a system whose
+        /// default suits its other traffic but not this link (docs/tuning.md). Empty (the
+        /// default) keeps the system's (net.ipv4.tcp_congestion_control). One the kernel
+        /// does not have, or does not allow an unprivileged process, fails connect() /
+        /// accept() with the errno of setsockopt (ENOENT, EPERM); one over 15 bytes (the
+        /// kernel's limit) with errc::invalid_argument.
+        std::string congestion;
+    };
+    tcp_options tcp;
 };
 
 /// Limits in effect for a connection (after clamping to the device).
@@ -156,14 +163,20 @@ struct native_handles {
     ibv_cq* cq = nullptr;
 };
 
+/// What a connection's user can act on, the same on both backends. connect() and accept()
+/// return a connection only once it is established and throw otherwise (a failed set-up
+/// step is that exception), so an application sees `established` first and then, when the
+/// connection ends, `disconnected` or `error`. The steps of setting up (rdma_cm's address
+/// and route resolution on verbs, the handshake on TCP) differ between the backends and
+/// leave the caller nothing to do: they are all `connecting`, which no connection that
+/// connect() or accept() returned is in. `error` is final; `disconnected` is final after a
+/// disconnect() of this side, while one the peer or the network caused may still become
+/// `error` when its cause arrives later (verbs: an asynchronous event of the device).
 enum class connection_state : std::uint8_t {
-    idle,           ///< created, nothing resolved yet
-    addr_resolved,  ///< rdma_resolve_addr done
-    route_resolved, ///< rdma_resolve_route done
-    connecting,     ///< connect/accept sent, waiting for ESTABLISHED
-    established,
+    connecting,   ///< being set up (internal to connect() and accept())
+    established,  ///< post and poll
     disconnected, ///< either side disconnected; posted work is flushed
-    error,        ///< failed; posted work is flushed
+    error,        ///< failed (last_error() says why); posted work is flushed
 };
 const char* to_string(connection_state s) noexcept;
 
@@ -171,7 +184,8 @@ const char* to_string(connection_state s) noexcept;
 /// Data-path calls are noexcept and thread-compatible (one thread posts and polls).
 /// Destroying it disconnects; on TCP the engine still sends the peer what this side owed
 /// it (read responses, a NAK) and closes the socket afterwards, within
-/// ack_timeout * (retry_count + 1), at least 1 s (docs/wire-format.md section 6).
+/// ack_timeout * (retry_count + 1), at least 1 s (docs/wire-format.md section 6), as long
+/// as the engine runs (see domain: it stops with the last object of its domain).
 class connection
 {
 public:
@@ -321,7 +335,15 @@ inline constexpr std::size_t max_accept_private_data = 196;
 inline constexpr std::size_t max_reject_private_data = 148;
 
 /// A protection domain on one device (verbs) or one TCP progress engine: registers
-/// memory, listens and connects. Regions and connections must not outlive it.
+/// memory, listens and connects.
+///
+/// Lifetimes: connections, listeners, connection requests and memory regions keep what
+/// they need of their domain alive (the verbs PD, device context and rdma_cm event thread;
+/// the TCP engine thread and its region table), so they and the domain may be destroyed in
+/// any order. Destroying the domain object only gives up the application's share: the
+/// backend's resources, its thread included, go with the last object made from it. Work
+/// the TCP engine still owed a peer after its connection was destroyed (read responses, a
+/// NAK, the close) is dropped at that point.
 class domain
 {
 public:

@@ -59,7 +59,8 @@ struct remote_buffer {
 };
 
 /// A registered memory region. Created by `domain::register_memory`; deregistered (and
-/// remote access revoked at once) when destroyed. Must not outlive its domain.
+/// remote access revoked at once) when destroyed. May outlive the domain object that
+/// registered it: it keeps what it needs of the domain alive (see rdmx::domain).
 class memory_region
 {
 public:

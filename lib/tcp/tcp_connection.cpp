@@ -92,7 +92,7 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
       resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
       takeover_check_(std::clamp<std::chrono::microseconds>(
-          opts.tcp_takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
+          opts.tcp.takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
       standdown_timer_(dom.io()), tx_check_timer_(dom.io()), linger_timer_(dom.io()),
       // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
       // least, doubling) on a lossy link would look like a dead peer.
@@ -1567,8 +1567,9 @@ void conn_state::on_nak(std::uint64_t seq, nak_code code) noexcept
 
 // ---------------------------------------------------------------------------------------
 
-tcp_connection::tcp_connection(std::shared_ptr<conn_state> st, std::vector<std::byte> peer_private_data)
-    : st_(std::move(st)), peer_pdata_(std::move(peer_private_data))
+tcp_connection::tcp_connection(std::shared_ptr<tcp_domain> dom, std::shared_ptr<conn_state> st,
+                               std::vector<std::byte> peer_private_data)
+    : dom_(std::move(dom)), st_(std::move(st)), peer_pdata_(std::move(peer_private_data))
 {
 }
 
@@ -1582,7 +1583,7 @@ std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const
                                             std::vector<std::byte> peer_private_data)
 {
     auto st = std::make_shared<conn_state>(dom, std::move(fd), lim, opts, peer_max_rd);
-    auto conn = std::make_unique<tcp_connection>(st, std::move(peer_private_data));
+    auto conn = std::make_unique<tcp_connection>(dom.shared_from_this(), st, std::move(peer_private_data));
     st->start();
     return conn;
 }

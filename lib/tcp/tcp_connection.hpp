@@ -75,7 +75,7 @@ private:
     // pending) and the data that woke it already read by the application or the
     // application polling right then (a poll() within `busy_poll_window`), and takes the
     // socket back from request_notify(), when it must wait for writability, or when a check
-    // every `takeover_check_` (connection_options::tcp_takeover_check) finds that the
+    // every `takeover_check_` (connection_options::tcp_options::takeover_check) finds that the
     // application stopped calling post() and poll():
     // one-sided requests are then served again without the application, at most about two
     // checks late. While stood down, post() reads too, at most every `app_rx_interval`, so
@@ -335,7 +335,7 @@ private:
     handler_memory hmem_;
     asio::posix::stream_descriptor desc_; ///< engine thread only: readiness waits and close
     asio::steady_timer rnr_timer_;
-    /// The stand-down and transmit checks' interval (connection_options::tcp_takeover_check).
+    /// The stand-down and transmit checks' interval (connection_options::tcp_options::takeover_check).
     const std::chrono::microseconds takeover_check_;
     asio::steady_timer standdown_timer_;
     asio::steady_timer tx_check_timer_; ///< app_keeps_tx() outside a stand-down
@@ -355,7 +355,8 @@ private:
 class tcp_connection final : public connection
 {
 public:
-    tcp_connection(std::shared_ptr<conn_state> st, std::vector<std::byte> peer_private_data);
+    tcp_connection(std::shared_ptr<tcp_domain> dom, std::shared_ptr<conn_state> st,
+                   std::vector<std::byte> peer_private_data);
     ~tcp_connection() override;
 
     rdmx::backend backend() const noexcept override { return backend::tcp; }
@@ -383,6 +384,9 @@ public:
     void disconnect() noexcept override { st_->disconnect(); }
 
 private:
+    /// Keeps the engine that st_ runs on (and the regions it reaches) alive; declared
+    /// first, so it goes after st_ was handed to the engine to linger.
+    std::shared_ptr<tcp_domain> dom_;
     std::shared_ptr<conn_state> st_;
     std::vector<std::byte> peer_pdata_;
 };

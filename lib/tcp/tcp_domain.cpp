@@ -29,19 +29,19 @@ constexpr std::uint32_t max_rd_atomic = 128;
 class tcp_region final : public memory_region
 {
 public:
-    tcp_region(tcp_domain& dom, region_state* st, std::byte* data, std::size_t size, rdmx::access acc,
-               std::uint64_t key) noexcept
-        : memory_region(dom.owner(), backend::tcp, data, size, acc, 0, key), dom_(dom), st_(st),
+    tcp_region(std::shared_ptr<tcp_domain> dom, region_state* st, std::byte* data, std::size_t size,
+               rdmx::access acc, std::uint64_t key) noexcept
+        : memory_region(dom->owner(), backend::tcp, data, size, acc, 0, key), dom_(std::move(dom)), st_(st),
           tag_(st->tag.load())
     {
     }
-    ~tcp_region() override { dom_.deregister(st_); }
+    ~tcp_region() override { dom_->deregister(st_); }
 
     region_state* state() const noexcept { return st_; }
     std::uint64_t tag() const noexcept { return tag_; }
 
 private:
-    tcp_domain& dom_;
+    std::shared_ptr<tcp_domain> dom_; ///< its region pool holds st_
     region_state* st_;
     std::uint64_t tag_;
 };
@@ -67,19 +67,23 @@ seg region_seg(const memory_region& mr, std::size_t offset, std::size_t length) 
     return {r.state(), r.tag(), r.data() + offset, length};
 }
 
-connection_limits clamp_limits(const connection_options& o) noexcept
+std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t max_rd_atomic,
+                                            std::span<const std::byte> private_data,
+                                            std::span<std::byte, handshake::reply_size> out,
+                                            std::string_view verb)
 {
-    auto clamp = [](std::uint32_t v, std::uint32_t lo, std::uint32_t hi) {
-        return v < lo ? lo : v > hi ? hi : v;
-    };
-    connection_limits l;
-    l.send_queue_depth = clamp(o.send_queue_depth, 1, max_depth);
-    l.recv_queue_depth = clamp(o.recv_queue_depth, 1, max_depth);
-    l.max_send_sge = clamp(o.max_send_sge, 1, max_sge);
-    l.max_recv_sge = clamp(o.max_recv_sge, 1, max_sge);
-    l.max_inline = clamp(o.max_inline, 0, max_inline);
-    l.max_rd_atomic = clamp(o.max_rd_atomic, 1, max_rd_atomic);
-    return l;
+    using detail::private_data_use;
+    detail::check_private_data(type == handshake_type::hello    ? private_data_use::connect
+                               : type == handshake_type::accept ? private_data_use::accept
+                                                                : private_data_use::reject,
+                               private_data, verb);
+    handshake h;
+    h.type = type;
+    h.max_rd_atomic = max_rd_atomic;
+    h.private_data_len = static_cast<std::uint8_t>(private_data.size());
+    std::copy(private_data.begin(), private_data.end(), h.private_data.begin());
+    h.encode(out.data());
+    return out.first(h.wire_size());
 }
 
 tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_))
@@ -141,7 +145,8 @@ std::unique_ptr<memory_region> tcp_domain::register_memory(void* addr, std::size
     st->tag.store((((st->tag.load() >> 1) + 1) << 1) | 1);
     keys_.emplace(key, st);
     try {
-        return std::make_unique<tcp_region>(*this, st, static_cast<std::byte*>(addr), length, rights, key);
+        return std::make_unique<tcp_region>(shared_from_this(), st, static_cast<std::byte*>(addr), length,
+                                            rights, key);
     } catch (...) {
         keys_.erase(key);
         st->tag.store(st->tag.load() & ~std::uint64_t{1});
@@ -185,7 +190,7 @@ bool tcp_domain::find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_
 
 std::unique_ptr<listener> tcp_domain::listen(std::string_view address, int backlog)
 {
-    return make_listener(*this, address, backlog);
+    return make_listener(shared_from_this(), address, backlog);
 }
 
 std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const connection_options& opts,
@@ -195,22 +200,15 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     std::string what = "connect " + std::string(address);
     if (u.scheme == scheme::rdma)
         throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
-    if (private_data.size() > max_connect_private_data)
-        throw_error(errc::invalid_argument, what + ": private data over 56 bytes");
-    connection_limits lim = clamp_limits(opts);
+    connection_limits lim = detail::clamp_limits(opts, limits_);
+    std::byte buf[handshake::reply_size];
+    auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
 
     unique_fd fd = connect_socket(u, clock::now() + opts.timeout, what);
-    set_congestion_control(fd.get(), opts.tcp_congestion); // before the peer hears of us
+    set_congestion_control(fd.get(), opts.tcp.congestion); // before the peer hears of us
 
-    handshake hello;
-    hello.type = handshake_type::hello;
-    hello.max_rd_atomic = lim.max_rd_atomic;
-    hello.private_data_len = static_cast<std::uint8_t>(private_data.size());
-    std::copy(private_data.begin(), private_data.end(), hello.private_data.begin());
-    std::byte buf[handshake::reply_size];
-    hello.encode(buf);
     auto deadline = clock::now() + opts.timeout;
-    send_exact(fd.get(), {buf, handshake::hello_size}, deadline, what + " (hello)");
+    send_exact(fd.get(), hello, deadline, what + " (hello)");
     if (!recv_exact(fd.get(), {buf, handshake::reply_size}, deadline, what + " (waiting for accept)"))
         throw error(make_error_code(errc::rejected), what + ": the listener closed the connection");
     auto reply = handshake::decode({buf, handshake::reply_size}, false);
@@ -228,9 +226,9 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
 
 } // namespace tcp
 
-std::unique_ptr<domain> detail::open_tcp_domain()
+std::shared_ptr<domain> detail::open_tcp_domain()
 {
-    return std::make_unique<tcp::tcp_domain>();
+    return std::make_shared<tcp::tcp_domain>();
 }
 
 } // namespace rdmx

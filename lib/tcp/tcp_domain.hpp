@@ -1,5 +1,7 @@
 // The TCP domain: one progress engine (an io_context on one thread) and the table of
-// registered regions that peers reach by key.
+// registered regions that peers reach by key. It is shared (enable_shared_from_this): every
+// region, listener, request and connection made from it holds it, so that it and its
+// engine thread go with the last of them, whatever the order (rdmx::domain).
 #pragma once
 
 #include <atomic>
@@ -16,6 +18,8 @@
 #include <boost/asio/io_context.hpp>
 
 #include <rdmx/connection.hpp>
+
+#include "tcp/tcp_wire.hpp"
 
 namespace rdmx::tcp
 {
@@ -62,7 +66,7 @@ struct seg {
     std::uint64_t len = 0;
 };
 
-class tcp_domain final : public domain
+class tcp_domain final : public domain, public std::enable_shared_from_this<tcp_domain>
 {
 public:
     tcp_domain();
@@ -107,12 +111,18 @@ private:
 seg region_seg(const memory_region& mr, std::size_t offset, std::size_t length) noexcept;
 
 /// Listening side, in tcp_listener.cpp.
-std::unique_ptr<listener> make_listener(tcp_domain& dom, std::string_view address, int backlog);
+std::unique_ptr<listener> make_listener(std::shared_ptr<tcp_domain> dom, std::string_view address,
+                                        int backlog);
 /// Times a listener of this process paused accepting because accept4 found no descriptor
 /// or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM); for tests.
 std::uint64_t listener_accept_pauses() noexcept;
 
-/// Clamps requested options to what this backend grants.
-connection_limits clamp_limits(const connection_options& opts) noexcept;
+/// The handshake message of `type` with this side's read depth and `private_data`, encoded
+/// into `out`; returns the bytes to send. Throws errc::invalid_argument naming `verb` when
+/// the private data is over the limit of the message (detail::check_private_data).
+std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t max_rd_atomic,
+                                            std::span<const std::byte> private_data,
+                                            std::span<std::byte, handshake::reply_size> out,
+                                            std::string_view verb);
 
 } // namespace rdmx::tcp

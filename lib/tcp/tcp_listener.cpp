@@ -24,6 +24,7 @@
 #include "tcp/tcp_log.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
+#include "validate.hpp"
 
 namespace rdmx::tcp
 {
@@ -58,8 +59,8 @@ std::uint64_t source_of(const sockaddr_storage& sa) noexcept
 class tcp_request final : public connection_request
 {
 public:
-    tcp_request(tcp_domain& dom, unique_fd fd, const handshake& hello)
-        : dom_(dom), fd_(std::move(fd)), hello_(hello)
+    tcp_request(std::shared_ptr<tcp_domain> dom, unique_fd fd, const handshake& hello)
+        : dom_(std::move(dom)), fd_(std::move(fd)), hello_(hello)
     {
     }
     // Destroyed without accept/reject: the socket closes, the client's connect fails with
@@ -72,25 +73,18 @@ public:
     {
         if (!fd_)
             throw_error(errc::invalid_argument, "accept: request already answered");
-        if (private_data.size() > max_accept_private_data)
-            throw_error(errc::invalid_argument, "accept: private data over 196 bytes");
-        connection_limits lim = clamp_limits(opts);
-        // A failure leaves the request unanswered: the client is rejected.
-        set_congestion_control(fd_.get(), opts.tcp_congestion);
-        handshake reply;
-        reply.type = handshake_type::accept;
-        reply.max_rd_atomic = lim.max_rd_atomic;
-        reply.private_data_len = static_cast<std::uint8_t>(private_data.size());
-        std::copy(private_data.begin(), private_data.end(), reply.private_data.begin());
+        connection_limits lim = detail::clamp_limits(opts, dom_->limits());
         std::byte buf[handshake::reply_size];
-        reply.encode(buf);
+        auto reply = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
+        // A failure leaves the request unanswered: the client is rejected.
+        set_congestion_control(fd_.get(), opts.tcp.congestion);
         // Build the rings before answering, so that an allocation failure rejects (by
         // closing) rather than leaving the client with a connection nobody serves.
         int fd = fd_.get();
-        auto st = std::make_shared<conn_state>(dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic);
+        auto st = std::make_shared<conn_state>(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic);
         auto conn = std::make_unique<tcp_connection>(
-            st, std::vector<std::byte>(hello_.data().begin(), hello_.data().end()));
-        send_exact(fd, buf, clock::now() + opts.timeout, "accept (reply)");
+            dom_, st, std::vector<std::byte>(hello_.data().begin(), hello_.data().end()));
+        send_exact(fd, reply, clock::now() + opts.timeout, "accept (reply)");
         st->start();
         return conn;
     }
@@ -99,20 +93,14 @@ public:
     {
         if (!fd_)
             throw_error(errc::invalid_argument, "reject: request already answered");
-        if (private_data.size() > max_reject_private_data)
-            throw_error(errc::invalid_argument, "reject: private data over 148 bytes");
-        handshake reply;
-        reply.type = handshake_type::reject;
-        reply.private_data_len = static_cast<std::uint8_t>(private_data.size());
-        std::copy(private_data.begin(), private_data.end(), reply.private_data.begin());
         std::byte buf[handshake::reply_size];
-        reply.encode(buf);
+        auto reply = encode_handshake(handshake_type::reject, 0, private_data, buf, "reject");
         unique_fd fd = std::move(fd_);
-        send_exact(fd.get(), buf, clock::now() + std::chrono::seconds(2), "reject (reply)");
+        send_exact(fd.get(), reply, clock::now() + std::chrono::seconds(2), "reject (reply)");
     }
 
 private:
-    tcp_domain& dom_;
+    std::shared_ptr<tcp_domain> dom_; ///< the connection made here runs on its engine
     unique_fd fd_;
     handshake hello_;
 };
@@ -120,8 +108,8 @@ private:
 class tcp_listener final : public listener
 {
 public:
-    tcp_listener(tcp_domain& dom, std::string_view address, int backlog)
-        : dom_(dom), backlog_(backlog > 0 ? backlog : 1)
+    tcp_listener(std::shared_ptr<tcp_domain> dom, std::string_view address, int backlog)
+        : dom_(std::move(dom)), backlog_(backlog > 0 ? backlog : 1)
     {
         uri u = uri::parse(address);
         std::string what = "listen " + std::string(address);
@@ -316,7 +304,7 @@ private:
                         std::chrono::duration_cast<std::chrono::milliseconds>(accept_pause_).count()));
     }
 
-    tcp_domain& dom_;
+    std::shared_ptr<tcp_domain> dom_; ///< for the requests it hands out
     int backlog_;
     unique_fd fd_;
     std::uint16_t port_ = 0;
@@ -334,9 +322,10 @@ std::uint64_t listener_accept_pauses() noexcept
     return accept_pauses.load(std::memory_order_relaxed);
 }
 
-std::unique_ptr<listener> make_listener(tcp_domain& dom, std::string_view address, int backlog)
+std::unique_ptr<listener> make_listener(std::shared_ptr<tcp_domain> dom, std::string_view address,
+                                        int backlog)
 {
-    return std::make_unique<tcp_listener>(dom, address, backlog);
+    return std::make_unique<tcp_listener>(std::move(dom), address, backlog);
 }
 
 } // namespace rdmx::tcp

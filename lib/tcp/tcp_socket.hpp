@@ -72,7 +72,7 @@ bool recv_exact(int fd, std::span<std::byte> data, clock::time_point deadline, c
 int poll_timeout(clock::time_point deadline) noexcept;
 
 void set_socket_options(int fd); ///< non-blocking, TCP_NODELAY; throws on failure
-/// TCP_CONGESTION (connection_options::tcp_congestion; empty: leave the system's); throws
+/// TCP_CONGESTION (connection_options::tcp.congestion; empty: leave the system's); throws
 /// rdmx::error naming it on failure.
 void set_congestion_control(int fd, const std::string& algorithm);
 /// TCP_USER_TIMEOUT and keepalive, so that the kernel too gives up on a dead peer within

@@ -29,6 +29,7 @@
 #include "tcp/tcp_connection.hpp"
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_wire.hpp"
+#include "validate.hpp"
 
 using namespace rdmx;
 using tcp::frame_header;
@@ -40,7 +41,8 @@ constexpr std::size_t page = 4096;
 enum : std::size_t { guard_lo, target, read_only, gone, recv_mem, sink, source, guard_hi, pages };
 
 struct fixture {
-    tcp::tcp_domain dom;
+    // Shared, as domain::open makes it: what is made from it holds it.
+    std::shared_ptr<tcp::tcp_domain> dom = std::make_shared<tcp::tcp_domain>();
     std::vector<std::byte> arena = std::vector<std::byte>(pages * page);
     std::vector<std::byte> pattern;
     std::vector<std::pair<std::size_t, std::size_t>> writable; ///< [begin, end) in arena, ascending
@@ -61,7 +63,7 @@ struct fixture {
         for (std::size_t i = 0; i < arena.size(); ++i)
             arena[i] = static_cast<std::byte>(i * 131 + 7);
         pattern = arena;
-        auto reg = [&](std::size_t pg, rdmx::access a) { mr[pg] = dom.register_memory(at(pg), page, a); };
+        auto reg = [&](std::size_t pg, rdmx::access a) { mr[pg] = dom->register_memory(at(pg), page, a); };
         reg(target, access::remote_write | access::remote_read);
         reg(read_only, access::remote_read);
         reg(gone, access::remote_write | access::remote_read);
@@ -217,7 +219,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
     auto [fd, engine_fd] = fx.socket_pair();
     connection_options opts;
-    auto conn = tcp::make_connection(fx.dom, tcp::unique_fd(engine_fd), tcp::clamp_limits(opts), opts,
+    auto conn = tcp::make_connection(*fx.dom, tcp::unique_fd(engine_fd),
+                                     detail::clamp_limits(opts, fx.dom->limits()), opts,
                                      /*peer_max_rd=*/16, {});
     fx.post_work(*conn);
 

@@ -22,16 +22,17 @@ namespace
 {
 
 struct fixture {
-    tcp::tcp_domain dom;
+    // Shared, as domain::open makes it: its regions hold it.
+    std::shared_ptr<tcp::tcp_domain> dom = std::make_shared<tcp::tcp_domain>();
     std::vector<std::byte> mem = std::vector<std::byte>(3 * 4096);
     std::unique_ptr<memory_region> rw, ro, gone;
     std::uint64_t gone_key = 0;
 
     fixture()
     {
-        rw = dom.register_memory(mem.data() + 64, 4096 - 128, access::remote_write | access::remote_read);
-        ro = dom.register_memory(mem.data() + 4096, 4096, access::remote_read);
-        gone = dom.register_memory(mem.data() + 8192, 4096, access::remote_write | access::remote_read);
+        rw = dom->register_memory(mem.data() + 64, 4096 - 128, access::remote_write | access::remote_read);
+        ro = dom->register_memory(mem.data() + 4096, 4096, access::remote_read);
+        gone = dom->register_memory(mem.data() + 8192, 4096, access::remote_write | access::remote_read);
         gone_key = gone->remote().key;
         gone.reset(); // deregistered: its key must never work again
     }
@@ -74,7 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     rdmx::access right = h.op == frame_op::read_req ? access::remote_read : access::remote_write;
     tcp::seg s;
-    if (!fx.dom.find_remote(h.key, h.addr, h.length, right, s))
+    if (!fx.dom->find_remote(h.key, h.addr, h.length, right, s))
         return 0;
     FUZZ_CHECK(h.key != fx.gone_key);
     const memory_region* r = h.key == fx.rw->remote().key ? fx.rw.get() : fx.ro.get();

@@ -438,7 +438,7 @@ TEST_F(tcp_engine, frames_left_staged_at_the_end_of_a_receive_run_are_served)
     ::close(fd);
 }
 
-// The takeover check's interval (connection_options::tcp_takeover_check): the default, and
+// The takeover check's interval (connection_options::tcp.takeover_check): the default, and
 // a longer one, as a user who trades takeover delay for fewer engine wake-ups sets it.
 class tcp_engine_takeover : public tcp_engine, public testing::WithParamInterface<std::chrono::microseconds>
 {
@@ -454,7 +454,7 @@ TEST_P(tcp_engine_takeover, transfer_left_by_a_polling_application_completes_wit
     // engines stand down (the receiver then drains only after its stand-down check, so
     // the initiator's socket fills and the transfer stops in the application's hands).
     connection_options opts;
-    opts.tcp_takeover_check = GetParam();
+    opts.tcp.takeover_check = GetParam();
     auto p = connect_pair(opts);
     constexpr std::size_t big = 24u << 20;
     std::vector<std::byte> src(big), dst(big), ping(64);
@@ -536,7 +536,7 @@ std::string system_congestion()
 
 TEST_F(tcp_engine, congestion_control_is_each_sides_choice_or_the_systems)
 {
-    // connection_options::tcp_congestion: both ends of the connection run the algorithm
+    // connection_options::tcp.congestion: both ends of the connection run the algorithm
     // asked for ("reno" is built into every kernel), data moves; left empty, the system's.
     {
         auto p = connect_pair();
@@ -550,7 +550,7 @@ TEST_F(tcp_engine, congestion_control_is_each_sides_choice_or_the_systems)
         std::this_thread::sleep_for(1ms);
     ASSERT_TRUE(congestion_on_port(port_).empty());
     connection_options opts;
-    opts.tcp_congestion = "reno";
+    opts.tcp.congestion = "reno";
     auto p = connect_pair(opts);
     EXPECT_EQ(congestion_on_port(port_), (std::vector<std::string>{"reno", "reno"}));
     std::vector<std::byte> src(1 << 20), dst(1 << 20);
@@ -572,7 +572,7 @@ TEST_F(tcp_engine, unknown_congestion_control_fails_the_side_that_asked_for_it)
     // On connect: before the hello, so the listener never sees a request.
     auto connect_fails = [&](const std::string& name, std::error_code expected, const std::string& text) {
         connection_options o;
-        o.tcp_congestion = name;
+        o.tcp.congestion = name;
         try {
             client_dom_->connect(addr(), o);
             ADD_FAILURE() << name << ": connect succeeded";
@@ -588,7 +588,7 @@ TEST_F(tcp_engine, unknown_congestion_control_fails_the_side_that_asked_for_it)
     // A name longer than the kernel's limit (15 bytes) would be cut and could match.
     connect_fails("reno-and-then-some", errc::invalid_argument, "at most 15 bytes");
     connection_options bad;
-    bad.tcp_congestion = "no-such-cc";
+    bad.tcp.congestion = "no-such-cc";
     // On accept: the request stays unanswered, and the client is rejected.
     auto t = std::async(std::launch::async, [&] {
         auto req = listener_->get_request(5s);

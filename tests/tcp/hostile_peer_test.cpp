@@ -30,6 +30,7 @@
 #include <boost/asio/post.hpp>
 
 #include "common/test_util.hpp"
+#include "backends.hpp"
 #include "tcp/raw_peer.hpp"
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_log.hpp"
@@ -383,7 +384,7 @@ TEST_F(tcp_hostile, reads_outstanding_at_deregistration_never_complete_with_stan
     }
     std::promise<void> gate;
     std::promise<void> held;
-    boost::asio::post(static_cast<tcp::tcp_domain&>(*client_dom_).io(), [&] {
+    boost::asio::post(static_cast<tcp::tcp_domain&>(detail::backend_domain(*client_dom_)).io(), [&] {
         held.set_value();
         gate.get_future().wait();
     });
