@@ -190,8 +190,12 @@ test_fuzz() {
 
 # The style is mechanical (.clang-format): every tracked C++ file as clang-format-14 would
 # write it. `./dev.sh format` checks; `./dev.sh format --fix` rewrites the files.
+# The layering is checked too: every #include runs the way the README's diagram does
+# (tests/style/check-includes.sh; --fix cannot fix that, so it is checked either way).
 test_format() {
-    log "format (clang-format-14, .clang-format)"
+    log "format (clang-format-14, .clang-format) and include layering"
+    tests/style/check-includes.sh --self-test || return
+    tests/style/check-includes.sh || return
     local files bad=()
     mapfile -t files < <(git ls-files '*.cpp' '*.hpp' 2>/dev/null || find cm gpu include lib samples tests verbs -name '*.[ch]pp')
     if [ "${1:-}" = --fix ]; then

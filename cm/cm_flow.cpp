@@ -10,19 +10,20 @@
 // active side gets ESTABLISHED directly (no CONNECT_RESPONSE, no rdma_establish), carrying
 // the accept's private data.
 // The QP is ours (ibv_create_qp), not rdma_cm's, so that its RNR and retry attributes are
-// the ones this side asked for (see verbs_connection::modify_qp).
-// Every step is bounded by connection_options::timeout.
+// the ones this side asked for (see cm_connection::modify_qp).
+// Every step is bounded by connection_options::timeout. A name that resolves to several
+// addresses is tried address by address, as the TCP backend does.
 #include <poll.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "cm/cm_connection.hpp"
+#include "cm/cm_domain.hpp"
 #include "cm/event_loop.hpp"
 #include "validate.hpp"
-#include "verbs/verbs_connection.hpp"
-#include "verbs/verbs_domain.hpp"
 
-namespace rdmx::verbs
+namespace rdmx::cm
 {
 namespace
 {
@@ -46,7 +47,7 @@ namespace
     }
 }
 
-void set_state(cm::cm_state& st, connection_state s)
+void set_state(cm_state& st, connection_state s)
 {
     std::lock_guard lock(st.mutex);
     st.state = s;
@@ -54,42 +55,63 @@ void set_state(cm::cm_state& st, connection_state s)
 
 } // namespace
 
-void verbs_connection::connect(const uri& address, std::span<const std::byte> private_data)
+void cm_connection::resolve_addr(const uri& address, std::vector<sockaddr_storage>& addrs)
 {
     const int step_ms = static_cast<int>(opts_.timeout.count());
-    sockaddr_storage dst{};
-    resolve_sockaddr(address, dst, false);
+    for (std::size_t i = 0; i < addrs.size(); ++i) {
+        rdma_cm_id* raw = nullptr;
+        if (rdma_create_id(domain_.events().channel(), &raw, this, RDMA_PS_TCP))
+            throw_cm("rdma_create_id", address);
+        id_.reset(raw);
+        domain_.events().attach(raw, &cm_);
+        try {
+            if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&addrs[i]), step_ms))
+                throw_cm("rdma_resolve_addr", address);
+            event_loop::wait_for(cm_, resolve_step::addr_resolved, "rdma_resolve_addr", opts_.timeout);
+            if (raw->verbs != domain_.native_context())
+                throw error(make_error_code(errc::invalid_argument),
+                            "rdma_resolve_addr " + address.to_string() +
+                                ": reached through another device than this domain's");
+            return;
+        } catch (const error&) {
+            if (i + 1 == addrs.size())
+                throw;
+        }
+        // The next address gets a fresh id (one that failed to resolve is not reused) and
+        // a fresh state.
+        domain_.events().detach(raw);
+        id_.reset();
+        std::lock_guard lock(cm_.mutex);
+        cm_.state = connection_state::connecting;
+        cm_.resolved = resolve_step::none;
+        cm_.error = {};
+        cm_.what.clear();
+    }
+}
 
-    rdma_cm_id* raw = nullptr;
-    if (rdma_create_id(domain_.events().channel(), &raw, this, RDMA_PS_TCP))
-        throw_cm("rdma_create_id", address);
-    id_.reset(raw);
-    domain_.events().attach(raw, &cm_);
-
-    if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&dst), step_ms))
-        throw_cm("rdma_resolve_addr", address);
-    cm::event_loop::wait_for(cm_, cm::resolve_step::addr_resolved, "rdma_resolve_addr", opts_.timeout);
-    if (raw->verbs != domain_.native_context())
-        throw error(make_error_code(errc::invalid_argument),
-                    "rdma_resolve_addr " + address.to_string() +
-                        ": reached through another device than this domain's");
+void cm_connection::connect(const uri& address, std::span<const std::byte> private_data)
+{
+    const int step_ms = static_cast<int>(opts_.timeout.count());
+    std::vector<sockaddr_storage> addrs = resolve(address, false);
+    resolve_addr(address, addrs);
+    rdma_cm_id* raw = id_.get();
 
     if (rdma_resolve_route(raw, step_ms))
         throw_cm("rdma_resolve_route", address);
-    cm::event_loop::wait_for(cm_, cm::resolve_step::route_resolved, "rdma_resolve_route", opts_.timeout);
+    event_loop::wait_for(cm_, resolve_step::route_resolved, "rdma_resolve_route", opts_.timeout);
 
-    create_qp();
+    setup_qp();
     rdma_conn_param param = conn_param(private_data);
     set_state(cm_, connection_state::connecting);
     if (rdma_connect(raw, &param))
         throw_cm("rdma_connect", address);
     if (domain_.iwarp()) {
-        cm::event_loop::wait_for(cm_, connection_state::established, "rdma_connect", opts_.timeout);
+        event_loop::wait_for(cm_, connection_state::established, "rdma_connect", opts_.timeout);
         std::lock_guard lock(cm_.mutex);
         peer_private_ = cm_.private_data;
         return;
     }
-    cm::event_loop::wait_for_response(cm_, "rdma_connect", opts_.timeout);
+    event_loop::wait_for_response(cm_, "rdma_connect", opts_.timeout);
     // INIT again first, as librdmacm does: before the connection existed rdma_cm granted
     // the QP no remote access; now it grants remote write (and read, if we serve reads).
     modify_qp(IBV_QPS_INIT);
@@ -107,9 +129,8 @@ void verbs_connection::connect(const uri& address, std::span<const std::byte> pr
     peer_private_ = cm_.private_data;
 }
 
-void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
-                              std::span<const std::byte> private_data,
-                              std::vector<std::byte> peer_private_data)
+void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
+                           std::span<const std::byte> private_data, std::vector<std::byte> peer_private_data)
 {
     if (id->verbs != domain_.native_context())
         throw_error(errc::invalid_argument,
@@ -120,7 +141,7 @@ void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     // The request moved the id to the domain's channel already; from now on its events
     // are this connection's.
     domain_.events().attach(id_.get(), &cm_);
-    create_qp();
+    setup_qp();
     rdma_conn_param param = conn_param(private_data);
     // Never promise more reads than the initiator asked for, nor accept more than we allow.
     param.responder_resources = std::min(param.responder_resources, request.initiator_depth);
@@ -135,16 +156,16 @@ void verbs_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     set_state(cm_, connection_state::connecting);
     if (rdma_accept(id_.get(), &param))
         throw_errno(errno, "rdma_accept");
-    cm::event_loop::wait_for(cm_, connection_state::established, "rdma_accept", opts_.timeout);
+    event_loop::wait_for(cm_, connection_state::established, "rdma_accept", opts_.timeout);
 }
 
 namespace
 {
 
-class verbs_request final : public connection_request
+class cm_request final : public connection_request
 {
 public:
-    verbs_request(verbs_domain& dom, cm_id_ptr id, const rdma_conn_param& param)
+    cm_request(cm_domain& dom, cm_id_ptr id, const rdma_conn_param& param)
         : owner_(dom.shared_from_this()), domain_(dom), param_(param)
     {
         auto* p = static_cast<const std::byte*>(param.private_data);
@@ -164,7 +185,7 @@ public:
         }
         id_ = std::move(id);
     }
-    ~verbs_request() override
+    ~cm_request() override
     {
         // Dropped without an answer: tell the peer now rather than let it time out.
         if (id_) {
@@ -181,7 +202,7 @@ public:
         if (!id_)
             throw_error(errc::invalid_argument, "rdma_accept: request already answered");
         detail::check_private_data(detail::private_data_use::accept, private_data, "rdma_accept");
-        auto c = std::make_unique<verbs_connection>(domain_, opts);
+        auto c = std::make_unique<cm_connection>(domain_, opts);
         domain_.events().detach(id_.get()); // the connection attaches its own state
         c->accept(std::move(id_), param_, private_data, std::move(private_));
         return c;
@@ -200,39 +221,31 @@ public:
     }
 
 private:
-    std::shared_ptr<verbs_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
-    verbs_domain& domain_;
-    cm::cm_state cm_; ///< receives the id's events until accept() hands it over
-    cm_id_ptr id_;    ///< destroyed before cm_ (declared after it)
+    std::shared_ptr<cm_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
+    cm_domain& domain_;
+    cm_state cm_;  ///< receives the id's events until accept() hands it over
+    cm_id_ptr id_; ///< destroyed before cm_ (declared after it)
     rdma_conn_param param_;
     std::vector<std::byte> private_;
 };
 
-class verbs_listener final : public listener
+class cm_listener final : public listener
 {
 public:
-    verbs_listener(verbs_domain& dom, const uri& u, int backlog)
-        : owner_(dom.shared_from_this()), domain_(dom)
+    cm_listener(cm_domain& dom, const uri& u, int backlog) : owner_(dom.shared_from_this()), domain_(dom)
     {
         channel_.reset(rdma_create_event_channel());
         if (!channel_)
             throw_cm("rdma_create_event_channel", u);
-        cm::set_nonblocking(channel_->fd, "fcntl(rdma_cm listen channel, O_NONBLOCK)");
+        set_nonblocking(channel_->fd, "fcntl(rdma_cm listen channel, O_NONBLOCK)");
         rdma_cm_id* raw = nullptr;
         if (rdma_create_id(channel_.get(), &raw, nullptr, RDMA_PS_TCP))
             throw_cm("rdma_create_id", u);
         id_.reset(raw);
-        sockaddr_storage sa{};
-        resolve_sockaddr(u, sa, true);
-        if (rdma_bind_addr(raw, reinterpret_cast<sockaddr*>(&sa)))
-            throw_cm("rdma_bind_addr", u);
-        if (raw->verbs && raw->verbs != dom.native_context())
-            throw error(make_error_code(errc::invalid_argument),
-                        "rdma_bind_addr " + u.to_string() +
-                            ": address belongs to another device than this domain's");
-        if (rdma_listen(raw, backlog))
+        bind(u);
+        if (rdma_listen(id_.get(), backlog))
             throw_cm("rdma_listen", u);
-        port_ = ntohs(rdma_get_src_port(raw));
+        port_ = ntohs(rdma_get_src_port(id_.get()));
     }
 
     std::unique_ptr<connection_request> get_request(std::chrono::milliseconds timeout) override
@@ -264,7 +277,7 @@ public:
                 // The request's private data lives in the event: copy it before the ack.
                 cm_id_ptr child(ev->id);
                 rdma_conn_param param = ev->param.conn;
-                auto req = std::make_unique<verbs_request>(domain_, std::move(child), param);
+                auto req = std::make_unique<cm_request>(domain_, std::move(child), param);
                 rdma_ack_cm_event(ev);
                 return req;
             }
@@ -285,8 +298,34 @@ public:
     rdmx::backend backend() const noexcept override { return backend::verbs; }
 
 private:
-    std::shared_ptr<verbs_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
-    verbs_domain& domain_;
+    /// Binds the id to the first address of `u` that rdma_cm takes on this domain's
+    /// device. An id stays unbound when rdma_bind_addr fails, so the same id tries the
+    /// next; one bound to another device is replaced by a fresh one first.
+    void bind(const uri& u)
+    {
+        std::vector<sockaddr_storage> addrs = resolve(u, true);
+        for (std::size_t i = 0; i < addrs.size(); ++i) {
+            const bool last = i + 1 == addrs.size();
+            if (rdma_bind_addr(id_.get(), reinterpret_cast<sockaddr*>(&addrs[i]))) {
+                if (last)
+                    throw_cm("rdma_bind_addr", u);
+                continue;
+            }
+            if (!id_->verbs || id_->verbs == domain_.native_context())
+                return;
+            if (last)
+                throw error(make_error_code(errc::invalid_argument),
+                            "rdma_bind_addr " + u.to_string() +
+                                ": address belongs to another device than this domain's");
+            rdma_cm_id* raw = nullptr;
+            if (rdma_create_id(channel_.get(), &raw, nullptr, RDMA_PS_TCP))
+                throw_cm("rdma_create_id", u);
+            id_.reset(raw);
+        }
+    }
+
+    std::shared_ptr<cm_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
+    cm_domain& domain_;
     event_channel_ptr channel_; ///< destroyed after id_ (declared first)
     cm_id_ptr id_;
     std::uint16_t port_ = 0;
@@ -294,12 +333,12 @@ private:
 
 } // namespace
 
-std::unique_ptr<listener> verbs_domain::listen(std::string_view address, int backlog)
+std::unique_ptr<listener> cm_domain::listen(std::string_view address, int backlog)
 {
     uri u = uri::parse(address);
     if (u.scheme == scheme::tcp)
         throw_error(errc::invalid_argument, "listen: tcp:// address on a verbs domain");
-    return std::make_unique<verbs_listener>(*this, u, backlog);
+    return std::make_unique<cm_listener>(*this, u, backlog);
 }
 
-} // namespace rdmx::verbs
+} // namespace rdmx::cm

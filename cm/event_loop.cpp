@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
 #include "log.hpp"
+#include "verbs/verbs_connection.hpp"
 
 namespace rdmx::cm
 {
@@ -18,17 +18,6 @@ namespace
 // IB CM reject reasons (IBTA table 112) that rdma_cm reports as the REJECTED status.
 // Every other reason, IB_CM_REJ_CONSUMER_DEFINED (28, rdma_reject) first of all, is a rejection.
 constexpr int ib_rej_invalid_service_id = 8; // nobody listens on that port
-
-// Our QPs are not rdma_cm's, so rdma_disconnect does not touch them: move the QP to the
-// error state ourselves, which flushes everything posted.
-void flush(cm_state& st) noexcept
-{
-    if (st.qp) {
-        ibv_qp_attr attr{};
-        attr.qp_state = IBV_QPS_ERR;
-        ibv_modify_qp(st.qp, &attr, IBV_QP_STATE);
-    }
-}
 } // namespace
 
 void set_nonblocking(int fd, const char* what)
@@ -169,13 +158,13 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         // The peer left. Our QP goes to the error state, which flushes every posted work
         // request with IBV_WC_WR_FLUSH_ERR: nothing waits forever.
         rdma_disconnect(ev.id);
-        flush(st);
+        verbs::flush_qp(st.qp);
         if (st.state == connection_state::established || st.state == connection_state::connecting)
             st.state = connection_state::disconnected;
         break;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
         rdma_disconnect(ev.id);
-        flush(st);
+        verbs::flush_qp(st.qp);
         fail();
         break;
     case RDMA_CM_EVENT_TIMEWAIT_EXIT:

@@ -17,7 +17,7 @@
 
 #include <rdmx/connection.hpp>
 
-#include "verbs/handles.hpp"
+#include "cm/cm_handles.hpp"
 
 namespace rdmx::cm
 {
@@ -94,7 +94,7 @@ private:
     void drain_async() noexcept;
 
     ibv_context* ctx_;
-    verbs::event_channel_ptr channel_;
+    event_channel_ptr channel_;
     int wake_fd_ = -1; ///< eventfd that tells run() to stop
     std::mutex mutex_; ///< guards ids_ and serialises handlers with detach()
     std::unordered_map<rdma_cm_id*, cm_state*> ids_;

@@ -1,5 +1,6 @@
-// Internal: how domain::open reaches each backend. The verbs entry point is defined in
-// verbs/ when the rdma feature is on, and in lib/no_verbs.cpp when it is off.
+// Internal: how domain::open reaches each backend. The backends define these (the TCP one
+// in lib/tcp/, the verbs one in cm/, which builds the verbs domain with rdma_cm, or
+// lib/no_verbs.cpp when the rdma feature is off), so that no core file includes a backend.
 //
 // A backend's domain is shared: domain::open hands the application a handle (domain.cpp)
 // holding one reference, and each region, listener, request and connection made from it

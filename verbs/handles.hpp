@@ -1,10 +1,9 @@
-// RAII for verbs and rdma_cm objects: one stateless deleter per handle type, each wrapped
-// in a pointer-sized unique_ptr (the spead2 pattern). Destroy errors cannot be reported
-// from a destructor; they are ignored on purpose.
+// RAII for verbs objects: one stateless deleter per handle type, each wrapped in a
+// pointer-sized unique_ptr (the spead2 pattern). Destroy errors cannot be reported from a
+// destructor; they are ignored on purpose. rdma_cm's handles are cm/'s (cm/cm_handles.hpp).
 #pragma once
 
 #include <infiniband/verbs.h>
-#include <rdma/rdma_cma.h>
 
 #include <memory>
 
@@ -26,19 +25,11 @@ struct mr_deleter {
 struct qp_deleter {
     void operator()(ibv_qp* p) const noexcept { ibv_destroy_qp(p); }
 };
-struct event_channel_deleter {
-    void operator()(rdma_event_channel* p) const noexcept { rdma_destroy_event_channel(p); }
-};
-struct cm_id_deleter {
-    void operator()(rdma_cm_id* p) const noexcept { rdma_destroy_id(p); }
-};
 
 using pd_ptr = std::unique_ptr<ibv_pd, pd_deleter>;
 using cq_ptr = std::unique_ptr<ibv_cq, cq_deleter>;
 using comp_channel_ptr = std::unique_ptr<ibv_comp_channel, comp_channel_deleter>;
 using mr_ptr = std::unique_ptr<ibv_mr, mr_deleter>;
 using qp_ptr = std::unique_ptr<ibv_qp, qp_deleter>;
-using event_channel_ptr = std::unique_ptr<rdma_event_channel, event_channel_deleter>;
-using cm_id_ptr = std::unique_ptr<rdma_cm_id, cm_id_deleter>;
 
 } // namespace rdmx::verbs

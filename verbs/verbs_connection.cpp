@@ -7,19 +7,28 @@
 #include <cerrno>
 
 #include "validate.hpp"
-#include "verbs/verbs_domain.hpp"
 
 namespace rdmx::verbs
 {
 
-verbs_connection::verbs_connection(verbs_domain& dom, const connection_options& opts)
-    : owner_(dom.shared_from_this()), domain_(dom), opts_(opts),
-      limits_(detail::clamp_limits(opts, dom.limits(), max_sge_per_wr)), send_wrs_(limits_.max_send_sge),
+void flush_qp(ibv_qp* qp) noexcept
+{
+    if (!qp)
+        return;
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    ibv_modify_qp(qp, &attr, IBV_QP_STATE);
+}
+
+verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<const void> keepalive,
+                                   const connection_options& opts)
+    : keepalive_(std::move(keepalive)), pd_(pd),
+      limits_(detail::clamp_limits(opts, pd.limits(), max_sge_per_wr)), send_wrs_(limits_.max_send_sge),
       recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
 {
-    const std::uint32_t sge_rd = dom.limits().max_sge_rd;
+    const std::uint32_t sge_rd = pd.limits().max_sge_rd;
     max_read_sge_ = sge_rd ? std::min(limits_.max_send_sge, sge_rd) : limits_.max_send_sge;
-    channel_.reset(ibv_create_comp_channel(dom.native_context()));
+    channel_.reset(ibv_create_comp_channel(pd.native_context()));
     if (!channel_)
         throw_errno(errno, "ibv_create_comp_channel");
     // Non-blocking, so that ack_notify() never sleeps when no event is pending.
@@ -28,21 +37,21 @@ verbs_connection::verbs_connection(verbs_domain& dom, const connection_options& 
         throw_errno(errno, "fcntl(completion channel, O_NONBLOCK)");
     // One CQ for both queues, deep enough for every request of both to complete unpolled.
     int cqe = static_cast<int>(limits_.send_queue_depth + limits_.recv_queue_depth);
-    cq_.reset(ibv_create_cq(dom.native_context(), cqe, this, channel_.get(), 0));
+    cq_.reset(ibv_create_cq(pd.native_context(), cqe, this, channel_.get(), 0));
     if (!cq_)
         throw_errno(errno, "ibv_create_cq");
 }
 
 verbs_connection::~verbs_connection()
 {
-    if (id_)
-        domain_.events().detach(id_.get());
-    if (qp_)
-        cm::unregister_qp(qp_.get()); // waits for a router using it; then destroy waits for its acks
-    qp_.reset();                      // QP before its CQ
-    cq_.reset();                      // CQ before its completion channel
+    destroy_queues();
+}
+
+void verbs_connection::destroy_queues() noexcept
+{
+    qp_.reset(); // QP before its CQ
+    cq_.reset(); // CQ before its completion channel
     channel_.reset();
-    id_.reset(); // waits until every event of the id was acknowledged
 }
 
 void verbs_connection::create_qp()
@@ -56,145 +65,17 @@ void verbs_connection::create_qp()
     init.cap.max_send_sge = limits_.max_send_sge;
     init.cap.max_recv_sge = limits_.max_recv_sge;
     init.cap.max_inline_data = limits_.max_inline;
-    qp_.reset(ibv_create_qp(domain_.native_pd(), &init));
+    qp_.reset(ibv_create_qp(pd_.native_pd(), &init));
     if (!qp_)
         throw_errno(errno, "ibv_create_qp");
     // Drivers may grant more than asked; report what is in effect.
     limits_.max_inline = init.cap.max_inline_data;
-    {
-        std::lock_guard lock(cm_.mutex);
-        cm_.qp = qp_.get();
-    }
-    cm::register_qp(qp_.get(), cq_.get(), id_.get(), &cm_);
-    modify_qp(IBV_QPS_INIT);
-}
-
-void verbs_connection::modify_qp(ibv_qp_state to, std::uint8_t rd_atomic)
-{
-    ibv_qp_attr attr{};
-    int mask = 0;
-    attr.qp_state = to;
-    if (rdma_init_qp_attr(id_.get(), &attr, &mask))
-        throw_errno(errno, "rdma_init_qp_attr");
-    const char* verb = "ibv_modify_qp(INIT)";
-    if (to == IBV_QPS_INIT && domain_.iwarp()) {
-        // iWARP: until the connection exists rdma_cm grants the active side's QP no remote
-        // access at all (rdma_init_qp_attr has no iw_cm id to ask), and we never get a
-        // second INIT there: the provider takes the QP to RTS when the connection comes
-        // up. siw does not check QP access rights, hardware iWARP does: grant what we serve
-        // now, on both sides (remote write always, remote read as we accept reads).
-        attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-        mask |= IBV_QP_ACCESS_FLAGS;
-    } else if (to == IBV_QPS_RTR) {
-        verb = "ibv_modify_qp(RTR)";
-        attr.min_rnr_timer = opts_.min_rnr_timer & 31;
-        mask |= IBV_QP_MIN_RNR_TIMER;
-        if (rd_atomic)
-            attr.max_dest_rd_atomic = rd_atomic;
-    } else if (to == IBV_QPS_RTS) {
-        verb = "ibv_modify_qp(RTS)";
-        // Local ACK timeout: 4.096 us * 2^n (IBTA 9.7.6.1.3), the smallest n covering
-        // opts_.ack_timeout. 0 would mean "wait forever": never used.
-        double units = static_cast<double>(opts_.ack_timeout.count()) * 1000.0 / 4.096;
-        std::uint8_t n = 1;
-        while (n < 31 && static_cast<double>(1ull << n) < units)
-            ++n;
-        attr.timeout = n;
-        attr.retry_cnt = std::min<std::uint8_t>(opts_.retry_count, 7);
-        attr.rnr_retry = std::min<std::uint8_t>(opts_.rnr_retry_count, 7);
-        mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
-        if (rd_atomic)
-            attr.max_rd_atomic = rd_atomic;
-    }
-    if (int rc = ibv_modify_qp(qp_.get(), &attr, mask))
-        throw_errno(rc, verb);
-}
-
-void verbs_connection::flush_qp() noexcept
-{
-    ibv_qp_attr attr{};
-    attr.qp_state = IBV_QPS_ERR;
-    ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE);
-}
-
-rdma_conn_param verbs_connection::conn_param(std::span<const std::byte> private_data) const noexcept
-{
-    rdma_conn_param p{};
-    p.private_data = private_data.empty() ? nullptr : private_data.data();
-    p.private_data_len = static_cast<std::uint8_t>(private_data.size());
-    p.responder_resources = static_cast<std::uint8_t>(std::min<std::uint32_t>(limits_.max_rd_atomic, 255));
-    p.initiator_depth = p.responder_resources;
-    // Sent for peers that let rdma_cm drive their QP (they take their RNR retry count
-    // from us); our own QP gets its values in modify_qp().
-    p.retry_count = std::min<std::uint8_t>(opts_.retry_count, 7);
-    p.rnr_retry_count = std::min<std::uint8_t>(opts_.rnr_retry_count, 7);
-    p.qp_num = qp_ ? qp_->qp_num : 0;
-    return p;
-}
-
-connection_state verbs_connection::state() const noexcept
-{
-    std::lock_guard lock(cm_.mutex);
-    return cm_.state;
-}
-
-std::error_code verbs_connection::last_error() const noexcept
-{
-    std::lock_guard lock(cm_.mutex);
-    switch (cm_.state) {
-    case connection_state::error: return cm_.error ? cm_.error : make_error_code(errc::completion_error);
-    case connection_state::disconnected: return cm_.error ? cm_.error : make_error_code(errc::disconnected);
-    default: return {};
-    }
 }
 
 void verbs_connection::note_error(std::error_code status) noexcept
 {
     counting_ = false;
-    std::lock_guard lock(cm_.mutex);
-    if (status != errc::flushed) {
-        // A completion's status is the most precise cause there is: it replaces a
-        // disconnect this side did not ask for and a generic IBV_EVENT_QP_FATAL (either
-        // can overtake the completion that caused it).
-        const bool generic = cm_.state == connection_state::error && cm_.error == errc::completion_error;
-        const bool peer_left = cm_.state == connection_state::disconnected && !cm_.local_disconnect;
-        if (cm_.state == connection_state::established || generic || peer_left) {
-            cm_.state = connection_state::error;
-            cm_.error = status;
-            cm_.what = "error completion: the QP is in the error state";
-        }
-        return;
-    }
-    if (cm_.state != connection_state::established)
-        return;
-    {
-        // Flushed while we still thought the connection up: the QP left it (siw flushes
-        // before the DISCONNECTED event arrives; an async event may follow with a cause).
-        cm_.state = connection_state::disconnected;
-        cm_.error = errc::disconnected;
-        cm_.what = "work request flushed: the queue pair left the connected state";
-    }
-}
-
-void verbs_connection::disconnect() noexcept
-{
-    std::lock_guard lock(cm_.mutex);
-    cm_.local_disconnect = true;
-    if (cm_.state == connection_state::established || cm_.state == connection_state::connecting) {
-        rdma_disconnect(id_.get());
-        flush_qp(); // every posted request completes with IBV_WC_WR_FLUSH_ERR
-        cm_.state = connection_state::disconnected;
-    } else if (cm_.state == connection_state::error && qp_) {
-        // Failed after an error completion: still tell the peer (DREQ) so it need not wait
-        // for its own timeouts. The state stays `error`: that is what happened.
-        rdma_disconnect(id_.get());
-        flush_qp();
-    }
-}
-
-native_handles verbs_connection::native() const noexcept
-{
-    return {id_.get(), qp_.get(), domain_.native_pd(), cq_.get()};
+    on_error_completion(status);
 }
 
 } // namespace rdmx::verbs

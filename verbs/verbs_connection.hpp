@@ -1,18 +1,19 @@
-// A verbs RC connection: cm_id, CQ with its completion channel, QP. Set-up (this file's
-// .cpp and cm/cm_flow.cpp) is separate from the data path (verbs_datapath.cpp), as in eRPC.
+// The verbs half of an RC connection: CQ with its completion channel, QP, and the data path
+// (verbs_datapath.cpp) over them. It knows nothing of how the QP gets connected: cm/
+// derives the connection that rdma_cm sets up (cm/cm_connection.hpp) and adds the state,
+// the cm_id and disconnect. Set-up (this file's .cpp) is separate from the data path, as
+// in eRPC.
 #pragma once
 
 #include <rdmx/connection.hpp>
 
 #include <vector>
 
-#include "cm/event_loop.hpp"
 #include "verbs/handles.hpp"
+#include "verbs/protection_domain.hpp"
 
 namespace rdmx::verbs
 {
-
-class verbs_domain;
 
 /// Requests per ibv_post_send / ibv_post_recv call when converting a post list, and SGEs
 /// per request; both bound the work-request arrays each connection builds once.
@@ -20,23 +21,17 @@ inline constexpr std::size_t post_batch = 16;
 inline constexpr std::uint32_t max_sge_per_wr = 32;
 inline constexpr int poll_batch = 32;
 
-class verbs_connection final : public connection
+/// Moves `qp` (if any) to the error state, so that everything posted completes with
+/// IBV_WC_WR_FLUSH_ERR. Our QPs are not rdma_cm's: rdma_disconnect does not do this.
+void flush_qp(ibv_qp* qp) noexcept;
+
+class verbs_connection : public connection
 {
 public:
-    verbs_connection(verbs_domain& dom, const connection_options& opts);
     ~verbs_connection() override;
 
-    /// Client side: resolve, route, QP, rdma_connect; waits for ESTABLISHED.
-    void connect(const uri& address, std::span<const std::byte> private_data);
-    /// Server side: takes over `id` (from a CONNECT_REQUEST), QP, rdma_accept; waits.
-    void accept(cm_id_ptr id, const rdma_conn_param& request, std::span<const std::byte> private_data,
-                std::vector<std::byte> peer_private_data);
-
     rdmx::backend backend() const noexcept override { return backend::verbs; }
-    connection_state state() const noexcept override;
-    std::error_code last_error() const noexcept override;
     const connection_limits& limits() const noexcept override { return limits_; }
-    std::span<const std::byte> peer_private_data() const noexcept override { return peer_private_; }
 
     std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept override;
     std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept override;
@@ -44,25 +39,32 @@ public:
     int completion_fd() const noexcept override { return channel_->fd; }
     std::error_code request_notify(bool solicited_only) noexcept override;
     std::error_code ack_notify() noexcept override;
-    void disconnect() noexcept override;
-    native_handles native() const noexcept override;
+
+protected:
+    /// Creates the completion channel and the CQ; the QP comes with create_qp().
+    /// `keepalive` holds what owns `pd` (the domain), so that the PD outlives the queues
+    /// whatever the order in which the application destroys domain and connection.
+    verbs_connection(const protection_domain& pd, std::shared_ptr<const void> keepalive,
+                     const connection_options& opts);
+
+    /// Creates the QP (RESET state) with this connection's limits, and records the inline
+    /// size the driver granted.
+    void create_qp();
+    /// Destroys QP, CQ and completion channel, in that order (QP before its CQ, CQ before
+    /// its channel). The derived class calls it when its own order requires; idempotent.
+    void destroy_queues() noexcept;
+
+    const protection_domain& pd() const noexcept { return pd_; }
+    ibv_qp* qp() const noexcept { return qp_.get(); }
+    ibv_cq* cq() const noexcept { return cq_.get(); }
+
+    /// An error completion (`status`) showed the QP in the error state: the connection
+    /// says so in its state (as the TCP backend does). Called from poll(), on the
+    /// data-path thread.
+    virtual void on_error_completion(std::error_code status) noexcept = 0;
 
 private:
-    /// Creates the QP ourselves (ibv_create_qp, not rdma_create_qp) and moves it to INIT.
-    void create_qp();
-    /// Moves the QP to RTR or RTS with the attributes rdma_cm negotiated
-    /// (rdma_init_qp_attr), then overrides the ones that are ours to choose. rdma_cm alone
-    /// would give each side the RNR retry count the *peer* offered (IB CM REQ/REP) and a
-    /// min_rnr_timer of 0 (655 ms); doing the transitions here makes connection_options
-    /// mean this side's own behaviour, as it does on TCP.
-    /// `rd_atomic`, when not 0, overrides the negotiated read depth: max_dest_rd_atomic at
-    /// RTR, max_rd_atomic at RTS (the passive side applies what its accept promised, as
-    /// librdmacm's rdma_accept does).
-    void modify_qp(ibv_qp_state to, std::uint8_t rd_atomic = 0);
-    /// Moves the QP to the error state so that everything posted is flushed.
-    void flush_qp() noexcept;
-    /// An error completion (`status`) showed the QP in the error state: say so in state()
-    /// and last_error(), as the TCP backend does, and stop counting queue slots. Slow path,
+    /// Stops counting queue slots and hands `status` to on_error_completion. Slow path,
     /// kept out of poll()'s loop body.
     [[gnu::noinline, gnu::cold]] void note_error(std::error_code status) noexcept;
     /// Frees the queue slots that a successful completion of `op` stands for.
@@ -77,20 +79,13 @@ private:
             --retire_count_;
         }
     }
-    rdma_conn_param conn_param(std::span<const std::byte> private_data) const noexcept;
 
-    std::shared_ptr<verbs_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
-    verbs_domain& domain_;
-    connection_options opts_;
+    std::shared_ptr<const void> keepalive_; ///< owner of pd_; declared first, destroyed last
+    const protection_domain& pd_;
     connection_limits limits_;
-    std::vector<std::byte> peer_private_;
-    mutable cm::cm_state cm_;
-    // Destruction order matters and is done by hand in the destructor: detach from the
-    // event loop, destroy the QP, then the CQ, then its channel, then the cm_id (which
-    // waits for its events to be acknowledged).
+    // Destroyed by destroy_queues() in the order the device requires (see there).
     comp_channel_ptr channel_;
     cq_ptr cq_;
-    cm_id_ptr id_;
     qp_ptr qp_;
 
     /// The provider work requests of the data path, built once, as perftest builds its own:

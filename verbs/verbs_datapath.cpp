@@ -7,7 +7,6 @@
 
 #include "validate.hpp"
 #include "verbs/verbs_connection.hpp"
-#include "verbs/verbs_domain.hpp"
 
 namespace rdmx::verbs
 {
@@ -183,14 +182,14 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
     // Validate the whole list first: a bad request must not leave half a list posted.
     for (const work_request& wr : wrs) {
         std::uint64_t total = 0;
-        if (errc ec = detail::check_send(wr, &domain_, backend::verbs, limits_, total); ec != errc{})
+        if (errc ec = detail::check_send(wr, &pd_, backend::verbs, limits_, total); ec != errc{})
             return ec;
         // What the device lacks is refused here, not left to the provider: siw "filled"
         // only the first SGE of a read and reported success, and failed a write with
         // immediate in a list without saying so.
         if (wr.opcode == opcode::read && wr.local.size() > max_read_sge_) [[unlikely]]
             return errc::invalid_argument;
-        if (wr.opcode == opcode::write_with_imm && !domain_.limits().write_with_imm) [[unlikely]]
+        if (wr.opcode == opcode::write_with_imm && !pd_.limits().write_with_imm) [[unlikely]]
             return errc::not_supported;
     }
     const std::size_t room = counting_ ? limits_.send_queue_depth - sq_outstanding_ : wrs.size();
@@ -229,7 +228,7 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
         return errc::not_connected;
     for (const recv_request& wr : wrs) {
         std::uint64_t total = 0;
-        if (errc ec = detail::check_recv(wr, &domain_, limits_, total); ec != errc{})
+        if (errc ec = detail::check_recv(wr, &pd_, limits_, total); ec != errc{})
             return ec;
     }
     const std::size_t room = counting_ ? limits_.recv_queue_depth - rq_outstanding_ : wrs.size();

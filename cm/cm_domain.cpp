@@ -1,0 +1,142 @@
+#include "cm/cm_domain.hpp"
+
+#include <netdb.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "backends.hpp"
+#include "cm/cm_connection.hpp"
+#include "validate.hpp"
+
+namespace rdmx::cm
+{
+
+std::vector<sockaddr_storage> resolve(const uri& u, bool passive)
+{
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    addrinfo* res = nullptr;
+    std::string port = std::to_string(u.port);
+    int rc = getaddrinfo(u.host.c_str(), port.c_str(), &hints, &res);
+    if (rc != 0)
+        throw error(make_error_code(errc::unreachable), "getaddrinfo " + u.host + ": " + gai_strerror(rc));
+    std::vector<sockaddr_storage> out;
+    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+        // rdma_cm takes IPv4 and IPv6 addresses; anything else, or anything that would
+        // not fit, is skipped rather than copied in part.
+        if ((ai->ai_family != AF_INET && ai->ai_family != AF_INET6) ||
+            ai->ai_addrlen > sizeof(sockaddr_storage))
+            continue;
+        sockaddr_storage sa{};
+        std::memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
+        out.push_back(sa);
+    }
+    freeaddrinfo(res);
+    if (out.empty())
+        throw error(make_error_code(errc::unreachable),
+                    "getaddrinfo " + u.host + ": no IPv4 or IPv6 address");
+    return out;
+}
+
+cm_domain::cm_domain(event_channel_ptr probe_channel, cm_id_ptr probe_id)
+    : probe_channel_(std::move(probe_channel)), probe_id_(std::move(probe_id)),
+      pd_(probe_id_->verbs, probe_id_->port_num ? probe_id_->port_num : 1), events_(pd_.native_context())
+{
+}
+
+cm_domain::~cm_domain() = default;
+
+std::unique_ptr<connection> cm_domain::connect(std::string_view address, const connection_options& opts,
+                                               std::span<const std::byte> private_data)
+{
+    uri u = uri::parse(address);
+    if (u.scheme == scheme::tcp)
+        throw_error(errc::invalid_argument, "connect: tcp:// address on a verbs domain");
+    detail::check_private_data(detail::private_data_use::connect, private_data, "rdma_connect");
+    auto c = std::make_unique<cm_connection>(*this, opts);
+    c->connect(u, private_data);
+    return c;
+}
+
+namespace
+{
+
+bool is_loopback(const sockaddr_storage& sa)
+{
+    if (sa.ss_family == AF_INET)
+        return (ntohl(reinterpret_cast<const sockaddr_in&>(sa).sin_addr.s_addr) >> 24) == 127;
+    if (sa.ss_family == AF_INET6)
+        return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6&>(sa).sin6_addr);
+    return false;
+}
+
+/// Asks rdma_cm which device serves `dst`: the domain of that device, or nullptr with
+/// `why` set.
+std::shared_ptr<domain> probe(sockaddr_storage& dst, std::chrono::milliseconds timeout, std::string& why)
+{
+    event_channel_ptr channel(rdma_create_event_channel());
+    if (!channel) {
+        why = std::string("rdma_create_event_channel: ") + std::strerror(errno);
+        return nullptr;
+    }
+    rdma_cm_id* raw = nullptr;
+    if (rdma_create_id(channel.get(), &raw, nullptr, RDMA_PS_TCP)) {
+        why = std::string("rdma_create_id: ") + std::strerror(errno);
+        return nullptr;
+    }
+    cm_id_ptr id(raw);
+    if (rdma_resolve_addr(id.get(), nullptr, reinterpret_cast<sockaddr*>(&dst),
+                          static_cast<int>(timeout.count()))) {
+        why = std::string("rdma_resolve_addr: ") + std::strerror(errno);
+        return nullptr;
+    }
+    pollfd pfd{channel->fd, POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(timeout.count()) + 500) <= 0) {
+        why = "rdma_resolve_addr: no answer in time";
+        return nullptr;
+    }
+    rdma_cm_event* ev = nullptr;
+    if (rdma_get_cm_event(channel.get(), &ev)) {
+        why = std::string("rdma_get_cm_event: ") + std::strerror(errno);
+        return nullptr;
+    }
+    auto type = ev->event;
+    int status = ev->status;
+    rdma_ack_cm_event(ev);
+    if (type != RDMA_CM_EVENT_ADDR_RESOLVED || id->verbs == nullptr) {
+        why = std::string("rdma_resolve_addr: ") + event_name(type) + " (status " + std::to_string(status) +
+              ")";
+        return nullptr;
+    }
+    return std::make_shared<cm_domain>(std::move(channel), std::move(id));
+}
+
+} // namespace
+
+} // namespace rdmx::cm
+
+namespace rdmx::detail
+{
+
+std::shared_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
+                                          bool required)
+{
+    std::string why = "no address to try";
+    for (sockaddr_storage& dst : cm::resolve(address, false)) {
+        // rdma_cm resolves loopback addresses to any RDMA device, yet RC connections over
+        // lo fail: the automatic choice sends loopback to TCP.
+        if (!required && cm::is_loopback(dst))
+            continue;
+        if (auto d = cm::probe(dst, timeout, why))
+            return d;
+    }
+    if (required)
+        throw error(make_error_code(errc::no_device), "rdma://" + address.host + ": " + why);
+    return nullptr;
+}
+
+} // namespace rdmx::detail
