@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backends.hpp"
+#include "resolve.hpp"
 #include "cm/cm_connection.hpp"
 #include "validate.hpp"
 
@@ -15,30 +16,9 @@ namespace rdmx::cm
 
 std::vector<sockaddr_storage> resolve(const uri& u, bool passive)
 {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-    addrinfo* res = nullptr;
-    std::string port = std::to_string(u.port);
-    int rc = getaddrinfo(u.host.c_str(), port.c_str(), &hints, &res);
-    if (rc != 0)
-        throw error(make_error_code(errc::unreachable), "getaddrinfo " + u.host + ": " + gai_strerror(rc));
     std::vector<sockaddr_storage> out;
-    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-        // rdma_cm takes IPv4 and IPv6 addresses; anything else, or anything that would
-        // not fit, is skipped rather than copied in part.
-        if ((ai->ai_family != AF_INET && ai->ai_family != AF_INET6) ||
-            ai->ai_addrlen > sizeof(sockaddr_storage))
-            continue;
-        sockaddr_storage sa{};
-        std::memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
-        out.push_back(sa);
-    }
-    freeaddrinfo(res);
-    if (out.empty())
-        throw error(make_error_code(errc::unreachable),
-                    "getaddrinfo " + u.host + ": no IPv4 or IPv6 address");
+    for (const detail::socket_address& a : detail::resolve(u, passive, "getaddrinfo"))
+        out.push_back(a.addr);
     return out;
 }
 

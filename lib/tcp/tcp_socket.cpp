@@ -76,33 +76,6 @@ void set_liveness_options(int fd, std::chrono::milliseconds timeout)
         throw_errno(errno, "setsockopt(TCP_USER_TIMEOUT / keepalive)");
 }
 
-std::vector<socket_address> resolve(const uri& u, bool passive, const std::string& what)
-{
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-    addrinfo* res = nullptr;
-    std::string port = std::to_string(u.port);
-    int rc = ::getaddrinfo(u.host.c_str(), port.c_str(), &hints, &res);
-    if (rc != 0)
-        throw error(make_error_code(errc::unreachable),
-                    what + ": cannot resolve '" + u.host + "' (" + ::gai_strerror(rc) + ")");
-    std::vector<socket_address> out;
-    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-        if (ai->ai_addrlen > sizeof(sockaddr_storage))
-            continue;
-        socket_address a;
-        std::memcpy(&a.addr, ai->ai_addr, ai->ai_addrlen);
-        a.len = ai->ai_addrlen;
-        out.push_back(a);
-    }
-    ::freeaddrinfo(res);
-    if (out.empty())
-        throw error(make_error_code(errc::unreachable), what + ": no address for '" + u.host + "'");
-    return out;
-}
-
 namespace
 {
 

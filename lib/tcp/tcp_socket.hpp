@@ -13,6 +13,8 @@
 
 #include <rdmx/uri.hpp>
 
+#include "resolve.hpp"
+
 namespace rdmx::tcp
 {
 
@@ -47,13 +49,9 @@ private:
     int fd_ = -1;
 };
 
-struct socket_address {
-    sockaddr_storage addr{};
-    socklen_t len = 0;
-};
-
-/// Numeric or named host of `u`, both families. Throws rdmx::error(unreachable) naming `what`.
-std::vector<socket_address> resolve(const uri& u, bool passive, const std::string& what);
+/// Name resolution is the core's (lib/resolve.hpp), shared with the verbs backend.
+using detail::resolve;
+using detail::socket_address;
 
 /// Connects to the first address that answers before `deadline`; the socket is
 /// non-blocking with TCP_NODELAY. Throws rdmx::error: connection_refused, unreachable,
