@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -19,6 +20,16 @@ namespace
 // Every other reason, IB_CM_REJ_CONSUMER_DEFINED (28, rdma_reject) first of all, is a rejection.
 constexpr int ib_rej_invalid_service_id = 8; // nobody listens on that port
 } // namespace
+
+namespace
+{
+std::atomic<void (*)()> after_poll_hook{nullptr};
+} // namespace
+
+void set_after_poll_hook(void (*hook)()) noexcept
+{
+    after_poll_hook.store(hook, std::memory_order_release);
+}
 
 void set_nonblocking(int fd, const char* what)
 {
@@ -102,6 +113,9 @@ void event_loop::run() noexcept
             return;
         if (fds[2].revents)
             drain_async();
+        if (fds[0].revents)
+            if (auto hook = after_poll_hook.load(std::memory_order_acquire))
+                hook();
         // Drain what is queued; EAGAIN means nothing (left), not an error.
         for (;;) {
             rdma_cm_event* ev = nullptr;

@@ -51,6 +51,11 @@ struct cm_state {
 void register_qp(ibv_qp* qp, ibv_cq* cq, rdma_cm_id* id, cm_state* st);
 void unregister_qp(ibv_qp* qp) noexcept;
 
+/// Tests only: `hook` runs on every event loop thread each time poll() has found its
+/// channel readable, before the events are read (null: none). It widens, on purpose, the
+/// window in which rdma_destroy_id can discard an event that poll() announced.
+void set_after_poll_hook(void (*hook)()) noexcept;
+
 /// Sets O_NONBLOCK on `fd` (an event channel's); throws naming `what` on failure.
 void set_nonblocking(int fd, const char* what);
 

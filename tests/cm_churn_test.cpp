@@ -14,7 +14,19 @@
 #include <optional>
 #include <thread>
 
+#include <rdmx/config.hpp>
+
 #include "common/test_util.hpp"
+#if RDMX_HAVE_RDMA
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "cm/event_loop.hpp"
+#endif
 
 namespace rdmx::test
 {
@@ -163,6 +175,62 @@ TEST_P(cm_churn, ids_destroyed_while_their_events_are_in_flight)
     EXPECT_GE(rounds, 2);
     EXPECT_EQ(established, rounds * 2);
 }
+
+#if RDMX_HAVE_RDMA
+// The race of issue 15, item 3, made certain: the loop's poll() finds its channel readable,
+// then (held there by the test hook) the only queued event goes with rdma_destroy_id, and
+// only then does the loop read. A blocking channel would leave the loop thread asleep in
+// rdma_get_cm_event(), and ~event_loop would wait for it forever.
+std::mutex hook_mutex;
+std::condition_variable hook_changed;
+bool hook_polled = false, hook_release = false;
+
+void hold_after_poll()
+{
+    std::unique_lock lock(hook_mutex);
+    hook_polled = true;
+    hook_changed.notify_all();
+    hook_changed.wait_for(lock, 10s, [] { return hook_release; });
+}
+
+TEST_P(cm_churn, an_event_discarded_between_poll_and_read_does_not_stall_the_loop)
+{
+    if (GetParam() != backend::verbs)
+        GTEST_SKIP() << "the rdma_cm event loop is the verbs backend's";
+    auto dom = domain::open(address(backend::verbs, 0));
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    ASSERT_EQ(inet_pton(AF_INET, host_for(backend::verbs).c_str(), &dst.sin_addr), 1);
+    for (int round = 0; round < 3; ++round) {
+        hook_polled = hook_release = false;
+        auto loop = std::make_unique<cm::event_loop>(dom->native_context());
+        cm::cm_state st;
+        rdma_cm_id* id = nullptr;
+        ASSERT_EQ(rdma_create_id(loop->channel(), &id, nullptr, RDMA_PS_TCP), 0) << std::strerror(errno);
+        loop->attach(id, &st);
+        cm::set_after_poll_hook(hold_after_poll);
+        ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), 0)
+            << std::strerror(errno);
+        {
+            std::unique_lock lock(hook_mutex);
+            ASSERT_TRUE(hook_changed.wait_for(lock, 10s, [] { return hook_polled; }))
+                << "the loop never saw ADDR_RESOLVED";
+        }
+        cm::set_after_poll_hook(nullptr);
+        // The event is queued, announced and not yet read: destroying the id discards it.
+        loop->detach(id);
+        rdma_destroy_id(id);
+        {
+            std::lock_guard lock(hook_mutex);
+            hook_release = true;
+        }
+        hook_changed.notify_all();
+        std::this_thread::sleep_for(50ms); // the loop reads the now empty channel
+        bounded("~event_loop after a discarded event", 10s, [&] { loop.reset(); });
+        EXPECT_EQ(st.resolved, cm::resolve_step::none) << "the discarded event was handled";
+    }
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(backends, cm_churn, testing::ValuesIn(selected_backends()), param_name);
 
