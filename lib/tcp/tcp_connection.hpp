@@ -22,6 +22,9 @@
 namespace rdmx::tcp
 {
 
+/// The initiator's completion status for a NAK the peer sent (or this side sends).
+std::error_code nak_status(nak_code c) noexcept;
+
 /// Everything the engine's handlers touch. Shared between the connection object and the
 /// handlers in flight, so that destroying the connection never leaves a handler dangling.
 /// `mu_` guards all of it; the socket is used under `mu_` by the application thread (the
@@ -220,6 +223,8 @@ private:
     }
     rx_status rx_error(ssize_t n, int err) noexcept;
     void begin_frame(const frame_header& h) noexcept;
+    void begin_request(const frame_header& h) noexcept;  ///< the peer's request (tcp_target.cpp)
+    void begin_response(const frame_header& h) noexcept; ///< a response to ours (tcp_reliability.cpp)
     void finish_frame() noexcept;
     void on_ack(std::uint64_t seq) noexcept;
     void on_nak(std::uint64_t seq, nak_code code) noexcept;
