@@ -1,6 +1,6 @@
 // Busy-poll ownership: who reads and sends, the engine or an application that polls, and
 // when the engine stands down or takes the socket back; plus post()'s coalescing.
-#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 
 #include <sys/socket.h>
 
@@ -15,7 +15,7 @@
 namespace rdmx::tcp
 {
 
-bool conn_state::coalesce_post() noexcept
+bool connection_engine::coalesce_post() noexcept
 {
     // A busy application posting one request per call while the pipe is full: its requests
     // wait for its next call and leave several to one sendmsg (up to a batch: 16 frames,
@@ -41,7 +41,7 @@ bool conn_state::coalesce_post() noexcept
     return true;
 }
 
-bool conn_state::app_keeps_tx() noexcept
+bool connection_engine::app_keeps_tx() noexcept
 {
     // A busy application (polling, or posting in a tight loop: app_busy_) keeps a transfer
     // that stopped on the budget or on a full socket: its next post() or poll() goes on
@@ -59,7 +59,7 @@ bool conn_state::app_keeps_tx() noexcept
     return true;
 }
 
-void conn_state::arm_tx_check() noexcept
+void connection_engine::arm_tx_check() noexcept
 {
     if (tx_check_armed_)
         return;
@@ -86,7 +86,7 @@ void conn_state::arm_tx_check() noexcept
     tx_check_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
 }
 
-bool conn_state::app_took_data(bool app_in_call) noexcept
+bool connection_engine::app_took_data(bool app_in_call) noexcept
 {
     // Whether a busy-polling application is reading what wakes us, wake after wake: it
     // polled since the previous wake, and either nothing is left to read or it is polling
@@ -113,7 +113,7 @@ bool conn_state::app_took_data(bool app_in_call) noexcept
     return ++busy_wakes_ >= standdown_wakes;
 }
 
-bool conn_state::app_may_read() const noexcept
+bool connection_engine::app_may_read() const noexcept
 {
     // What rx_poll needs to read on its own; otherwise (a drain after an error, a stall
     // that only the engine resumes, a sleeping application) the engine reads.
@@ -121,7 +121,7 @@ bool conn_state::app_may_read() const noexcept
            state() == connection_state::established;
 }
 
-void conn_state::stand_down() noexcept
+void connection_engine::stand_down() noexcept
 {
     // Engine thread, no wait outstanding on the descriptor (release() would drop it).
     // The socket stays open (fd_); only the epoll registration goes.
@@ -132,7 +132,7 @@ void conn_state::stand_down() noexcept
     arm_standdown_check();
 }
 
-void conn_state::arm_standdown_check() noexcept
+void connection_engine::arm_standdown_check() noexcept
 {
     standdown_timer_.expires_after(takeover_check_);
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
@@ -153,7 +153,7 @@ void conn_state::arm_standdown_check() noexcept
     standdown_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
 }
 
-void conn_state::reclaim_rx() noexcept
+void connection_engine::reclaim_rx() noexcept
 {
     if (!rx_app_owned_)
         return;
@@ -178,7 +178,7 @@ void conn_state::reclaim_rx() noexcept
     pump();
 }
 
-bool conn_state::rx_poll() noexcept
+bool connection_engine::rx_poll() noexcept
 {
     // A caller that polls receives what has arrived itself, instead of waiting for the
     // engine thread to wake up, read and hand it over: no thread hop per message. Only
@@ -198,7 +198,7 @@ bool conn_state::rx_poll() noexcept
     return true;
 }
 
-bool conn_state::rx_read() noexcept
+bool connection_engine::rx_read() noexcept
 {
     // rx_poll without sending: reads what has arrived, on the application thread.
     if (!(read_armed_ || rx_app_owned_) || closed_ || rx_done_ || rx_stalled_ ||
@@ -214,7 +214,7 @@ bool conn_state::rx_read() noexcept
     return true;
 }
 
-bool conn_state::only_acks_owed() const noexcept
+bool connection_engine::only_acks_owed() const noexcept
 {
     // Nothing but ACKs: no frame half sent, no request waiting (an ACK or read response
     // that just arrived may have unblocked a fenced one), no read response or NAK owed.

@@ -1,6 +1,6 @@
 // Completions and the flush: the completion ring, the notification eventfd, and moving the
 // connection out of `established` with everything outstanding completed as flushed.
-#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 
 #include <unistd.h>
 
@@ -19,7 +19,7 @@ rdmx::opcode completion_opcode(rdmx::opcode op) noexcept
 
 } // namespace
 
-void conn_state::push_cq(const completion& c, bool solicited) noexcept
+void connection_engine::push_cq(const completion& c, bool solicited) noexcept
 {
     if (cq_count_ == cq_.size()) {
         // CQ overrun is fatal on verbs too. The completion that did not fit is lost; the
@@ -41,7 +41,7 @@ void conn_state::push_cq(const completion& c, bool solicited) noexcept
     }
 }
 
-void conn_state::complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept
+void connection_engine::complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept
 {
     sq_entry e = sq_at(sq_head_);
     ++sq_head_;
@@ -54,13 +54,13 @@ void conn_state::complete_sq_head(std::error_code status, std::uint32_t byte_len
                  .byte_len = byte_len});
 }
 
-void conn_state::complete_rq_head(const completion& c, bool solicited) noexcept
+void connection_engine::complete_rq_head(const completion& c, bool solicited) noexcept
 {
     ++rq_head_;
     push_cq(c, solicited);
 }
 
-void conn_state::fail(connection_state to, std::error_code cause) noexcept
+void connection_engine::fail(connection_state to, std::error_code cause) noexcept
 {
     if (state() != connection_state::established)
         return;

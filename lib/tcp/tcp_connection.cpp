@@ -5,21 +5,22 @@
 namespace rdmx::tcp
 {
 
-tcp_connection::tcp_connection(std::shared_ptr<conn_state> st, std::vector<std::byte> peer_private_data)
-    : st_(std::move(st)), peer_pdata_(std::move(peer_private_data))
+tcp_connection::tcp_connection(std::shared_ptr<connection_engine> engine,
+                               std::vector<std::byte> peer_private_data)
+    : engine_(std::move(engine)), peer_pdata_(std::move(peer_private_data))
 {
 }
 
 tcp_connection::~tcp_connection()
 {
-    st_->close();
+    engine_->close();
 }
 
 std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
                                             const connection_options& opts, std::uint32_t peer_max_rd,
                                             std::vector<std::byte> peer_private_data)
 {
-    auto st = std::make_shared<conn_state>(dom, std::move(fd), lim, opts, peer_max_rd);
+    auto st = std::make_shared<connection_engine>(dom, std::move(fd), lim, opts, peer_max_rd);
     auto conn = std::make_unique<tcp_connection>(st, std::move(peer_private_data));
     st->start();
     return conn;

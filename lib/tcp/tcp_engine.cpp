@@ -1,7 +1,7 @@
 // The engine's life: construction (all allocation happens here), the start on the engine
 // thread, and after the connection object is gone, the linger that finishes what is owed
 // to the peer before the socket closes.
-#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -16,8 +16,8 @@
 namespace rdmx::tcp
 {
 
-conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
-                       const connection_options& opts, std::uint32_t peer_max_rd)
+connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
+                                     const connection_options& opts, std::uint32_t peer_max_rd)
     : dom_(dom), lim_(lim), rnr_limit_(opts.rnr_retry_count > 7 ? 7 : opts.rnr_retry_count),
       rnr_delay_(detail::rnr_delay(opts.min_rnr_timer)),
       max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))), fd_(fd.get()),
@@ -43,7 +43,7 @@ conn_state::conn_state(tcp_domain& dom, unique_fd fd, const connection_limits& l
     set_liveness_options(fd_, std::chrono::duration_cast<std::chrono::milliseconds>(progress_timeout_));
 }
 
-conn_state::~conn_state()
+connection_engine::~connection_engine()
 {
     // Stood down, the descriptor object does not hold the socket; close it here (the io
     // context dropped the close handler, e.g. when the domain went first).
@@ -51,7 +51,7 @@ conn_state::~conn_state()
         ::close(fd_);
 }
 
-void conn_state::start()
+void connection_engine::start()
 {
     asio::post(dom_.io(), [self = shared_from_this()] {
         std::lock_guard lk(self->mu_);
@@ -69,12 +69,12 @@ void conn_state::start()
     });
 }
 
-bool conn_state::on_engine() const noexcept
+bool connection_engine::on_engine() const noexcept
 {
     return dom_.io().get_executor().running_in_this_thread();
 }
 
-void conn_state::close() noexcept
+void connection_engine::close() noexcept
 {
     {
         std::lock_guard lk(mu_);
@@ -90,7 +90,7 @@ void conn_state::close() noexcept
     });
 }
 
-void conn_state::start_linger() noexcept
+void connection_engine::start_linger() noexcept
 {
     // The connection object is gone, but the peer is still owed the frame on the wire and
     // the responses (a NAK saying why, above all) and then FIN (docs/wire-format.md
@@ -121,13 +121,13 @@ void conn_state::start_linger() noexcept
     linger_check();
 }
 
-void conn_state::linger_check() noexcept
+void connection_engine::linger_check() noexcept
 {
     if (lingering_ && tx_done_ && rx_done_ && on_engine())
         close_socket();
 }
 
-void conn_state::close_socket() noexcept
+void connection_engine::close_socket() noexcept
 {
     if (closed_)
         return;

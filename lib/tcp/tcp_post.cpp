@@ -1,6 +1,6 @@
 // The application's calls: post, post_recv, poll, notification and disconnect. They run on
 // any application thread, under mu_; what they leave to the engine goes by asio::post.
-#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 
 #include <unistd.h>
 
@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include <boost/asio/post.hpp>
 
@@ -16,7 +17,27 @@
 namespace rdmx::tcp
 {
 
-std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
+template <class Request, class Check>
+std::optional<std::error_code> connection_engine::validate_or_flush(std::span<const Request> wrs,
+                                                                    std::size_t* posted, Check check) noexcept
+{
+    // All or nothing: an invalid request rejects the whole list before any is taken.
+    for (const auto& wr : wrs) {
+        std::uint64_t total = 0;
+        if (errc ec = check(wr, total); ec != errc{})
+            return make_error_code(ec);
+    }
+    if (state() == connection_state::established)
+        return std::nullopt;
+    // As on an errored QP: the requests are accepted and complete as flushed.
+    for (const auto& wr : wrs)
+        push_cq({.wr_id = wr.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+    if (posted)
+        *posted = wrs.size();
+    return std::error_code{};
+}
+
+std::error_code connection_engine::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
 {
     if (posted)
         *posted = 0;
@@ -24,19 +45,10 @@ std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t*
     // a tight loop look idle.
     const auto entry = std::chrono::steady_clock::now();
     std::lock_guard lk(mu_);
-    for (const auto& wr : wrs) {
-        std::uint64_t total = 0;
-        if (errc ec = detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total); ec != errc{})
-            return ec;
-    }
-    if (state() != connection_state::established) {
-        // As on an errored QP: the requests are accepted and complete as flushed.
-        for (const auto& wr : wrs)
-            push_cq({.wr_id = wr.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
-        if (posted)
-            *posted = wrs.size();
-        return {};
-    }
+    if (auto done = validate_or_flush(wrs, posted, [&](const work_request& wr, std::uint64_t& total) {
+            return detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total);
+        }))
+        return *done;
     app_busy_ = entry - last_call_end_ < busy_poll_window;
     ++app_calls_;
     std::size_t i = 0;
@@ -93,23 +105,15 @@ std::error_code conn_state::post(std::span<const work_request> wrs, std::size_t*
     return {};
 }
 
-std::error_code conn_state::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
+std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
 {
     if (posted)
         *posted = 0;
     std::lock_guard lk(mu_);
-    for (const auto& wr : wrs) {
-        std::uint64_t total = 0;
-        if (errc ec = detail::check_recv(wr, dom_.owner(), lim_, total); ec != errc{})
-            return ec;
-    }
-    if (state() != connection_state::established) {
-        for (const auto& wr : wrs)
-            push_cq({.wr_id = wr.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
-        if (posted)
-            *posted = wrs.size();
-        return {};
-    }
+    if (auto done = validate_or_flush(wrs, posted, [&](const recv_request& wr, std::uint64_t& total) {
+            return detail::check_recv(wr, dom_.owner(), lim_, total);
+        }))
+        return *done;
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
         if (rq_tail_ - rq_head_ == lim_.recv_queue_depth)
@@ -132,7 +136,7 @@ std::error_code conn_state::post_recv(std::span<const recv_request> wrs, std::si
     return i < wrs.size() ? make_error_code(errc::would_block) : std::error_code{};
 }
 
-std::size_t conn_state::poll(std::span<completion> out) noexcept
+std::size_t connection_engine::poll(std::span<completion> out) noexcept
 {
     std::lock_guard lk(mu_);
     last_poll_ = std::chrono::steady_clock::now();
@@ -153,7 +157,7 @@ std::size_t conn_state::poll(std::span<completion> out) noexcept
     return n;
 }
 
-std::error_code conn_state::request_notify(bool solicited_only) noexcept
+std::error_code connection_engine::request_notify(bool solicited_only) noexcept
 {
     std::lock_guard lk(mu_);
     notify_armed_ = solicited_only ? 2 : 1;
@@ -172,7 +176,7 @@ std::error_code conn_state::request_notify(bool solicited_only) noexcept
     return {};
 }
 
-std::error_code conn_state::ack_notify() noexcept
+std::error_code connection_engine::ack_notify() noexcept
 {
     std::uint64_t v;
     if (::read(efd_.get(), &v, sizeof v) < 0 && errno != EAGAIN)
@@ -180,7 +184,7 @@ std::error_code conn_state::ack_notify() noexcept
     return {};
 }
 
-void conn_state::disconnect() noexcept
+void connection_engine::disconnect() noexcept
 {
     std::lock_guard lk(mu_);
     app_busy_ = false;

@@ -1,6 +1,6 @@
 // Receive framing: reads headers into the stage and payloads into their destinations, on
 // the engine thread (rx_run) or, under mu_, on a polling application thread (rx_read).
-#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 
 #include <sys/socket.h>
 
@@ -15,7 +15,7 @@
 namespace rdmx::tcp
 {
 
-void conn_state::arm_read() noexcept
+void connection_engine::arm_read() noexcept
 {
     if (read_armed_ || rx_done_ || closed_)
         return;
@@ -46,7 +46,7 @@ void conn_state::arm_read() noexcept
                      }));
 }
 
-int conn_state::wanted_rcvlowat() const noexcept
+int connection_engine::wanted_rcvlowat() const noexcept
 {
     // In the middle of a large payload, wake only when a good part of it is there (or the
     // peer closed, or the receive window is nearly full: the kernel wakes for those
@@ -59,7 +59,7 @@ int conn_state::wanted_rcvlowat() const noexcept
     return to_come >= rcvlowat_min ? static_cast<int>(std::min<std::uint64_t>(to_come, rcvlowat_max)) : 1;
 }
 
-void conn_state::keep_rcvlowat_reachable() noexcept
+void connection_engine::keep_rcvlowat_reachable() noexcept
 {
     // An armed read wait wakes at the mark that arm_read() set for the payload as it was
     // then. A read since, on the application thread (rx_read) or in an engine run that a
@@ -74,7 +74,7 @@ void conn_state::keep_rcvlowat_reachable() noexcept
             set_rcvlowat(want);
 }
 
-void conn_state::set_rcvlowat(int bytes) noexcept
+void connection_engine::set_rcvlowat(int bytes) noexcept
 {
     if (bytes == rcvlowat_)
         return;
@@ -83,7 +83,7 @@ void conn_state::set_rcvlowat(int bytes) noexcept
         rcvlowat_ = bytes;
 }
 
-void conn_state::continue_rx() noexcept
+void connection_engine::continue_rx() noexcept
 {
     if (rx_cont_posted_)
         return;
@@ -96,7 +96,7 @@ void conn_state::continue_rx() noexcept
                }));
 }
 
-void conn_state::resume_rx() noexcept
+void connection_engine::resume_rx() noexcept
 {
     rx_stalled_ = false;
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
@@ -106,7 +106,7 @@ void conn_state::resume_rx() noexcept
                }));
 }
 
-void conn_state::rx_run() noexcept
+void connection_engine::rx_run() noexcept
 {
     if (closed_ || rx_done_ || rx_stalled_)
         return;
@@ -128,7 +128,7 @@ void conn_state::rx_run() noexcept
     arm_read();
 }
 
-conn_state::rx_status conn_state::rx_error(ssize_t n, int err) noexcept
+connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noexcept
 {
     if (n < 0 && err == EINTR)
         return rx_status::again;
@@ -139,7 +139,7 @@ conn_state::rx_status conn_state::rx_error(ssize_t n, int err) noexcept
     return rx_status::stop;
 }
 
-conn_state::rx_status conn_state::rx_drain() noexcept
+connection_engine::rx_status connection_engine::rx_drain() noexcept
 {
     auto sink = dom_.discard_buffer();
     ssize_t n = sys::recv(fd_, sink.data(), sink.size(), MSG_DONTWAIT);
@@ -148,7 +148,7 @@ conn_state::rx_status conn_state::rx_drain() noexcept
     return rx_error(n, errno);
 }
 
-conn_state::rx_status conn_state::rx_step() noexcept
+connection_engine::rx_status connection_engine::rx_step() noexcept
 {
     if (rx_action_ != rx_action::none)
         return staged() > 0 ? rx_staged_payload() : rx_payload();
@@ -191,7 +191,7 @@ conn_state::rx_status conn_state::rx_step() noexcept
     return rx_done_ ? rx_status::stop : rx_status::again;
 }
 
-void conn_state::begin_frame(const frame_header& h) noexcept
+void connection_engine::begin_frame(const frame_header& h) noexcept
 {
     rx_hdr_ = h;
     rx_left_ = h.payload_length();
@@ -207,7 +207,7 @@ void conn_state::begin_frame(const frame_header& h) noexcept
         begin_response(h);
 }
 
-conn_state::rx_status conn_state::rx_payload() noexcept
+connection_engine::rx_status connection_engine::rx_payload() noexcept
 {
     if (rx_short_)
         return rx_status::wait;    // drained in this run (see rx_step)
@@ -276,7 +276,7 @@ conn_state::rx_status conn_state::rx_payload() noexcept
     return rx_done_ ? rx_status::stop : rx_status::again;
 }
 
-conn_state::rx_status conn_state::rx_staged_payload() noexcept
+connection_engine::rx_status connection_engine::rx_staged_payload() noexcept
 {
     // The payload bytes that arrived with the header: copied out of the stage.
     std::uint64_t n = std::min<std::uint64_t>(staged(), rx_left_);
@@ -305,7 +305,7 @@ conn_state::rx_status conn_state::rx_staged_payload() noexcept
     return rx_done_ ? rx_status::stop : rx_status::again;
 }
 
-void conn_state::rx_advance(std::uint64_t n) noexcept
+void connection_engine::rx_advance(std::uint64_t n) noexcept
 {
     // Walk the SGE position forward by what arrived (wherever it landed).
     while (n > 0 && rx_seg_i_ < rx_nseg_) {

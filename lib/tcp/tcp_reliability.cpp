@@ -1,6 +1,6 @@
 // Reliability and liveness: the initiator's side of ACK / NAK / RNR with go-back-N, the
 // protocol-violation and peer-gone exits, and the dead-peer timer.
-#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -23,7 +23,7 @@ std::error_code nak_status(nak_code c) noexcept
     return errc::bad_response;
 }
 
-void conn_state::protocol_violation(const char* why, bool blame_head) noexcept
+void connection_engine::protocol_violation(const char* why, bool blame_head) noexcept
 {
     if (!violation_logged_) {
         violation_logged_ = true;
@@ -38,14 +38,14 @@ void conn_state::protocol_violation(const char* why, bool blame_head) noexcept
     ::shutdown(fd_, SHUT_RDWR);
 }
 
-void conn_state::peer_gone() noexcept
+void connection_engine::peer_gone() noexcept
 {
     rx_done_ = true;
     fail(connection_state::disconnected);
     linger_check();
 }
 
-void conn_state::begin_response(const frame_header& h) noexcept
+void connection_engine::begin_response(const frame_header& h) noexcept
 {
     switch (h.op) {
     case frame_op::ack: on_ack(h.seq); return;
@@ -70,7 +70,7 @@ void conn_state::begin_response(const frame_header& h) noexcept
     protocol_violation("unexpected response opcode", true);
 }
 
-void conn_state::on_ack(std::uint64_t seq) noexcept
+void connection_engine::on_ack(std::uint64_t seq) noexcept
 {
     if (seq < sq_head_ || seq >= tx_next_) {
         protocol_violation("ack for a request not in flight", true);
@@ -85,7 +85,7 @@ void conn_state::on_ack(std::uint64_t seq) noexcept
     }
 }
 
-void conn_state::on_nak(std::uint64_t seq, nak_code code) noexcept
+void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
 {
     if (seq != sq_head_ || sq_head_ >= tx_next_) {
         protocol_violation("nak for a request not at the head", true);
@@ -124,7 +124,7 @@ void conn_state::on_nak(std::uint64_t seq, nak_code code) noexcept
     rnr_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
 }
 
-void conn_state::arm_progress_check() noexcept
+void connection_engine::arm_progress_check() noexcept
 {
     // A few checks per timeout bound the detection time to 1.25 x the timeout.
     progress_timer_.expires_after(
@@ -138,7 +138,7 @@ void conn_state::arm_progress_check() noexcept
     progress_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
 }
 
-void conn_state::check_progress() noexcept
+void connection_engine::check_progress() noexcept
 {
     if (closed_ || state() != connection_state::established)
         return; // nothing outstanding any more: the timer stops here

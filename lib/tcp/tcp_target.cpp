@@ -1,12 +1,12 @@
 // The target side of the peer's requests: what a send, write or read request does here
 // once its payload is in (finish_frame), and the responses (ACK, NAK, read response) owed
 // for it, sent in the order the requests arrived.
-#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 
 namespace rdmx::tcp
 {
 
-void conn_state::begin_request(const frame_header& h) noexcept
+void connection_engine::begin_request(const frame_header& h) noexcept
 {
     if (h.seq != rx_expect_) {
         // Go-back-N: after an RNR NAK for rx_expect_, later requests are already on
@@ -64,7 +64,7 @@ void conn_state::begin_request(const frame_header& h) noexcept
     protocol_violation("unexpected request opcode", false);
 }
 
-void conn_state::push_response(const response& r) noexcept
+void connection_engine::push_response(const response& r) noexcept
 {
     // Space was checked before the request's header was consumed (rx_step), and every
     // request produces at most one response.
@@ -73,7 +73,7 @@ void conn_state::push_response(const response& r) noexcept
     resp_at(resp_tail_++) = r;
 }
 
-void conn_state::push_ack(std::uint64_t seq) noexcept
+void connection_engine::push_ack(std::uint64_t seq) noexcept
 {
     // ACKs are cumulative: extend the last one unless it already started on the wire.
     if (resp_tail_ > resp_head_) {
@@ -87,7 +87,7 @@ void conn_state::push_ack(std::uint64_t seq) noexcept
     push_response({.op = frame_op::ack, .code = nak_code::rnr, .seq = seq, .data = {}});
 }
 
-void conn_state::target_fail(nak_code code, std::uint64_t seq) noexcept
+void connection_engine::target_fail(nak_code code, std::uint64_t seq) noexcept
 {
     // As rxe and real HCAs: a class C responder error moves the responder's QP to error
     // too. The NAK is still sent (before our FIN) so that the initiator learns why.
@@ -95,7 +95,7 @@ void conn_state::target_fail(nak_code code, std::uint64_t seq) noexcept
     fail(connection_state::error, nak_status(code));
 }
 
-void conn_state::finish_frame() noexcept
+void connection_engine::finish_frame() noexcept
 {
     rx_action a = rx_action_;
     rx_action_ = rx_action::none;

@@ -1,7 +1,7 @@
 // Transmit: one pump, run under mu_ by whichever thread has something to send. It batches
 // responses and requests into one sendmsg, resumes the frame partly on the wire, and hands
 // what is left to the engine (arm_write).
-#include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 
 #include <sys/socket.h>
 
@@ -15,7 +15,8 @@
 namespace rdmx::tcp
 {
 
-void conn_state::add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std::uint64_t skip) noexcept
+void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos,
+                                  std::uint64_t skip) noexcept
 {
     std::byte* hdr = b.headers[b.nitems];
     frame_header h;
@@ -103,7 +104,7 @@ void conn_state::add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std:
         b.closed = true;
 }
 
-void conn_state::pump() noexcept
+void connection_engine::pump() noexcept
 {
     // An application thread sends even while the engine holds a continuation (write_armed_):
     // the engine may share its CPU and run only when the application yields it, so a busy
@@ -204,7 +205,7 @@ void conn_state::pump() noexcept
     in_pump_ = false;
 }
 
-void conn_state::advance(tx_batch& b, std::uint64_t sent) noexcept
+void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept
 {
     for (int i = 0; i < b.nitems; ++i) {
         tx_item& it = b.items[i];
@@ -234,7 +235,7 @@ void conn_state::advance(tx_batch& b, std::uint64_t sent) noexcept
     }
 }
 
-void conn_state::maybe_shutdown() noexcept
+void connection_engine::maybe_shutdown() noexcept
 {
     // After a disconnect or error: once the frame on the wire and the responses owed
     // (a NAK saying why, above all) are out, send FIN so the peer notices.
@@ -246,7 +247,7 @@ void conn_state::maybe_shutdown() noexcept
     linger_check();
 }
 
-void conn_state::revoked_frame(frame_kind kind, std::uint64_t pos) noexcept
+void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexcept
 {
     // A frame whose memory was deregistered (docs/wire-format.md section 5, Deregistration).
     switch (kind) {
@@ -281,7 +282,7 @@ void conn_state::revoked_frame(frame_kind kind, std::uint64_t pos) noexcept
     linger_check();
 }
 
-void conn_state::arm_write(bool would_block) noexcept
+void connection_engine::arm_write(bool would_block) noexcept
 {
     if (write_armed_)
         return; // the engine's continuation (a post, or a wait for space) is still to come
