@@ -19,11 +19,11 @@ bool connection_engine::coalesce_post() noexcept
 {
     // A busy application posting one request per call while the pipe is full: its requests
     // wait for its next call and leave several to one sendmsg (up to a batch: 16 frames,
-    // 1 MiB), as a post list would. Only when the caller is in a tight loop (app_busy_, as
+    // 1 MiB), as a post list would. Only when the caller is in a tight loop (app_busy(), as
     // post() just set it) and enough is in flight (16 requests or 64 KiB) that the link does
     // not idle meanwhile; latency (one request at a time) never waits. The transmit check
     // (arm_tx_check) bounds the wait if the application stops calling.
-    if (on_engine() || state() != connection_state::established || !app_busy_)
+    if (on_engine() || state() != connection_state::established || !ownership_.app_busy())
         return false;
     std::uint64_t bytes = 0;
     int n = 0;
@@ -43,7 +43,7 @@ bool connection_engine::coalesce_post() noexcept
 
 bool connection_engine::app_keeps_tx() noexcept
 {
-    // A busy application (polling, or posting in a tight loop: app_busy_) keeps a transfer
+    // A busy application (polling, or posting in a tight loop: app_busy()) keeps a transfer
     // that stopped on the budget or on a full socket: its next post() or poll() goes on
     // (the socket's space frees meanwhile), instead of the engine waking on its CPU for
     // every MiB. If it stops calling, the engine takes over: at once when it arms a
@@ -51,9 +51,9 @@ bool connection_engine::app_keeps_tx() noexcept
     // (tx_check), at most about two checks late.
     if (on_engine())
         return false;
-    if (rx_app_owned_)
+    if (ownership_.app_owns())
         return true;
-    if (!app_busy_)
+    if (!ownership_.app_busy())
         return false;
     arm_tx_check();
     return true;
@@ -64,7 +64,7 @@ void connection_engine::arm_tx_check() noexcept
     if (tx_check_armed_)
         return;
     tx_check_armed_ = true;
-    tx_check_calls_ = app_calls_;
+    ownership_.tx_check_armed();
     tx_check_timer_.expires_after(takeover_check_);
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
@@ -73,11 +73,11 @@ void connection_engine::arm_tx_check() noexcept
         self->tx_check_armed_ = false;
         if (self->closed_)
             return;
-        if (self->rx_app_owned_)
+        if (self->ownership_.app_owns())
             return; // stood down: the stand-down check rules
         bool pending = self->cur_.kind != frame_kind::none || self->tx_next_ != self->sq_tail_ ||
                        self->resp_head_ != self->resp_tail_;
-        if (pending && self->app_calls_ != self->tx_check_calls_) {
+        if (pending && self->ownership_.called_since_tx_check()) {
             self->arm_tx_check(); // still calling: its calls go on sending
             return;
         }
@@ -88,36 +88,23 @@ void connection_engine::arm_tx_check() noexcept
 
 bool connection_engine::app_took_data(bool app_in_call) noexcept
 {
-    // Whether a busy-polling application is reading what wakes us, wake after wake: it
-    // polled since the previous wake, and either nothing is left to read or it is polling
-    // right now (the engine, woken on the poller's CPU, often runs before the poller gets
-    // to the data). An application that polls only now and then (and leaves one-sided
-    // requests to the engine meanwhile) has data waiting when the engine wakes and has not
-    // polled for a while, and keeps the engine reading.
-    bool polled = app_in_call || app_polls_ != app_polls_seen_;
-    app_polls_seen_ = app_polls_;
-    if (!polled || !app_may_read()) {
-        busy_wakes_ = 0;
+    // Whether a busy-polling application is reading what wakes us, wake after wake
+    // (poll_ownership::wake_may_count and count_wake say when that counts).
+    if (!ownership_.wake_may_count(app_in_call, app_may_read()))
         return false;
-    }
     if (write_armed_)
         return false; // a transmit continuation is due: not now, but this wake counts neither way
     std::byte probe;
     ssize_t n = sys::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
     bool taken = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-    bool polling_now = app_in_call || std::chrono::steady_clock::now() - last_poll_ < busy_poll_window;
-    if (!taken && !polling_now) {
-        busy_wakes_ = 0;
-        return false;
-    }
-    return ++busy_wakes_ >= standdown_wakes;
+    return ownership_.count_wake(taken, app_in_call, std::chrono::steady_clock::now());
 }
 
 bool connection_engine::app_may_read() const noexcept
 {
     // What rx_poll needs to read on its own; otherwise (a drain after an error, a stall
     // that only the engine resumes, a sleeping application) the engine reads.
-    return notify_armed_ == 0 && !closed_ && !rx_done_ && !rx_stalled_ &&
+    return !notify_.armed() && !closed_ && !rx_done_ && !rx_stalled_ &&
            state() == connection_state::established;
 }
 
@@ -126,9 +113,7 @@ void connection_engine::stand_down() noexcept
     // Engine thread, no wait outstanding on the descriptor (release() would drop it).
     // The socket stays open (fd_); only the epoll registration goes.
     [[maybe_unused]] int fd = desc_.release();
-    rx_app_owned_ = true;
-    busy_wakes_ = 0;
-    app_calls_seen_ = app_calls_;
+    ownership_.stand_down();
     arm_standdown_check();
 }
 
@@ -139,12 +124,11 @@ void connection_engine::arm_standdown_check() noexcept
         if (ec == asio::error::operation_aborted)
             return;
         std::lock_guard lk(self->mu_);
-        if (!self->rx_app_owned_ || self->closed_)
+        if (!self->ownership_.app_owns() || self->closed_)
             return;
-        if (self->app_calls_ != self->app_calls_seen_ && self->app_may_read()) {
+        if (self->ownership_.still_calling(self->app_may_read())) {
             // Still calling: leave it the socket, and what is left to send (its next call
             // sends it, deferred ACKs included).
-            self->app_calls_seen_ = self->app_calls_;
             self->arm_standdown_check();
             return;
         }
@@ -155,11 +139,9 @@ void connection_engine::arm_standdown_check() noexcept
 
 void connection_engine::reclaim_rx() noexcept
 {
-    if (!rx_app_owned_)
+    if (!ownership_.app_owns())
         return;
-    rx_app_owned_ = false;
-    busy_wakes_ = 0;
-    app_polls_seen_ = app_polls_;
+    ownership_.reclaim();
     standdown_timer_.cancel();
     boost::system::error_code ec;
     desc_.assign(fd_, ec);
@@ -192,7 +174,7 @@ bool connection_engine::rx_poll() noexcept
     // arrived in this very call (a completion to return, or a one-sided write that the
     // caller may be spinning on) may wait for its next post() or poll() (or the engine's
     // stand-down check): a caller that answers a message sends one segment, not two.
-    if (rx_app_owned_ && (cq_count_ > 0 || rx_expect_ != carried_out) && only_acks_owed())
+    if (ownership_.app_owns() && (!cq_.empty() || rx_expect_ != carried_out) && only_acks_owed())
         return false;
     pump();
     return true;
@@ -201,7 +183,7 @@ bool connection_engine::rx_poll() noexcept
 bool connection_engine::rx_read() noexcept
 {
     // rx_poll without sending: reads what has arrived, on the application thread.
-    if (!(read_armed_ || rx_app_owned_) || closed_ || rx_done_ || rx_stalled_ ||
+    if (!(read_armed_ || ownership_.app_owns()) || closed_ || rx_done_ || rx_stalled_ ||
         state() != connection_state::established)
         return false;
     rx_short_ = false;
@@ -209,7 +191,7 @@ bool connection_engine::rx_read() noexcept
         if (rx_step() != rx_status::again)
             break;
     keep_rcvlowat_reachable(); // the engine's wait may be armed for a payload read here
-    if (!rx_app_owned_ && staged_work())
+    if (!ownership_.app_owns() && staged_work())
         continue_rx(); // budget spent with frames staged: the engine's wait would not see them
     return true;
 }

@@ -21,7 +21,7 @@ rdmx::opcode completion_opcode(rdmx::opcode op) noexcept
 
 void connection_engine::push_cq(const completion& c, bool solicited) noexcept
 {
-    if (cq_count_ == cq_.size()) {
+    if (!cq_.push(c)) {
         // CQ overrun is fatal on verbs too. The completion that did not fit is lost; the
         // flush that follows cannot add more (the ring is full), which is what verbs does.
         if (state() == connection_state::established) {
@@ -30,11 +30,7 @@ void connection_engine::push_cq(const completion& c, bool solicited) noexcept
         }
         return;
     }
-    cq_[(cq_head_ + cq_count_) % cq_.size()] = c;
-    ++cq_count_;
-    bool is_recv = c.opcode == opcode::recv || c.opcode == opcode::recv_with_imm;
-    if (notify_armed_ == 1 || (notify_armed_ == 2 && (c.status || (is_recv && solicited)))) {
-        notify_armed_ = 0;
+    if (notify_.fire(c, solicited)) {
         std::uint64_t one = 1;
         // Only fails if the counter would overflow, which cannot happen with one per arm.
         [[maybe_unused]] auto r = ::write(efd_.get(), &one, sizeof one);

@@ -47,7 +47,7 @@ connection_engine::~connection_engine()
 {
     // Stood down, the descriptor object does not hold the socket; close it here (the io
     // context dropped the close handler, e.g. when the domain went first).
-    if (rx_app_owned_)
+    if (ownership_.app_owns())
         ::close(fd_);
 }
 
@@ -78,7 +78,7 @@ void connection_engine::close() noexcept
 {
     {
         std::lock_guard lk(mu_);
-        app_busy_ = false; // no call will come again: what is left to send is the engine's
+        ownership_.on_app_idle(); // no call will come again: what is left to send is the engine's
         fail(connection_state::disconnected);
         pump();
         lingering_ = true;
@@ -102,7 +102,7 @@ void connection_engine::start_linger() noexcept
     progress_timer_.cancel(); // its handler holds the state (and its eventfd) alive
     standdown_timer_.cancel();
     tx_check_timer_.cancel();
-    if (rx_app_owned_) {
+    if (ownership_.app_owns()) {
         reclaim_rx(); // reads and sends on the engine again
     } else {
         arm_read();
@@ -139,8 +139,8 @@ void connection_engine::close_socket() noexcept
     standdown_timer_.cancel();
     tx_check_timer_.cancel();
     linger_timer_.cancel();
-    if (rx_app_owned_) {
-        rx_app_owned_ = false;
+    if (ownership_.app_owns()) {
+        ownership_.socket_closed();
         ::close(fd_);
     } else {
         desc_.close(ignored);

@@ -17,8 +17,10 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "tcp/tcp_completion.hpp"
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_handler_memory.hpp"
+#include "tcp/tcp_poll_ownership.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -73,23 +75,7 @@ private:
     // Bytes one pump may send from the application thread / from the engine thread.
     static constexpr std::uint64_t app_tx_budget = 1u << 20;
     static constexpr std::uint64_t engine_tx_budget = 4u << 20;
-    // Receive ownership. An application that busy-polls reads the socket itself (rx_poll);
-    // the engine then stands down: it takes the socket out of its epoll set, so arriving
-    // data no longer wakes it on the poller's CPU and no longer contends for mu_. It stands
-    // down after `standdown_wakes` read wakes in a row that each found the application
-    // polling (a poll() since the previous wake or a call in progress, no request_notify()
-    // pending) and the data that woke it already read by the application or the
-    // application polling right then (a poll() within `busy_poll_window`), and takes the
-    // socket back from request_notify(), when it must wait for writability, or when a check
-    // every `takeover_check_` (connection_options::tcp_takeover_check) finds that the
-    // application stopped calling post() and poll():
-    // one-sided requests are then served again without the application, at most about two
-    // checks late. While stood down, post() reads too, at most every `app_rx_interval`, so
-    // that an application that posts a long window without polling still serves the
-    // peer's requests. Transmission follows the same rule (app_keeps_tx).
-    static constexpr int standdown_wakes = 3;
-    static constexpr std::chrono::microseconds busy_poll_window{20};
-    static constexpr std::chrono::microseconds app_rx_interval{50};
+    // Receive ownership and the busy-poll heuristics: poll_ownership (tcp_poll_ownership.hpp).
     // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
     // wakes when min(left, rcvlowat_max) have arrived (SO_RCVLOWAT), not at the first byte.
     // Whichever thread reads while that wait is armed lowers the mark with what it consumed
@@ -282,9 +268,8 @@ private:
     std::vector<seg> rq_segs_;
     std::uint64_t rq_head_ = 0, rq_tail_ = 0;
 
-    std::vector<completion> cq_;
-    std::size_t cq_head_ = 0, cq_count_ = 0;
-    int notify_armed_ = 0; ///< 0 no, 1 any completion, 2 solicited only
+    completion_ring cq_;
+    notify_arm notify_;
 
     // Responses owed to the peer: bounded; when full, reading stops (TCP backpressure).
     std::vector<response> resp_;
@@ -318,29 +303,16 @@ private:
     std::uint64_t rx_expect_ = 0; ///< next request sequence number from the peer
     bool rnr_wait_ = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
     bool read_armed_ = false;
-    int rcvlowat_ = 1;                 ///< the socket's SO_RCVLOWAT (set_rcvlowat)
-    std::uint64_t rx_bytes_ = 0;       ///< bytes read from the socket (frames, not the drain)
-    std::uint64_t tx_bytes_ = 0;       ///< bytes the socket took
-    std::uint64_t arrived_seen_ = 0;   ///< rx_bytes_ + unread bytes at the progress check's last look
-    bool rx_app_owned_ = false;        ///< engine stood down: the socket is out of its epoll set
-    bool reclaim_posted_ = false;      ///< request_notify() asked the engine to take it back
-    int busy_wakes_ = 0;               ///< read wakes in a row that found the application polling
-    std::uint64_t app_polls_ = 0;      ///< poll() calls
-    std::uint64_t app_polls_seen_ = 0; ///< app_polls_ when the engine last looked
-    std::chrono::steady_clock::time_point last_poll_{};     ///< the application's latest poll()
-    std::chrono::steady_clock::time_point last_call_end_{}; ///< when its latest post() / poll() returned
-    /// The application is busy: this call is a poll(), or a post() in a tight loop (within
-    /// busy_poll_window of its previous call). Measured from call to call, not from the
-    /// latest poll(): one call that sends a MiB takes longer than the window, and a window
-    /// of large writes is posted for tens of milliseconds between polls.
-    bool app_busy_ = false;
-    std::uint64_t app_calls_ = 0;                         ///< post() and poll() calls
-    std::uint64_t app_calls_seen_ = 0;                    ///< app_calls_ at the latest stand-down check
-    std::chrono::steady_clock::time_point last_app_rx_{}; ///< latest poll(), or post() that read
-    bool rx_stalled_ = false; ///< stopped reading because the response ring is full
-    bool rx_done_ = false;    ///< EOF, error, or violation: nothing more is read
-    bool lingering_ = false;  ///< the connection object is gone: finishing what is owed
-    bool closed_ = false;     ///< the socket is closed (or being closed): nothing more happens
+    int rcvlowat_ = 1;               ///< the socket's SO_RCVLOWAT (set_rcvlowat)
+    std::uint64_t rx_bytes_ = 0;     ///< bytes read from the socket (frames, not the drain)
+    std::uint64_t tx_bytes_ = 0;     ///< bytes the socket took
+    std::uint64_t arrived_seen_ = 0; ///< rx_bytes_ + unread bytes at the progress check's last look
+    bool reclaim_posted_ = false;    ///< request_notify() asked the engine to take it back
+    poll_ownership ownership_;       ///< who reads and sends: the engine or a polling application
+    bool rx_stalled_ = false;        ///< stopped reading because the response ring is full
+    bool rx_done_ = false;           ///< EOF, error, or violation: nothing more is read
+    bool lingering_ = false;         ///< the connection object is gone: finishing what is owed
+    bool closed_ = false;            ///< the socket is closed (or being closed): nothing more happens
     bool violation_logged_ = false;
     std::byte app_discard_[4096]; ///< rx_poll's sink for payload that is dropped
 
@@ -355,7 +327,6 @@ private:
     asio::steady_timer tx_check_timer_; ///< app_keeps_tx() outside a stand-down
     asio::steady_timer linger_timer_;   ///< bounds start_linger() by progress_timeout_
     bool tx_check_armed_ = false;
-    std::uint64_t tx_check_calls_ = 0; ///< app_calls_ when the check was armed
 
     // Liveness: while requests are outstanding, some byte must move (either way) at least
     // every progress_timeout_ (ack_timeout * (retry_count + 1)), or the peer is declared

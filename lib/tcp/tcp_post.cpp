@@ -49,8 +49,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             return detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total);
         }))
         return *done;
-    app_busy_ = entry - last_call_end_ < busy_poll_window;
-    ++app_calls_;
+    ownership_.on_post(entry);
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
         if (sq_tail_ - sq_head_ == lim_.send_queue_depth)
@@ -89,17 +88,16 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
     }
     if (posted)
         *posted = i;
-    if (rx_app_owned_ && entry - last_app_rx_ >= app_rx_interval) {
+    if (ownership_.post_should_read(entry)) {
         // Stood down, and the application posts without polling: read what came meanwhile
         // (ACKs, the peer's requests). What that owes goes out with the requests.
-        last_app_rx_ = entry;
         rx_read();
     }
     if (coalesce_post())
         arm_tx_check(); // the next post() or poll() sends it, or the engine a check later
     else
         pump();
-    last_call_end_ = std::chrono::steady_clock::now();
+    ownership_.on_call_end(std::chrono::steady_clock::now());
     if (i < wrs.size())
         return errc::would_block;
     return {};
@@ -139,31 +137,22 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
 std::size_t connection_engine::poll(std::span<completion> out) noexcept
 {
     std::lock_guard lk(mu_);
-    last_poll_ = std::chrono::steady_clock::now();
-    last_app_rx_ = last_poll_;
-    ++app_polls_;
-    ++app_calls_;
-    app_busy_ = true;
-    bool pumped = cq_count_ == 0 && rx_poll();
+    ownership_.on_poll(std::chrono::steady_clock::now());
+    bool pumped = cq_.empty() && rx_poll();
     if (!pumped && tx_next_ != sq_tail_)
         pump(); // requests that post() left to be coalesced, when rx_poll did not send
-    std::size_t n = std::min(out.size(), cq_count_);
-    for (std::size_t i = 0; i < n; ++i) {
-        out[i] = cq_[cq_head_];
-        cq_head_ = (cq_head_ + 1) % cq_.size();
-    }
-    cq_count_ -= n;
-    last_call_end_ = std::chrono::steady_clock::now();
+    std::size_t n = cq_.pop(out);
+    ownership_.on_call_end(std::chrono::steady_clock::now());
     return n;
 }
 
 std::error_code connection_engine::request_notify(bool solicited_only) noexcept
 {
     std::lock_guard lk(mu_);
-    notify_armed_ = solicited_only ? 2 : 1;
-    app_busy_ = false; // about to sleep: what is left to send is the engine's
-    pump();            // an ACK that rx_poll left for this call: the caller may now sleep
-    if (rx_app_owned_ && !reclaim_posted_) {
+    notify_.arm(solicited_only);
+    ownership_.on_app_idle(); // about to sleep: what is left to send is the engine's
+    pump();                   // an ACK that rx_poll left for this call: the caller may now sleep
+    if (ownership_.app_owns() && !reclaim_posted_) {
         // The application is about to sleep: the engine must read again.
         reclaim_posted_ = true;
         asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
@@ -187,7 +176,7 @@ std::error_code connection_engine::ack_notify() noexcept
 void connection_engine::disconnect() noexcept
 {
     std::lock_guard lk(mu_);
-    app_busy_ = false;
+    ownership_.on_app_idle();
     fail(connection_state::disconnected);
     pump();
 }

@@ -19,7 +19,7 @@ void connection_engine::arm_read() noexcept
 {
     if (read_armed_ || rx_done_ || closed_)
         return;
-    if (rx_app_owned_) {
+    if (ownership_.app_owns()) {
         reclaim_rx(); // the engine reads again (after a stall): the wait needs the socket
         return;
     }
@@ -91,7 +91,7 @@ void connection_engine::continue_rx() noexcept
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
                    std::lock_guard lk(self->mu_);
                    self->rx_cont_posted_ = false;
-                   if (!self->rx_app_owned_) // stood down: the polling application goes on itself
+                   if (!self->ownership_.app_owns()) // stood down: the polling application goes on itself
                        self->rx_run();
                }));
 }
