@@ -69,7 +69,8 @@ void connection_engine::arm_tx_check() noexcept
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
-        std::lock_guard lk(self->mu_);
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
         self->tx_check_armed_ = false;
         if (self->closed_)
             return;
@@ -123,7 +124,8 @@ void connection_engine::arm_standdown_check() noexcept
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
-        std::lock_guard lk(self->mu_);
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
         if (!self->ownership_.app_owns() || self->closed_)
             return;
         if (self->ownership_.still_calling(self->app_may_read())) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 
 #include <boost/asio/post.hpp>
@@ -54,7 +55,8 @@ connection_engine::~connection_engine()
 void connection_engine::start()
 {
     asio::post(dom_.io(), [self = shared_from_this()] {
-        std::lock_guard lk(self->mu_);
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
         self->rx_run();
         self->arm_progress_check();
         // Asio's timer queue (one heap per engine) allocates when more timers are pending
@@ -74,10 +76,15 @@ bool connection_engine::on_engine() const noexcept
     return dom_.io().get_executor().running_in_this_thread();
 }
 
+void connection_engine::assert_on_engine() const noexcept
+{
+    assert(on_engine());
+}
+
 void connection_engine::close() noexcept
 {
     {
-        std::lock_guard lk(mu_);
+        engine_lock lk(mu_);
         ownership_.on_app_idle(); // no call will come again: what is left to send is the engine's
         fail(connection_state::disconnected);
         pump();
@@ -85,7 +92,8 @@ void connection_engine::close() noexcept
     }
     // The descriptor belongs to the engine thread, and so does what is still owed.
     asio::post(dom_.io(), [self = shared_from_this()] {
-        std::lock_guard lk(self->mu_);
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
         self->start_linger();
     });
 }
@@ -115,7 +123,8 @@ void connection_engine::start_linger() noexcept
         with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code& ec) {
             if (ec == asio::error::operation_aborted)
                 return;
-            std::lock_guard lk(self->mu_);
+            engine_lock lk(self->mu_);
+            self->assert_on_engine();
             self->close_socket();
         }));
     linger_check();
@@ -123,8 +132,10 @@ void connection_engine::start_linger() noexcept
 
 void connection_engine::linger_check() noexcept
 {
-    if (lingering_ && tx_done_ && rx_done_ && on_engine())
+    if (lingering_ && tx_done_ && rx_done_ && on_engine()) {
+        assert_on_engine();
         close_socket();
+    }
 }
 
 void connection_engine::close_socket() noexcept

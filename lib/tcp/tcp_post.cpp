@@ -44,7 +44,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
     // Read before the lock: time spent waiting for the engine to let go of it does not make
     // a tight loop look idle.
     const auto entry = std::chrono::steady_clock::now();
-    std::lock_guard lk(mu_);
+    engine_lock lk(mu_);
     if (auto done = validate_or_flush(wrs, posted, [&](const work_request& wr, std::uint64_t& total) {
             return detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total);
         }))
@@ -107,7 +107,7 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
 {
     if (posted)
         *posted = 0;
-    std::lock_guard lk(mu_);
+    engine_lock lk(mu_);
     if (auto done = validate_or_flush(wrs, posted, [&](const recv_request& wr, std::uint64_t& total) {
             return detail::check_recv(wr, dom_.owner(), lim_, total);
         }))
@@ -136,7 +136,7 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
 
 std::size_t connection_engine::poll(std::span<completion> out) noexcept
 {
-    std::lock_guard lk(mu_);
+    engine_lock lk(mu_);
     ownership_.on_poll(std::chrono::steady_clock::now());
     bool pumped = cq_.empty() && rx_poll();
     if (!pumped && tx_next_ != sq_tail_)
@@ -148,7 +148,7 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
 
 std::error_code connection_engine::request_notify(bool solicited_only) noexcept
 {
-    std::lock_guard lk(mu_);
+    engine_lock lk(mu_);
     notify_.arm(solicited_only);
     ownership_.on_app_idle(); // about to sleep: what is left to send is the engine's
     pump();                   // an ACK that rx_poll left for this call: the caller may now sleep
@@ -156,7 +156,8 @@ std::error_code connection_engine::request_notify(bool solicited_only) noexcept
         // The application is about to sleep: the engine must read again.
         reclaim_posted_ = true;
         asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-                       std::lock_guard lk(self->mu_);
+                       engine_lock lk(self->mu_);
+                       self->assert_on_engine();
                        self->reclaim_posted_ = false;
                        if (!self->closed_)
                            self->reclaim_rx();
@@ -175,7 +176,7 @@ std::error_code connection_engine::ack_notify() noexcept
 
 void connection_engine::disconnect() noexcept
 {
-    std::lock_guard lk(mu_);
+    engine_lock lk(mu_);
     ownership_.on_app_idle();
     fail(connection_state::disconnected);
     pump();

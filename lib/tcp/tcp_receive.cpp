@@ -33,10 +33,9 @@ void connection_engine::arm_read() noexcept
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
                      with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
                          // The mutex held means the application is in a call (post, poll) right now.
-                         std::unique_lock lk(self->mu_, std::try_to_lock);
-                         bool app_in_call = !lk.owns_lock();
-                         if (app_in_call)
-                             lk.lock();
+                         bool app_in_call = false;
+                         engine_lock lk(self->mu_, app_in_call);
+                         self->assert_on_engine();
                          self->read_armed_ = false;
                          if (self->app_took_data(app_in_call)) {
                              self->stand_down();
@@ -89,7 +88,8 @@ void connection_engine::continue_rx() noexcept
         return;
     rx_cont_posted_ = true;
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-                   std::lock_guard lk(self->mu_);
+                   engine_lock lk(self->mu_);
+                   self->assert_on_engine();
                    self->rx_cont_posted_ = false;
                    if (!self->ownership_.app_owns()) // stood down: the polling application goes on itself
                        self->rx_run();
@@ -100,7 +100,8 @@ void connection_engine::resume_rx() noexcept
 {
     rx_stalled_ = false;
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-                   std::lock_guard lk(self->mu_);
+                   engine_lock lk(self->mu_);
+                   self->assert_on_engine();
                    if (!self->read_armed_)
                        self->rx_run();
                }));

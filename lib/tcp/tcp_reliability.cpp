@@ -117,7 +117,8 @@ void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
-        std::lock_guard lk(self->mu_);
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
         self->rnr_active_ = false;
         self->pump();
     };
@@ -132,7 +133,8 @@ void connection_engine::arm_progress_check() noexcept
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
-        std::lock_guard lk(self->mu_);
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
         self->check_progress();
     };
     progress_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));

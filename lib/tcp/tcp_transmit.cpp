@@ -104,6 +104,22 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
         b.closed = true;
 }
 
+bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint64_t pos,
+                                        std::uint64_t skip) noexcept
+{
+    int niov = b.niov, npinned = b.npinned, nitems = b.nitems;
+    add_frame(b, kind, pos, skip);
+    if (!b.revoked)
+        return true;
+    for (int i = npinned; i < b.npinned; ++i)
+        unpin(b.pinned[i]);
+    b.niov = niov;
+    b.npinned = npinned;
+    b.nitems = nitems;
+    b.closed = b.revoked = false;
+    return false;
+}
+
 void connection_engine::pump() noexcept
 {
     // An application thread sends even while the engine holds a continuation (write_armed_):
@@ -126,28 +142,14 @@ void connection_engine::pump() noexcept
         tx_batch& b = batch_;
         b.niov = b.nitems = b.npinned = 0;
         b.closed = b.revoked = false;
-        // Adds a frame whole; false if its memory was deregistered: then it is not in the batch.
-        auto add_live = [&](frame_kind kind, std::uint64_t pos, std::uint64_t skip) {
-            int niov = b.niov, npinned = b.npinned, nitems = b.nitems;
-            add_frame(b, kind, pos, skip);
-            if (!b.revoked)
-                return true;
-            for (int i = npinned; i < b.npinned; ++i)
-                unpin(b.pinned[i]);
-            b.niov = niov;
-            b.npinned = npinned;
-            b.nitems = nitems;
-            b.closed = b.revoked = false;
-            return false;
-        };
-        if (cur_.kind != frame_kind::none && !add_live(cur_.kind, cur_.pos, cur_.skip)) {
+        if (cur_.kind != frame_kind::none && !add_whole_frame(b, cur_.kind, cur_.pos, cur_.skip)) {
             revoked_frame(frame_kind::none, 0);
             break;
         }
         // Responses first: they free the peer's resources, and are bounded in number.
         std::uint64_t r = resp_head_ + (cur_.kind == frame_kind::response ? 1 : 0);
         for (; !b.closed && b.nitems < max_batch_frames && r < resp_tail_; ++r)
-            if (!add_live(frame_kind::response, r, 0)) {
+            if (!add_whole_frame(b, frame_kind::response, r, 0)) {
                 revoked_frame(frame_kind::response, r); // now a NAK, the last response
                 add_frame(b, frame_kind::response, r, 0);
             }
@@ -163,7 +165,7 @@ void connection_engine::pump() noexcept
                 // The peer serves at most max_rd_out_ reads at once (its responder resources).
                 if (e.op == opcode::read && reads >= max_rd_out_)
                     break;
-                if (!add_live(frame_kind::request, q, 0)) {
+                if (!add_whole_frame(b, frame_kind::request, q, 0)) {
                     if (q == tx_next_) // else the earlier ones in this batch go first
                         revoked_frame(frame_kind::request, q);
                     break;
@@ -288,12 +290,14 @@ void connection_engine::arm_write(bool would_block) noexcept
         return; // the engine's continuation (a post, or a wait for space) is still to come
     write_armed_ = true;
     if (would_block && on_engine()) {
+        assert_on_engine();
         reclaim_rx(); // the write wait needs the socket in the engine's epoll set
         // The socket said EAGAIN on this thread just now, so the wait is queued before the
         // reactor looks again: the edge that frees space cannot slip past it.
         desc_.async_wait(asio::posix::stream_descriptor::wait_write,
                          with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
-                             std::lock_guard lk(self->mu_);
+                             engine_lock lk(self->mu_);
+                             self->assert_on_engine();
                              self->write_armed_ = false;
                              self->pump();
                          }));
@@ -305,7 +309,8 @@ void connection_engine::arm_write(bool would_block) noexcept
     // come while the peer waits for the rest of a frame. The engine's pump() makes progress
     // or meets EAGAIN itself and waits as above.
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-                   std::lock_guard lk(self->mu_);
+                   engine_lock lk(self->mu_);
+                   self->assert_on_engine();
                    if (self->closed_)
                        return;
                    self->write_armed_ = false;
