@@ -56,8 +56,8 @@ public:
     const connection_limits& limits() const noexcept { return lim_; }
     int event_fd() const noexcept { return efd_.get(); }
 
-    // The application's calls (tcp_post.cpp): any application thread, never the engine's;
-    // each takes mu_ itself.
+    // The application's calls (tcp_post.cpp): any application thread. Each takes mu_
+    // itself, so no engine code (which holds it) may call them.
     std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept RDMX_EXCLUDES(mu_);
     std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
         RDMX_EXCLUDES(mu_);
