@@ -76,8 +76,8 @@ void connection_engine::arm_tx_check() noexcept
             return;
         if (self->ownership_.app_owns())
             return; // stood down: the stand-down check rules
-        bool pending = self->cur_.kind != frame_kind::none || self->tx_next_ != self->sq_tail_ ||
-                       self->resp_head_ != self->resp_tail_;
+        bool pending =
+            self->cur_.kind != frame_kind::none || self->tx_next_ != self->sq_tail_ || !self->resp_.empty();
         if (pending && self->ownership_.called_since_tx_check()) {
             self->arm_tx_check(); // still calling: its calls go on sending
             return;
@@ -204,10 +204,7 @@ bool connection_engine::only_acks_owed() const noexcept
     // that just arrived may have unblocked a fenced one), no read response or NAK owed.
     if (cur_.kind != frame_kind::none || tx_next_ != sq_tail_)
         return false;
-    for (std::uint64_t r = resp_head_; r < resp_tail_; ++r)
-        if (resp_[r % resp_.size()].op != frame_op::ack)
-            return false;
-    return true;
+    return resp_.only_acks();
 }
 
 } // namespace rdmx::tcp

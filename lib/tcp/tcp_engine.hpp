@@ -20,6 +20,7 @@
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
+#include "tcp/tcp_response_queue.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_thread_safety.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -104,13 +105,6 @@ private:
         std::uint64_t length = 0;
         std::uint32_t nseg = 0;
     };
-    /// A response owed to the peer, sent in the order the requests arrived.
-    struct response {
-        frame_op op = frame_op::ack;
-        nak_code code = nak_code::rnr;
-        std::uint64_t seq = 0;
-        seg data; ///< read_resp: the target memory to send
-    };
     enum class frame_kind : std::uint8_t { none, request, response };
     struct tx_item {
         frame_kind kind = frame_kind::none;
@@ -170,7 +164,6 @@ private:
     {
         return rq_[pos % lim_.recv_queue_depth];
     }
-    response& resp_at(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_) { return resp_[pos % resp_.size()]; }
 
     // --- the application's calls' helpers (tcp_post.cpp; application thread, mu_ held) ---
     /// post() / post_recv()'s common start: checks every request, and on a connection that
@@ -317,9 +310,7 @@ private:
     notify_arm notify_ RDMX_GUARDED_BY(mu_);
 
     // Responses owed to the peer: bounded; when full, reading stops (TCP backpressure).
-    std::vector<response> resp_ RDMX_GUARDED_BY(mu_);
-    std::uint64_t resp_head_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint64_t resp_tail_ RDMX_GUARDED_BY(mu_) = 0;
+    response_queue resp_ RDMX_GUARDED_BY(mu_);
 
     // Transmit state.
     tx_item cur_ RDMX_GUARDED_BY(mu_); ///< the frame partly on the wire; it must finish before another starts

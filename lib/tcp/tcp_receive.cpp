@@ -179,7 +179,7 @@ connection_engine::rx_status connection_engine::rx_step() noexcept
         protocol_violation(why, false);
         return rx_status::stop;
     }
-    if (h.is_request() && resp_tail_ - resp_head_ == resp_.size()) {
+    if (h.is_request() && resp_.full()) {
         // Backpressure: leave the header staged and stop reading until a response has
         // gone out. A peer within max_rd_atomic never gets here.
         rx_stalled_ = true;

@@ -68,23 +68,13 @@ void connection_engine::push_response(const response& r) noexcept
 {
     // Space was checked before the request's header was consumed (rx_step), and every
     // request produces at most one response.
-    if (resp_tail_ - resp_head_ == resp_.size())
-        return;
-    resp_at(resp_tail_++) = r;
+    resp_.push(r);
 }
 
 void connection_engine::push_ack(std::uint64_t seq) noexcept
 {
     // ACKs are cumulative: extend the last one unless it already started on the wire.
-    if (resp_tail_ > resp_head_) {
-        std::uint64_t last = resp_tail_ - 1;
-        bool started = last == resp_head_ && cur_.kind == frame_kind::response;
-        if (!started && resp_at(last).op == frame_op::ack) {
-            resp_at(last).seq = seq;
-            return;
-        }
-    }
-    push_response({.op = frame_op::ack, .code = nak_code::rnr, .seq = seq, .data = {}});
+    resp_.push_ack(seq, cur_.kind == frame_kind::response);
 }
 
 void connection_engine::target_fail(nak_code code, std::uint64_t seq) noexcept

@@ -45,7 +45,7 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
             nseg = e.nseg;
         }
     } else {
-        const response& r = resp_at(pos);
+        const response& r = resp_.at(pos);
         h.op = r.op;
         h.seq = r.seq;
         if (r.op == frame_op::nak)
@@ -147,8 +147,8 @@ void connection_engine::pump() noexcept
             break;
         }
         // Responses first: they free the peer's resources, and are bounded in number.
-        std::uint64_t r = resp_head_ + (cur_.kind == frame_kind::response ? 1 : 0);
-        for (; !b.closed && b.nitems < max_batch_frames && r < resp_tail_; ++r)
+        std::uint64_t r = resp_.head() + (cur_.kind == frame_kind::response ? 1 : 0);
+        for (; !b.closed && b.nitems < max_batch_frames && r < resp_.tail(); ++r)
             if (!add_whole_frame(b, frame_kind::response, r, 0)) {
                 revoked_frame(frame_kind::response, r); // now a NAK, the last response
                 add_frame(b, frame_kind::response, r, 0);
@@ -230,7 +230,7 @@ void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept
         }
         cur_ = {};
         if (it.kind == frame_kind::response) {
-            ++resp_head_;
+            resp_.pop();
             if (rx_stalled_)
                 resume_rx();
         }
@@ -242,7 +242,7 @@ void connection_engine::maybe_shutdown() noexcept
     // After a disconnect or error: once the frame on the wire and the responses owed
     // (a NAK saying why, above all) are out, send FIN so the peer notices.
     if (state() == connection_state::established || tx_done_ || cur_.kind != frame_kind::none ||
-        resp_head_ != resp_tail_)
+        !resp_.empty())
         return;
     tx_done_ = true;
     ::shutdown(fd_, SHUT_WR);
@@ -258,9 +258,9 @@ void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexce
         // of memory deregistered before its request arrived does, and this side goes to
         // error (a class C responder error). The NAK is the last response: what came
         // after it is moot once the initiator is in error.
-        resp_at(pos) = {
-            .op = frame_op::nak, .code = nak_code::remote_access, .seq = resp_at(pos).seq, .data = {}};
-        resp_tail_ = pos + 1;
+        resp_.at(pos) = {
+            .op = frame_op::nak, .code = nak_code::remote_access, .seq = resp_.at(pos).seq, .data = {}};
+        resp_.drop_after(pos);
         fail(connection_state::error);
         return;
     case frame_kind::request:
