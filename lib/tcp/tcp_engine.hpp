@@ -64,6 +64,7 @@ public:
         RDMX_EXCLUDES(mu_);
     std::size_t poll(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);
     std::error_code request_notify(bool solicited_only) noexcept RDMX_EXCLUDES(mu_);
+    /// Any thread, no lock: it only drains the eventfd.
     std::error_code ack_notify() noexcept;
     void disconnect() noexcept RDMX_EXCLUDES(mu_);
     /// The connection object is going away: disconnect and let the engine close the socket.
@@ -80,7 +81,8 @@ private:
     // Bytes one pump may send from the application thread / from the engine thread.
     static constexpr std::uint64_t app_tx_budget = 1u << 20;
     static constexpr std::uint64_t engine_tx_budget = 4u << 20;
-    // Receive ownership and the busy-poll heuristics: poll_ownership (tcp_poll_ownership.hpp).
+    // (Receive ownership and the busy-poll heuristics: poll_ownership, tcp_poll_ownership.hpp.)
+
     // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
     // wakes when min(left, rcvlowat_max) have arrived (SO_RCVLOWAT), not at the first byte.
     // Whichever thread reads while that wait is armed lowers the mark with what it consumed
