@@ -81,7 +81,7 @@ public:
         // Build the rings before answering, so that an allocation failure rejects (by
         // closing) rather than leaving the client with a connection nobody serves.
         int fd = fd_.get();
-        auto st = std::make_shared<conn_state>(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic);
+        auto st = std::make_shared<connection_engine>(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic);
         auto conn = std::make_unique<tcp_connection>(
             dom_, st, std::vector<std::byte>(hello_.data().begin(), hello_.data().end()));
         send_exact(fd, reply, clock::now() + opts.timeout, "accept (reply)");

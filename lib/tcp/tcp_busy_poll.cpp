@@ -1,0 +1,210 @@
+// Busy-poll ownership: who reads and sends, the engine or an application that polls, and
+// when the engine stands down or takes the socket back; plus post()'s coalescing.
+#include "tcp/tcp_engine.hpp"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+
+#include <boost/asio/post.hpp>
+
+#include "tcp/tcp_log.hpp"
+#include "tcp/tcp_syscall.hpp"
+
+namespace rdmx::tcp
+{
+
+bool connection_engine::coalesce_post() noexcept
+{
+    // A busy application posting one request per call while the pipe is full: its requests
+    // wait for its next call and leave several to one sendmsg (up to a batch: 16 frames,
+    // 1 MiB), as a post list would. Only when the caller is in a tight loop (app_busy(), as
+    // post() just set it) and enough is in flight (16 requests or 64 KiB) that the link does
+    // not idle meanwhile; latency (one request at a time) never waits. The transmit check
+    // (arm_tx_check) bounds the wait if the application stops calling.
+    if (on_engine() || state() != connection_state::established || !ownership_.app_busy())
+        return false;
+    std::uint64_t bytes = 0;
+    int n = 0;
+    for (std::uint64_t q = tx_next_; q > sq_head_ && n < max_batch_frames && bytes < (64u << 10); ++n)
+        bytes += sq_at(--q).length;
+    if (n < max_batch_frames && bytes < (64u << 10))
+        return false; // little in flight: send now
+    bytes = 0;
+    n = 0;
+    for (std::uint64_t q = tx_next_; q < sq_tail_; ++q, ++n) {
+        bytes += sq_at(q).length;
+        if (n + 1 >= max_batch_frames || bytes >= (1u << 20))
+            return false; // a full batch: send it
+    }
+    return true;
+}
+
+bool connection_engine::app_keeps_tx() noexcept
+{
+    // A busy application (polling, or posting in a tight loop: app_busy()) keeps a transfer
+    // that stopped on the budget or on a full socket: its next post() or poll() goes on
+    // (the socket's space frees meanwhile), instead of the engine waking on its CPU for
+    // every MiB. If it stops calling, the engine takes over: at once when it arms a
+    // notification, at the stand-down check when stood down, else at a check armed here
+    // (tx_check), at most about two checks late.
+    if (on_engine())
+        return false;
+    if (ownership_.app_owns())
+        return true;
+    if (!ownership_.app_busy())
+        return false;
+    arm_tx_check();
+    return true;
+}
+
+void connection_engine::arm_tx_check() noexcept
+{
+    if (tx_check_armed_)
+        return;
+    tx_check_armed_ = true;
+    ownership_.tx_check_armed();
+    tx_check_timer_.expires_after(takeover_check_);
+    auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        self->tx_check_armed_ = false;
+        if (self->closed_)
+            return;
+        if (self->ownership_.app_owns())
+            return; // stood down: the stand-down check rules
+        bool pending =
+            self->cur_.kind != frame_kind::none || self->tx_next_ != self->sq_tail_ || !self->resp_.empty();
+        if (pending && self->ownership_.called_since_tx_check()) {
+            self->arm_tx_check(); // still calling: its calls go on sending
+            return;
+        }
+        self->pump(); // the application stopped calling: the engine goes on
+    };
+    tx_check_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
+}
+
+bool connection_engine::app_took_data(bool app_in_call) noexcept
+{
+    // Whether a busy-polling application is reading what wakes us, wake after wake
+    // (poll_ownership::wake_may_count and count_wake say when that counts).
+    if (!ownership_.wake_may_count(app_in_call, app_may_read()))
+        return false;
+    if (write_armed_)
+        return false; // a transmit continuation is due: not now, but this wake counts neither way
+    std::byte probe;
+    ssize_t n = sys::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    bool taken = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    return ownership_.count_wake(taken, app_in_call, std::chrono::steady_clock::now());
+}
+
+bool connection_engine::app_may_read() const noexcept
+{
+    // What rx_poll needs to read on its own; otherwise (a drain after an error, a stall
+    // that only the engine resumes, a sleeping application) the engine reads.
+    return !notify_.armed() && !closed_ && !rx_done_ && !rx_stalled_ &&
+           state() == connection_state::established;
+}
+
+void connection_engine::stand_down() noexcept
+{
+    // Engine thread, no wait outstanding on the descriptor (release() would drop it).
+    // The socket stays open (fd_); only the epoll registration goes.
+    [[maybe_unused]] int fd = desc_.release();
+    ownership_.stand_down();
+    arm_standdown_check();
+}
+
+void connection_engine::arm_standdown_check() noexcept
+{
+    standdown_timer_.expires_after(takeover_check_);
+    auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        if (!self->ownership_.app_owns() || self->closed_)
+            return;
+        if (self->ownership_.still_calling(self->app_may_read())) {
+            // Still calling: leave it the socket, and what is left to send (its next call
+            // sends it, deferred ACKs included).
+            self->arm_standdown_check();
+            return;
+        }
+        self->reclaim_rx(); // and sends what the application left
+    };
+    standdown_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
+}
+
+void connection_engine::reclaim_rx() noexcept
+{
+    if (!ownership_.app_owns())
+        return;
+    ownership_.reclaim();
+    standdown_timer_.cancel();
+    boost::system::error_code ec;
+    desc_.assign(fd_, ec);
+    if (ec) {
+        // epoll_ctl(ADD) failed (out of memory): nobody could wait on this socket.
+        log_limited("cannot watch the socket again (%s); connection to error", ec.message().c_str());
+        rx_done_ = tx_done_ = true;
+        ::shutdown(fd_, SHUT_RDWR);
+        fail(connection_state::error);
+        return;
+    }
+    // EPOLL_CTL_ADD reports data already waiting, so this wait misses nothing that arrived
+    // while the application owned the socket.
+    arm_read();
+    // Transmission left to the application (app_keeps_tx) is the engine's again.
+    pump();
+}
+
+bool connection_engine::rx_poll() noexcept
+{
+    // A caller that polls receives what has arrived itself, instead of waiting for the
+    // engine thread to wake up, read and hand it over: no thread hop per message. Only
+    // while the engine's read wait is armed (it fires on the next data and re-reads, so
+    // whichever thread reads first, nothing is missed and nothing is read twice: mu_), or
+    // while the engine has stood down and left the socket to this thread (stand_down).
+    const std::uint64_t carried_out = rx_expect_;
+    if (!rx_read())
+        return false;
+    // The ACKs and read responses that the frames produced. An ACK for a request that
+    // arrived in this very call (a completion to return, or a one-sided write that the
+    // caller may be spinning on) may wait for its next post() or poll() (or the engine's
+    // stand-down check): a caller that answers a message sends one segment, not two.
+    if (ownership_.app_owns() && (!cq_.empty() || rx_expect_ != carried_out) && only_acks_owed())
+        return false;
+    pump();
+    return true;
+}
+
+bool connection_engine::rx_read() noexcept
+{
+    // rx_poll without sending: reads what has arrived, on the application thread.
+    if (!(read_armed_ || ownership_.app_owns()) || closed_ || rx_done_ || rx_stalled_ ||
+        state() != connection_state::established)
+        return false;
+    rx_short_ = false;
+    for (int budget = 0; budget < rx_budget; ++budget)
+        if (rx_step() != rx_status::again)
+            break;
+    keep_rcvlowat_reachable(); // the engine's wait may be armed for a payload read here
+    if (!ownership_.app_owns() && staged_work())
+        continue_rx(); // budget spent with frames staged: the engine's wait would not see them
+    return true;
+}
+
+bool connection_engine::only_acks_owed() const noexcept
+{
+    // Nothing but ACKs: no frame half sent, no request waiting (an ACK or read response
+    // that just arrived may have unblocked a fenced one), no read response or NAK owed.
+    if (cur_.kind != frame_kind::none || tx_next_ != sq_tail_)
+        return false;
+    return resp_.only_acks();
+}
+
+} // namespace rdmx::tcp

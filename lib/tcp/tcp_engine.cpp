@@ -1,0 +1,161 @@
+// The engine's life: construction (all allocation happens here), the start on the engine
+// thread, and after the connection object is gone, the linger that finishes what is owed
+// to the peer before the socket closes.
+#include "tcp/tcp_engine.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+
+#include <boost/asio/post.hpp>
+
+#include "validate.hpp"
+
+namespace rdmx::tcp
+{
+
+connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
+                                     const connection_options& opts, std::uint32_t peer_max_rd)
+    : dom_(dom), lim_(lim), rnr_limit_(opts.rnr_retry_count > 7 ? 7 : opts.rnr_retry_count),
+      rnr_delay_(detail::rnr_delay(opts.min_rnr_timer)),
+      max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))), fd_(fd.get()),
+      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
+      sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
+      sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), rq_(lim.recv_queue_depth),
+      rq_segs_(std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
+      cq_(std::size_t{lim.send_queue_depth} + lim.recv_queue_depth),
+      // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
+      // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
+      resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
+      takeover_check_(std::clamp<std::chrono::microseconds>(
+          opts.tcp.takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
+      standdown_timer_(dom.io()), tx_check_timer_(dom.io()), linger_timer_(dom.io()),
+      // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
+      // least, doubling) on a lossy link would look like a dead peer.
+      progress_timeout_(std::max<std::chrono::steady_clock::duration>(
+          opts.ack_timeout * (std::min<int>(opts.retry_count, 7) + 1), std::chrono::seconds(1))),
+      progress_timer_(dom.io())
+{
+    if (!efd_)
+        throw_errno(errno, "eventfd");
+    set_liveness_options(fd_, std::chrono::duration_cast<std::chrono::milliseconds>(progress_timeout_));
+}
+
+connection_engine::~connection_engine()
+{
+    // Stood down, the descriptor object does not hold the socket; close it here (the io
+    // context dropped the close handler, e.g. when the domain went first).
+    if (ownership_.app_owns())
+        ::close(fd_);
+}
+
+void connection_engine::start()
+{
+    asio::post(dom_.io(), [self = shared_from_this()] {
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        self->rx_run();
+        self->arm_progress_check();
+        // Asio's timer queue (one heap per engine) allocates when more timers are pending
+        // at once than ever before: make room for the stand-down check now, at set-up,
+        // rather than the first time the engine stands down.
+        self->standdown_timer_.expires_after(std::chrono::hours(1));
+        self->standdown_timer_.async_wait([](const boost::system::error_code&) {});
+        self->tx_check_timer_.expires_after(std::chrono::hours(1));
+        self->tx_check_timer_.async_wait([](const boost::system::error_code&) {});
+        self->standdown_timer_.cancel();
+        self->tx_check_timer_.cancel();
+    });
+}
+
+bool connection_engine::on_engine() const noexcept
+{
+    return dom_.io().get_executor().running_in_this_thread();
+}
+
+void connection_engine::assert_on_engine() const noexcept
+{
+    assert(on_engine());
+}
+
+void connection_engine::close() noexcept
+{
+    {
+        engine_lock lk(mu_);
+        ownership_.on_app_idle(); // no call will come again: what is left to send is the engine's
+        fail(connection_state::disconnected);
+        pump();
+        lingering_ = true;
+    }
+    // The descriptor belongs to the engine thread, and so does what is still owed.
+    asio::post(dom_.io(), [self = shared_from_this()] {
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        self->start_linger();
+    });
+}
+
+void connection_engine::start_linger() noexcept
+{
+    // The connection object is gone, but the peer is still owed the frame on the wire and
+    // the responses (a NAK saying why, above all) and then FIN (docs/wire-format.md
+    // section 6): the engine goes on sending them, and reads (discarding) until the peer's
+    // EOF, so that closing never meets unread data (which would reset the connection and
+    // could discard what is still on its way). Both done, or after progress_timeout_ at
+    // the latest, the socket closes.
+    rnr_timer_.cancel();
+    progress_timer_.cancel(); // its handler holds the state (and its eventfd) alive
+    standdown_timer_.cancel();
+    tx_check_timer_.cancel();
+    if (ownership_.app_owns()) {
+        reclaim_rx(); // reads and sends on the engine again
+    } else {
+        arm_read();
+        pump();
+    }
+    if (closed_)
+        return;
+    linger_timer_.expires_after(progress_timeout_);
+    linger_timer_.async_wait(
+        with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code& ec) {
+            if (ec == asio::error::operation_aborted)
+                return;
+            engine_lock lk(self->mu_);
+            self->assert_on_engine();
+            self->close_socket();
+        }));
+    linger_check();
+}
+
+void connection_engine::linger_check() noexcept
+{
+    if (lingering_ && tx_done_ && rx_done_ && on_engine()) {
+        assert_on_engine();
+        close_socket();
+    }
+}
+
+void connection_engine::close_socket() noexcept
+{
+    if (closed_)
+        return;
+    closed_ = true;
+    // Closing the descriptor also cancels its waits.
+    boost::system::error_code ignored;
+    rnr_timer_.cancel();
+    progress_timer_.cancel();
+    standdown_timer_.cancel();
+    tx_check_timer_.cancel();
+    linger_timer_.cancel();
+    if (ownership_.app_owns()) {
+        ownership_.socket_closed();
+        ::close(fd_);
+    } else {
+        desc_.close(ignored);
+    }
+}
+
+} // namespace rdmx::tcp

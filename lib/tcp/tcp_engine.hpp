@@ -1,0 +1,389 @@
+// The engine of one TCP "queue pair": send, receive and completion rings plus the transmit
+// and receive state machines that give a byte stream the semantics of a verbs RC connection.
+// Its methods are defined one concern per file (see each declaration group below).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "tcp/tcp_completion.hpp"
+#include "tcp/tcp_domain.hpp"
+#include "tcp/tcp_handler_memory.hpp"
+#include "tcp/tcp_poll_ownership.hpp"
+#include "tcp/tcp_response_queue.hpp"
+#include "tcp/tcp_socket.hpp"
+#include "tcp/tcp_thread_safety.hpp"
+#include "tcp/tcp_wire.hpp"
+
+namespace rdmx::tcp
+{
+
+/// The initiator's completion status for a NAK the peer sent (or this side sends).
+std::error_code nak_status(nak_code c) noexcept;
+
+/// One connection's engine: everything its handlers touch. Shared between the connection
+/// object and the handlers in flight, so that destroying the connection never leaves a
+/// handler dangling. Each member says what guards it (mu_, or the engine thread's role for
+/// the asio descriptor and the engine's own timers), and each method which thread may call
+/// it (tcp_thread_safety.hpp): the clang build checks both.
+class connection_engine : public std::enable_shared_from_this<connection_engine>
+{
+public:
+    connection_engine(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
+                      const connection_options& opts, std::uint32_t peer_max_rd);
+    ~connection_engine();
+    connection_engine(const connection_engine&) = delete;
+    connection_engine& operator=(const connection_engine&) = delete;
+
+    /// Starts receiving on the engine. Called once, after construction.
+    void start() RDMX_EXCLUDES(mu_);
+
+    connection_state state() const noexcept { return state_.load(std::memory_order_acquire); }
+    std::error_code last_error() noexcept RDMX_EXCLUDES(mu_)
+    {
+        engine_lock lk(mu_);
+        return cause_;
+    }
+    const connection_limits& limits() const noexcept { return lim_; }
+    int event_fd() const noexcept { return efd_.get(); }
+
+    // The application's calls (tcp_post.cpp): any application thread. Each takes mu_
+    // itself, so no engine code (which holds it) may call them.
+    std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept RDMX_EXCLUDES(mu_);
+    std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
+        RDMX_EXCLUDES(mu_);
+    std::size_t poll(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);
+    std::error_code request_notify(bool solicited_only) noexcept RDMX_EXCLUDES(mu_);
+    /// Any thread, no lock: it only drains the eventfd.
+    std::error_code ack_notify() noexcept;
+    void disconnect() noexcept RDMX_EXCLUDES(mu_);
+    /// The connection object is going away: disconnect and let the engine close the socket.
+    void close() noexcept RDMX_EXCLUDES(mu_);
+
+private:
+    // Fixed batch sizes of one sendmsg / recvmsg; a frame that does not fit continues in
+    // the next call. 128 iovecs hold a header plus the largest SGE list (32) several times over.
+    static constexpr int max_iov = 128;
+    static constexpr int max_batch_frames = 16;
+    static_assert(max_iov >= 2 * (1 + 32), "a batch must hold at least one full frame");
+    // Receive steps (frames, or reads) per run before yielding to other connections.
+    static constexpr int rx_budget = 64;
+    // Bytes one pump may send from the application thread / from the engine thread.
+    static constexpr std::uint64_t app_tx_budget = 1u << 20;
+    static constexpr std::uint64_t engine_tx_budget = 4u << 20;
+    // (Receive ownership and the busy-poll heuristics: poll_ownership, tcp_poll_ownership.hpp.)
+
+    // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
+    // wakes when min(left, rcvlowat_max) have arrived (SO_RCVLOWAT), not at the first byte.
+    // Whichever thread reads while that wait is armed lowers the mark with what it consumed
+    // (keep_rcvlowat_reachable): it never exceeds the payload bytes still to come.
+    static constexpr std::uint64_t rcvlowat_min = 64u << 10;
+    static constexpr std::uint64_t rcvlowat_max = 256u << 10;
+
+    struct sq_entry {
+        std::uint64_t wr_id = 0;
+        std::uint64_t remote_addr = 0;
+        std::uint64_t remote_key = 0;
+        std::uint32_t length = 0;
+        std::uint32_t imm = 0;
+        rdmx::opcode op = opcode::send;
+        bool signaled = false;
+        bool fenced = false;
+        bool solicited = false;
+        std::uint32_t nseg = 0;
+    };
+    struct rq_entry {
+        std::uint64_t wr_id = 0;
+        std::uint64_t length = 0;
+        std::uint32_t nseg = 0;
+    };
+    enum class frame_kind : std::uint8_t { none, request, response };
+    struct tx_item {
+        frame_kind kind = frame_kind::none;
+        std::uint64_t pos = 0;   ///< SQ position (= sequence number) or response ring position
+        std::uint64_t skip = 0;  ///< bytes of the frame sent before this batch
+        std::uint64_t added = 0; ///< bytes of the frame in this batch
+        std::uint64_t total = 0; ///< bytes of the whole frame, header included
+        bool was_current = false;
+    };
+    struct tx_batch {
+        iovec iov[max_iov];
+        int niov = 0;
+        tx_item items[max_batch_frames];
+        int nitems = 0;
+        std::byte headers[max_batch_frames][frame_header::wire_size];
+        region_state* pinned[max_iov];
+        int npinned = 0;
+        bool closed = false;  ///< a frame could not be added whole: nothing may follow it
+        bool revoked = false; ///< the last frame's memory was deregistered (pump withdraws it)
+    };
+    /// What the payload of the frame being received is for.
+    enum class rx_action : std::uint8_t {
+        none,          ///< reading a header
+        recv,          ///< send: into the posted receive
+        recv_overflow, ///< send larger than the receive: drain, local_length, NAK
+        rnr,           ///< no receive posted: drain, then NAK rnr
+        drop,          ///< after an RNR NAK, requests until the NAKed one are drained silently
+        write,         ///< into target memory, then ACK
+        write_imm,     ///< into target memory, then consume a receive and ACK
+        write_bad,     ///< access violation: drain, then NAK remote_access
+        read_resp,     ///< into the read's local SGEs
+    };
+    enum class rx_status : std::uint8_t { again, wait, stop };
+
+    // Annotations (tcp_thread_safety.hpp): RDMX_REQUIRES(mu_) runs on any thread that holds
+    // the lock; RDMX_REQUIRES(mu_, engine_thread_) on the engine thread only.
+
+    /// The engine thread's claim, in a handler that asio runs: checked at run time, and
+    /// from here on the analysis knows this thread has the engine's role.
+    void assert_on_engine() const noexcept RDMX_ASSERT_CAPABILITY(engine_thread_);
+    bool on_engine() const noexcept;
+
+    // --- rings (any thread, mu_ held) ---
+    seg* sq_segs(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
+    {
+        return &sq_segs_[(pos % lim_.send_queue_depth) * lim_.max_send_sge];
+    }
+    seg* rq_segs(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
+    {
+        return &rq_segs_[(pos % lim_.recv_queue_depth) * lim_.max_recv_sge];
+    }
+    sq_entry& sq_at(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
+    {
+        return sq_[pos % lim_.send_queue_depth];
+    }
+    rq_entry& rq_at(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
+    {
+        return rq_[pos % lim_.recv_queue_depth];
+    }
+
+    // --- the application's calls' helpers (tcp_post.cpp; application thread, mu_ held) ---
+    /// post() / post_recv()'s common start: checks every request, and on a connection that
+    /// left `established` completes them all as flushed. A value is what the call returns;
+    /// nullopt: the caller queues the requests.
+    template <class Request, class Check>
+    std::optional<std::error_code> validate_or_flush(std::span<const Request> wrs, std::size_t* posted,
+                                                     Check check) noexcept RDMX_REQUIRES(mu_);
+
+    // --- completions and the flush (tcp_completion.cpp; any thread, mu_ held) ---
+    void push_cq(const completion& c, bool solicited = false) noexcept RDMX_REQUIRES(mu_);
+    void complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept RDMX_REQUIRES(mu_);
+    void complete_rq_head(const completion& c, bool solicited) noexcept RDMX_REQUIRES(mu_);
+    /// Leaves `established` for `to`; `cause` (default: errc::disconnected or, for error,
+    /// errc::completion_error) is what last_error() reports.
+    void fail(connection_state to, std::error_code cause = {}) noexcept RDMX_REQUIRES(mu_);
+
+    // --- transmit (tcp_transmit.cpp; any thread, mu_ held) ---
+    void pump() noexcept RDMX_REQUIRES(mu_);
+    void add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std::uint64_t skip) noexcept
+        RDMX_REQUIRES(mu_);
+    /// add_frame, whole or not at all: false if its memory was deregistered (then the batch
+    /// is as before).
+    bool add_whole_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std::uint64_t skip) noexcept
+        RDMX_REQUIRES(mu_);
+    void advance(tx_batch& b, std::uint64_t sent) noexcept RDMX_REQUIRES(mu_);
+    /// Continues transmitting on the engine: `would_block` after EAGAIN, else after the
+    /// budget ran out or on the application thread.
+    void arm_write(bool would_block) noexcept RDMX_REQUIRES(mu_);
+    void maybe_shutdown() noexcept RDMX_REQUIRES(mu_);
+    /// A frame could not be added because its memory was deregistered: `kind` and `pos`
+    /// name one not started yet, frame_kind::none the frame on the wire (cur_).
+    void revoked_frame(frame_kind kind, std::uint64_t pos) noexcept RDMX_REQUIRES(mu_);
+
+    // --- receive framing (tcp_receive.cpp) ---
+    // Waiting for the socket is the engine's; reading frames is any thread's under mu_ (the
+    // engine's rx_run, or a polling application's rx_read).
+    void arm_read() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    void rx_run() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    rx_status rx_drain() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    rx_status rx_step() noexcept RDMX_REQUIRES(mu_);
+    rx_status rx_payload() noexcept RDMX_REQUIRES(mu_);
+    rx_status rx_staged_payload() noexcept RDMX_REQUIRES(mu_);
+    void rx_advance(std::uint64_t n) noexcept RDMX_REQUIRES(mu_);
+    std::size_t staged() const noexcept RDMX_REQUIRES(mu_) { return stage_end_ - stage_begin_; }
+    /// Consumes n staged bytes; an emptied stage starts again at its front.
+    void unstage(std::size_t n) noexcept RDMX_REQUIRES(mu_)
+    {
+        stage_begin_ += n;
+        if (stage_begin_ == stage_end_)
+            stage_begin_ = stage_end_ = 0;
+    }
+    /// Staged bytes that can be processed without reading: a whole header, or payload.
+    bool staged_work() const noexcept RDMX_REQUIRES(mu_)
+    {
+        return staged() > 0 && (rx_action_ != rx_action::none || staged() >= frame_header::wire_size);
+    }
+    void continue_rx() noexcept
+        RDMX_REQUIRES(mu_); ///< the engine goes on with staged frames (no socket event will come)
+    void resume_rx() noexcept
+        RDMX_REQUIRES(mu_); ///< a response went out after a stall: the engine reads again
+    bool payload_to_memory() const noexcept RDMX_REQUIRES(mu_)
+    {
+        return rx_action_ == rx_action::recv || rx_action_ == rx_action::write ||
+               rx_action_ == rx_action::write_imm || rx_action_ == rx_action::read_resp;
+    }
+    rx_status rx_error(ssize_t n, int err) noexcept RDMX_REQUIRES(mu_);
+    void begin_frame(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
+    void set_rcvlowat(int bytes) noexcept RDMX_REQUIRES(mu_); ///< the socket's SO_RCVLOWAT, when it changes
+    int wanted_rcvlowat() const noexcept RDMX_REQUIRES(mu_);  ///< the mark for a read wait armed now
+    void keep_rcvlowat_reachable() noexcept
+        RDMX_REQUIRES(mu_); ///< after a read: an armed wait's mark <= what is to come
+
+    // --- the one-sided target service (tcp_target.cpp; any thread, mu_ held) ---
+    void begin_request(const frame_header& h) noexcept RDMX_REQUIRES(mu_); ///< the peer's request arrived
+    void finish_frame() noexcept RDMX_REQUIRES(mu_); ///< its payload is in: carry it out
+    void push_ack(std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
+    void push_response(const response& r) noexcept RDMX_REQUIRES(mu_);
+    void target_fail(nak_code code, std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
+
+    // --- reliability (tcp_reliability.cpp; any thread, mu_ held) ---
+    void begin_response(const frame_header& h) noexcept RDMX_REQUIRES(mu_); ///< a response to our request
+    void on_ack(std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
+    void on_nak(std::uint64_t seq, nak_code code) noexcept RDMX_REQUIRES(mu_);
+    void protocol_violation(const char* why, bool blame_head) noexcept RDMX_REQUIRES(mu_);
+    void peer_gone() noexcept RDMX_REQUIRES(mu_);
+    // --- liveness (tcp_reliability.cpp; engine thread) ---
+    void arm_progress_check() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    void check_progress() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+
+    // --- busy-poll ownership (tcp_busy_poll.cpp) ---
+    bool rx_poll() noexcept RDMX_REQUIRES(mu_); ///< application thread, from poll(); true if it ran pump()
+    bool rx_read() noexcept RDMX_REQUIRES(mu_); ///< rx_poll without the sending; false if it could not read
+    bool app_may_read() const noexcept RDMX_REQUIRES(mu_);
+    bool app_keeps_tx() noexcept RDMX_REQUIRES(mu_);  ///< transmission left to the busy application?
+    bool coalesce_post() noexcept RDMX_REQUIRES(mu_); ///< leave this post()'s requests for the next call?
+    bool only_acks_owed() const noexcept RDMX_REQUIRES(mu_);
+    void arm_tx_check() noexcept RDMX_REQUIRES(mu_);
+    bool app_took_data(bool app_in_call) noexcept
+        RDMX_REQUIRES(mu_, engine_thread_); ///< on a read wake: stand down?
+    void stand_down() noexcept
+        RDMX_REQUIRES(mu_, engine_thread_); ///< leave the socket to the polling application
+    void reclaim_rx() noexcept
+        RDMX_REQUIRES(mu_, engine_thread_); ///< take the socket back into the epoll set
+    void arm_standdown_check() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+
+    // --- after the connection object is gone (tcp_engine.cpp) ---
+    void start_linger() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    void linger_check() noexcept
+        RDMX_REQUIRES(mu_); ///< closes the socket once everything owed is out and EOF read
+    void close_socket() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+
+    tcp_domain& dom_;
+    const connection_limits lim_;
+    const std::uint8_t rnr_limit_;
+    const std::chrono::microseconds rnr_delay_;
+    const std::uint32_t max_rd_out_; ///< reads this side may have outstanding at the peer
+    const int fd_;
+    unique_fd efd_;
+    std::atomic<connection_state> state_{connection_state::established};
+    std::error_code cause_ RDMX_GUARDED_BY(mu_); ///< why state_ left established (under mu_)
+
+    engine_mutex mu_;
+    thread_role engine_thread_; ///< held by the domain's io thread (assert_on_engine)
+    // Send queue: [sq_head_, tx_next_) started and awaiting a response, [tx_next_, sq_tail_)
+    // not started. Positions are also the request sequence numbers.
+    std::vector<sq_entry> sq_ RDMX_GUARDED_BY(mu_);
+    std::vector<seg> sq_segs_ RDMX_GUARDED_BY(mu_);
+    std::vector<std::byte> sq_inline_ RDMX_GUARDED_BY(mu_);
+    std::uint64_t sq_head_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint64_t tx_next_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint64_t sq_tail_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint32_t reads_in_flight_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint64_t rnr_seq_ RDMX_GUARDED_BY(mu_) = UINT64_MAX;
+    std::uint32_t rnr_tries_ RDMX_GUARDED_BY(mu_) = 0;
+    bool rnr_active_ RDMX_GUARDED_BY(mu_) = false; ///< waiting out an RNR delay: no request may start
+
+    std::vector<rq_entry> rq_ RDMX_GUARDED_BY(mu_);
+    std::vector<seg> rq_segs_ RDMX_GUARDED_BY(mu_);
+    std::uint64_t rq_head_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint64_t rq_tail_ RDMX_GUARDED_BY(mu_) = 0;
+
+    completion_ring cq_ RDMX_GUARDED_BY(mu_);
+    notify_arm notify_ RDMX_GUARDED_BY(mu_);
+
+    // Responses owed to the peer: bounded; when full, reading stops (TCP backpressure).
+    response_queue resp_ RDMX_GUARDED_BY(mu_);
+
+    // Transmit state.
+    tx_item cur_ RDMX_GUARDED_BY(mu_); ///< the frame partly on the wire; it must finish before another starts
+    tx_batch batch_ RDMX_GUARDED_BY(mu_);
+    bool write_armed_ RDMX_GUARDED_BY(mu_) = false;
+    bool tx_done_ RDMX_GUARDED_BY(mu_) = false; ///< write side shut down or broken: nothing more is sent
+    bool in_pump_ RDMX_GUARDED_BY(mu_) = false;
+
+    // Receive state.
+    // Staging: a read that starts a frame goes here, so that headers, frames without a
+    // payload (ACKs, read requests) and small payloads arrive several to one system call.
+    // Payload bytes that came with their header are copied out (at most stage_size per
+    // frame); the rest of a payload is read straight into its destination.
+    static constexpr std::size_t stage_size = 1024;
+    std::byte stage_[stage_size] RDMX_GUARDED_BY(mu_);
+    std::size_t stage_begin_ RDMX_GUARDED_BY(mu_) = 0; ///< unconsumed bytes: [stage_begin_, stage_end_)
+    std::size_t stage_end_ RDMX_GUARDED_BY(mu_) = 0;
+    /// a read in this receive run returned less than asked: drained
+    bool rx_short_ RDMX_GUARDED_BY(mu_) = false;
+    bool rx_cont_posted_ RDMX_GUARDED_BY(mu_) = false; ///< continue_rx() is on its way
+    frame_header rx_hdr_ RDMX_GUARDED_BY(mu_);
+    rx_action rx_action_ RDMX_GUARDED_BY(mu_) = rx_action::none;
+    std::uint64_t rx_left_ RDMX_GUARDED_BY(mu_) = 0;
+    const seg* rx_segs_ RDMX_GUARDED_BY(mu_) = nullptr;
+    std::uint32_t rx_nseg_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint32_t rx_seg_i_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint64_t rx_seg_off_ RDMX_GUARDED_BY(mu_) = 0;
+    bool rx_fault_ RDMX_GUARDED_BY(mu_) = false; ///< a destination region vanished during the payload
+    seg rx_target_ RDMX_GUARDED_BY(mu_);
+    std::uint64_t rx_expect_ RDMX_GUARDED_BY(mu_) = 0; ///< next request sequence number from the peer
+    bool rnr_wait_ RDMX_GUARDED_BY(mu_) = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
+    bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
+    int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;           ///< the socket's SO_RCVLOWAT (set_rcvlowat)
+    std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes read from the socket (frames, not the drain)
+    std::uint64_t tx_bytes_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes the socket took
+    /// rx_bytes_ + unread bytes at the progress check's last look
+    std::uint64_t arrived_seen_ RDMX_GUARDED_BY(mu_) = 0;
+    bool reclaim_posted_ RDMX_GUARDED_BY(mu_) = false; ///< request_notify() asked the engine to take it back
+    /// who reads and sends: the engine or a polling application
+    poll_ownership ownership_ RDMX_GUARDED_BY(mu_);
+    bool rx_stalled_ RDMX_GUARDED_BY(mu_) = false; ///< stopped reading because the response ring is full
+    bool rx_done_ RDMX_GUARDED_BY(mu_) = false;    ///< EOF, error, or violation: nothing more is read
+    bool lingering_ RDMX_GUARDED_BY(mu_) = false;  ///< the connection object is gone: finishing what is owed
+    /// the socket is closed (or being closed): nothing more happens
+    bool closed_ RDMX_GUARDED_BY(mu_) = false;
+    bool violation_logged_ RDMX_GUARDED_BY(mu_) = false;
+    std::byte app_discard_[4096] RDMX_GUARDED_BY(mu_); ///< rx_poll's sink for payload that is dropped
+
+    // Asio operations of this connection come from here (never the heap); declared before
+    // the objects whose waits use it.
+    handler_memory hmem_;
+    /// Readiness waits, stand-down (release) and close.
+    asio::posix::stream_descriptor desc_ RDMX_GUARDED_BY(engine_thread_);
+    asio::steady_timer rnr_timer_ RDMX_GUARDED_BY(mu_);
+    /// The stand-down and transmit checks' interval (connection_options::tcp_options::takeover_check).
+    const std::chrono::microseconds takeover_check_;
+    asio::steady_timer standdown_timer_ RDMX_GUARDED_BY(engine_thread_);
+    asio::steady_timer tx_check_timer_ RDMX_GUARDED_BY(mu_); ///< app_keeps_tx() outside a stand-down
+    /// bounds start_linger() by progress_timeout_
+    asio::steady_timer linger_timer_ RDMX_GUARDED_BY(engine_thread_);
+    bool tx_check_armed_ RDMX_GUARDED_BY(mu_) = false;
+
+    // Liveness: while requests are outstanding, some byte must move (either way) at least
+    // every progress_timeout_ (ack_timeout * (retry_count + 1)), or the peer is declared
+    // dead (transport_retry_exceeded), as a verbs QP does after its retries.
+    const std::chrono::steady_clock::duration progress_timeout_;
+    std::chrono::steady_clock::time_point
+        last_progress_ RDMX_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
+    /// rx_bytes_ + tx_bytes_ at the progress check's last look
+    std::uint64_t progress_seen_ RDMX_GUARDED_BY(mu_) = 0;
+    asio::steady_timer progress_timer_ RDMX_GUARDED_BY(engine_thread_);
+};
+
+} // namespace rdmx::tcp

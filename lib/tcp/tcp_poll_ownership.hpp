@@ -1,0 +1,147 @@
+// Who reads and sends on a connection's socket: the engine thread, or an application that
+// busy-polls. A policy with its own state and no socket, timer or lock of its own: the
+// engine (tcp_busy_poll.cpp) asks it and does what it says, under the engine's mutex.
+// Times are passed in, so that the unit tests drive it with a made-up clock.
+//
+// An application that busy-polls reads the socket itself (rx_poll); the engine then stands
+// down: it takes the socket out of its epoll set, so that arriving data no longer wakes it
+// on the poller's CPU and no longer contends for the mutex. It takes the socket back when
+// the application is about to sleep (request_notify), when the engine must wait for
+// writability, or when a check finds that the application stopped calling. Transmission
+// follows the same rule (the engine's app_keeps_tx).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace rdmx::tcp
+{
+
+enum class rx_owner : std::uint8_t {
+    engine,      ///< the socket is in the engine's epoll set; it reads on every wake
+    application, ///< the engine stood down: the polling application reads and sends
+};
+
+class poll_ownership
+{
+public:
+    using clock = std::chrono::steady_clock;
+    /// Read wakes in a row that find the application polling before the engine stands down.
+    static constexpr int standdown_wakes = 3;
+    /// The application counts as polling right now within this of its latest poll(), and as
+    /// busy when a call follows the end of its previous one within this.
+    static constexpr std::chrono::microseconds busy_poll_window{20};
+    /// Stood down, post() reads at most this often, so that an application that posts a long
+    /// window without polling still serves the peer's requests.
+    static constexpr std::chrono::microseconds app_rx_interval{50};
+
+    rx_owner owner() const noexcept { return owner_; }
+    bool app_owns() const noexcept { return owner_ == rx_owner::application; }
+
+    /// The application is busy: its current call is a poll(), or a post() in a tight loop
+    /// (within busy_poll_window of its previous call). Measured from call to call, not from
+    /// the latest poll(): one call that sends a MiB takes longer than the window, and a
+    /// window of large writes is posted for tens of milliseconds between polls.
+    bool app_busy() const noexcept { return app_busy_; }
+
+    // --- the application's calls ---
+    /// post() began at `entry` (read before it waited for the lock).
+    void on_post(clock::time_point entry) noexcept
+    {
+        app_busy_ = entry - last_call_end_ < busy_poll_window;
+        ++app_calls_;
+    }
+    /// Stood down, should this post() read what came meanwhile? Then it counts as a read.
+    bool post_should_read(clock::time_point entry) noexcept
+    {
+        if (!app_owns() || entry - last_app_rx_ < app_rx_interval)
+            return false;
+        last_app_rx_ = entry;
+        return true;
+    }
+    void on_poll(clock::time_point now) noexcept
+    {
+        last_poll_ = now;
+        last_app_rx_ = now;
+        ++app_polls_;
+        ++app_calls_;
+        app_busy_ = true;
+    }
+    /// A post() or poll() returned.
+    void on_call_end(clock::time_point now) noexcept { last_call_end_ = now; }
+    /// The application is about to sleep or will not call again: what is left is the engine's.
+    void on_app_idle() noexcept { app_busy_ = false; }
+
+    // --- the engine's read wake: first step ---
+    /// Whether this wake may count towards a stand-down: the application polled since the
+    /// previous wake (or is in a call now) and may read on its own. False resets the count.
+    bool wake_may_count(bool app_in_call, bool app_may_read) noexcept
+    {
+        bool polled = app_in_call || app_polls_ != app_polls_seen_;
+        app_polls_seen_ = app_polls_;
+        if (!polled || !app_may_read) {
+            busy_wakes_ = 0;
+            return false;
+        }
+        return true;
+    }
+    /// Second step: `data_taken` (nothing left to read at the wake) or the application
+    /// polling right now (the engine, woken on the poller's CPU, often runs before the poller
+    /// gets to the data) counts the wake; true once `standdown_wakes` in a row counted.
+    /// An application that polls only now and then has data waiting when the engine wakes
+    /// and has not polled for a while, and keeps the engine reading.
+    bool count_wake(bool data_taken, bool app_in_call, clock::time_point now) noexcept
+    {
+        bool polling_now = app_in_call || now - last_poll_ < busy_poll_window;
+        if (!data_taken && !polling_now) {
+            busy_wakes_ = 0;
+            return false;
+        }
+        return ++busy_wakes_ >= standdown_wakes;
+    }
+    int busy_wakes() const noexcept { return busy_wakes_; }
+
+    // --- ownership changes (engine thread) ---
+    void stand_down() noexcept
+    {
+        owner_ = rx_owner::application;
+        busy_wakes_ = 0;
+        app_calls_seen_ = app_calls_;
+    }
+    /// The stand-down check: the application called since the last check and may still
+    /// read. True: leave it the socket until the next check.
+    bool still_calling(bool app_may_read) noexcept
+    {
+        if (app_calls_ == app_calls_seen_ || !app_may_read)
+            return false;
+        app_calls_seen_ = app_calls_;
+        return true;
+    }
+    void reclaim() noexcept
+    {
+        owner_ = rx_owner::engine;
+        busy_wakes_ = 0;
+        app_polls_seen_ = app_polls_;
+    }
+    /// The socket was closed while the application owned it: nobody owns it now.
+    void socket_closed() noexcept { owner_ = rx_owner::engine; }
+
+    // --- the transmit check (outside a stand-down) ---
+    void tx_check_armed() noexcept { tx_check_calls_ = app_calls_; }
+    bool called_since_tx_check() const noexcept { return app_calls_ != tx_check_calls_; }
+
+private:
+    rx_owner owner_ = rx_owner::engine;
+    bool app_busy_ = false;
+    int busy_wakes_ = 0;                ///< read wakes in a row that found the application polling
+    std::uint64_t app_polls_ = 0;       ///< poll() calls
+    std::uint64_t app_polls_seen_ = 0;  ///< app_polls_ when the engine last looked
+    std::uint64_t app_calls_ = 0;       ///< post() and poll() calls
+    std::uint64_t app_calls_seen_ = 0;  ///< app_calls_ at the latest stand-down check
+    std::uint64_t tx_check_calls_ = 0;  ///< app_calls_ when the transmit check was armed
+    clock::time_point last_poll_{};     ///< the application's latest poll()
+    clock::time_point last_call_end_{}; ///< when its latest post() / poll() returned
+    clock::time_point last_app_rx_{};   ///< latest poll(), or post() that read
+};
+
+} // namespace rdmx::tcp

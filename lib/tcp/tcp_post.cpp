@@ -1,0 +1,185 @@
+// The application's calls: post, post_recv, poll, notification and disconnect. They run on
+// any application thread, under mu_; what they leave to the engine goes by asio::post.
+#include "tcp/tcp_engine.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+#include <boost/asio/post.hpp>
+
+#include "validate.hpp"
+
+namespace rdmx::tcp
+{
+
+template <class Request, class Check>
+std::optional<std::error_code> connection_engine::validate_or_flush(std::span<const Request> wrs,
+                                                                    std::size_t* posted, Check check) noexcept
+{
+    // All or nothing: an invalid request rejects the whole list before any is taken.
+    for (const auto& wr : wrs) {
+        std::uint64_t total = 0;
+        if (errc ec = check(wr, total); ec != errc{})
+            return make_error_code(ec);
+    }
+    if (state() == connection_state::established)
+        return std::nullopt;
+    // As on an errored QP: the requests are accepted and complete as flushed.
+    for (const auto& wr : wrs)
+        push_cq({.wr_id = wr.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+    if (posted)
+        *posted = wrs.size();
+    return std::error_code{};
+}
+
+std::error_code connection_engine::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
+{
+    if (posted)
+        *posted = 0;
+    // Read before the lock: time spent waiting for the engine to let go of it does not make
+    // a tight loop look idle.
+    const auto entry = std::chrono::steady_clock::now();
+    engine_lock lk(mu_);
+    if (auto done = validate_or_flush(wrs, posted, [&](const work_request& wr, std::uint64_t& total) {
+            return detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total);
+        }))
+        return *done;
+    ownership_.on_post(entry);
+    std::size_t i = 0;
+    for (; i < wrs.size(); ++i) {
+        if (sq_tail_ - sq_head_ == lim_.send_queue_depth)
+            break;
+        const work_request& wr = wrs[i];
+        sq_entry& e = sq_at(sq_tail_);
+        e.wr_id = wr.wr_id;
+        e.op = wr.opcode;
+        e.signaled = has(wr.flags, send_flags::signaled);
+        e.fenced = has(wr.flags, send_flags::fence);
+        e.solicited = has(wr.flags, send_flags::solicited);
+        e.imm = wr.imm;
+        e.remote_addr = wr.remote.addr;
+        e.remote_key = wr.remote.key;
+        seg* segs = sq_segs(sq_tail_);
+        std::uint64_t total = 0;
+        e.nseg = 0;
+        if (has(wr.flags, send_flags::inline_data)) {
+            // Copied now, into the slot's own buffer: the caller may reuse its buffer at once.
+            std::byte* buf = sq_inline_.data() + (sq_tail_ % lim_.send_queue_depth) * lim_.max_inline;
+            for (const sge& s : wr.local) {
+                std::memcpy(buf + total, s.region->data() + s.offset, s.length);
+                total += s.length;
+            }
+            segs[e.nseg++] = {nullptr, 0, buf, total};
+        } else {
+            for (const sge& s : wr.local) {
+                if (s.length == 0)
+                    continue;
+                segs[e.nseg++] = region_seg(*s.region, s.offset, s.length);
+                total += s.length;
+            }
+        }
+        e.length = static_cast<std::uint32_t>(total);
+        ++sq_tail_;
+    }
+    if (posted)
+        *posted = i;
+    if (ownership_.post_should_read(entry)) {
+        // Stood down, and the application posts without polling: read what came meanwhile
+        // (ACKs, the peer's requests). What that owes goes out with the requests.
+        rx_read();
+    }
+    if (coalesce_post())
+        arm_tx_check(); // the next post() or poll() sends it, or the engine a check later
+    else
+        pump();
+    ownership_.on_call_end(std::chrono::steady_clock::now());
+    if (i < wrs.size())
+        return errc::would_block;
+    return {};
+}
+
+std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
+{
+    if (posted)
+        *posted = 0;
+    engine_lock lk(mu_);
+    if (auto done = validate_or_flush(wrs, posted, [&](const recv_request& wr, std::uint64_t& total) {
+            return detail::check_recv(wr, dom_.owner(), lim_, total);
+        }))
+        return *done;
+    std::size_t i = 0;
+    for (; i < wrs.size(); ++i) {
+        if (rq_tail_ - rq_head_ == lim_.recv_queue_depth)
+            break;
+        rq_entry& e = rq_at(rq_tail_);
+        seg* segs = rq_segs(rq_tail_);
+        e.wr_id = wrs[i].wr_id;
+        e.length = 0;
+        e.nseg = 0;
+        for (const sge& s : wrs[i].local) {
+            if (s.length == 0)
+                continue;
+            segs[e.nseg++] = region_seg(*s.region, s.offset, s.length);
+            e.length += s.length;
+        }
+        ++rq_tail_;
+    }
+    if (posted)
+        *posted = i;
+    return i < wrs.size() ? make_error_code(errc::would_block) : std::error_code{};
+}
+
+std::size_t connection_engine::poll(std::span<completion> out) noexcept
+{
+    engine_lock lk(mu_);
+    ownership_.on_poll(std::chrono::steady_clock::now());
+    bool pumped = cq_.empty() && rx_poll();
+    if (!pumped && tx_next_ != sq_tail_)
+        pump(); // requests that post() left to be coalesced, when rx_poll did not send
+    std::size_t n = cq_.pop(out);
+    ownership_.on_call_end(std::chrono::steady_clock::now());
+    return n;
+}
+
+std::error_code connection_engine::request_notify(bool solicited_only) noexcept
+{
+    engine_lock lk(mu_);
+    notify_.arm(solicited_only);
+    ownership_.on_app_idle(); // about to sleep: what is left to send is the engine's
+    pump();                   // an ACK that rx_poll left for this call: the caller may now sleep
+    if (ownership_.app_owns() && !reclaim_posted_) {
+        // The application is about to sleep: the engine must read again.
+        reclaim_posted_ = true;
+        asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
+                       engine_lock lk(self->mu_);
+                       self->assert_on_engine();
+                       self->reclaim_posted_ = false;
+                       if (!self->closed_)
+                           self->reclaim_rx();
+                   }));
+    }
+    return {};
+}
+
+std::error_code connection_engine::ack_notify() noexcept
+{
+    std::uint64_t v;
+    if (::read(efd_.get(), &v, sizeof v) < 0 && errno != EAGAIN)
+        return {errno, std::system_category()};
+    return {};
+}
+
+void connection_engine::disconnect() noexcept
+{
+    engine_lock lk(mu_);
+    ownership_.on_app_idle();
+    fail(connection_state::disconnected);
+    pump();
+}
+
+} // namespace rdmx::tcp

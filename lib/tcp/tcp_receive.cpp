@@ -1,0 +1,323 @@
+// Receive framing: reads headers into the stage and payloads into their destinations, on
+// the engine thread (rx_run) or, under mu_, on a polling application thread (rx_read).
+#include "tcp/tcp_engine.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <boost/asio/post.hpp>
+
+#include "tcp/tcp_syscall.hpp"
+
+namespace rdmx::tcp
+{
+
+void connection_engine::arm_read() noexcept
+{
+    if (read_armed_ || rx_done_ || closed_)
+        return;
+    if (ownership_.app_owns()) {
+        reclaim_rx(); // the engine reads again (after a stall): the wait needs the socket
+        return;
+    }
+    if (staged_work()) {
+        // Frames already staged (a run ended on its budget): the socket may stay silent.
+        continue_rx();
+        return;
+    }
+    set_rcvlowat(wanted_rcvlowat());
+    read_armed_ = true;
+    desc_.async_wait(asio::posix::stream_descriptor::wait_read,
+                     with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
+                         // The mutex held means the application is in a call (post, poll) right now.
+                         bool app_in_call = false;
+                         engine_lock lk(self->mu_, app_in_call);
+                         self->assert_on_engine();
+                         self->read_armed_ = false;
+                         if (self->app_took_data(app_in_call)) {
+                             self->stand_down();
+                             return;
+                         }
+                         self->rx_run();
+                     }));
+}
+
+int connection_engine::wanted_rcvlowat() const noexcept
+{
+    // In the middle of a large payload, wake only when a good part of it is there (or the
+    // peer closed, or the receive window is nearly full: the kernel wakes for those
+    // regardless): each wake costs this thread a switch and the sender an IPI. Never more
+    // than the payload bytes still to come from the socket: what follows them may never be
+    // sent (a peer that waits for our answer), so a larger mark would never be reached.
+    if (rx_action_ == rx_action::none || state() != connection_state::established)
+        return 1;
+    std::uint64_t to_come = rx_left_ - std::min<std::uint64_t>(staged(), rx_left_);
+    return to_come >= rcvlowat_min ? static_cast<int>(std::min<std::uint64_t>(to_come, rcvlowat_max)) : 1;
+}
+
+void connection_engine::keep_rcvlowat_reachable() noexcept
+{
+    // An armed read wait wakes at the mark that arm_read() set for the payload as it was
+    // then. A read since, on the application thread (rx_read) or in an engine run that a
+    // continuation started while the wait was armed, may have consumed part or all of that
+    // payload: lower the mark to what is still to come. Otherwise, if the application then
+    // sleeps (request_notify), the rest of the payload and the frames after it lie below
+    // the mark, no wake comes, and the peer's requests wait until it declares us dead.
+    // Lowering it wakes the wait at once if the bytes already there reach the new mark
+    // (the kernel re-checks readiness in setsockopt: tcp_set_rcvlowat).
+    if (read_armed_ && rcvlowat_ > 1)
+        if (int want = wanted_rcvlowat(); want < rcvlowat_)
+            set_rcvlowat(want);
+}
+
+void connection_engine::set_rcvlowat(int bytes) noexcept
+{
+    if (bytes == rcvlowat_)
+        return;
+    // A hint: if the kernel refuses it, waking at every byte is still correct.
+    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) == 0)
+        rcvlowat_ = bytes;
+}
+
+void connection_engine::continue_rx() noexcept
+{
+    if (rx_cont_posted_)
+        return;
+    rx_cont_posted_ = true;
+    asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
+                   engine_lock lk(self->mu_);
+                   self->assert_on_engine();
+                   self->rx_cont_posted_ = false;
+                   if (!self->ownership_.app_owns()) // stood down: the polling application goes on itself
+                       self->rx_run();
+               }));
+}
+
+void connection_engine::resume_rx() noexcept
+{
+    rx_stalled_ = false;
+    asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
+                   engine_lock lk(self->mu_);
+                   self->assert_on_engine();
+                   if (!self->read_armed_)
+                       self->rx_run();
+               }));
+}
+
+void connection_engine::rx_run() noexcept
+{
+    if (closed_ || rx_done_ || rx_stalled_)
+        return;
+    rx_short_ = false;
+    for (int budget = 0; budget < rx_budget; ++budget) {
+        rx_status s = state() == connection_state::established ? rx_step() : rx_drain();
+        if (s == rx_status::again)
+            continue;
+        keep_rcvlowat_reachable();
+        pump();
+        if (s == rx_status::wait)
+            arm_read();
+        return;
+    }
+    // Budget used up: let the engine serve other connections; readiness is re-checked
+    // when the wait is armed, and staged frames continue by a post, so nothing is lost.
+    keep_rcvlowat_reachable();
+    pump();
+    arm_read();
+}
+
+connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noexcept
+{
+    if (n < 0 && err == EINTR)
+        return rx_status::again;
+    if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK))
+        return rx_status::wait;
+    // EOF or a reset: the peer disconnected or crashed.
+    peer_gone();
+    return rx_status::stop;
+}
+
+connection_engine::rx_status connection_engine::rx_drain() noexcept
+{
+    auto sink = dom_.discard_buffer();
+    ssize_t n = sys::recv(fd_, sink.data(), sink.size(), MSG_DONTWAIT);
+    if (n > 0)
+        return rx_status::again;
+    return rx_error(n, errno);
+}
+
+connection_engine::rx_status connection_engine::rx_step() noexcept
+{
+    if (rx_action_ != rx_action::none)
+        return staged() > 0 ? rx_staged_payload() : rx_payload();
+    if (staged() < frame_header::wire_size) {
+        // A read that came back short in this run drained the socket: another would only
+        // say EAGAIN. (Per run: the next one starts from a wake-up or a poll and reads.)
+        if (rx_short_)
+            return rx_status::wait;
+        if (stage_begin_ > 0) { // a partial header: to the front, the buffer is ours again
+            std::memmove(stage_, stage_ + stage_begin_, staged());
+            stage_end_ -= stage_begin_;
+            stage_begin_ = 0;
+        }
+        std::size_t want = stage_size - stage_end_;
+        ssize_t n = sys::recv(fd_, stage_ + stage_end_, want, MSG_DONTWAIT);
+        if (n <= 0)
+            return rx_error(n, errno);
+        rx_bytes_ += static_cast<std::uint64_t>(n); // the peer sent bytes: alive
+        stage_end_ += static_cast<std::size_t>(n);
+        rx_short_ = static_cast<std::size_t>(n) < want;
+        if (staged() < frame_header::wire_size)
+            return rx_status::again;
+    }
+    frame_header h;
+    const char* why = "";
+    if (frame_header::decode(stage_ + stage_begin_, h, &why)) {
+        protocol_violation(why, false);
+        return rx_status::stop;
+    }
+    if (h.is_request() && resp_.full()) {
+        // Backpressure: leave the header staged and stop reading until a response has
+        // gone out. A peer within max_rd_atomic never gets here.
+        rx_stalled_ = true;
+        return rx_status::stop;
+    }
+    unstage(frame_header::wire_size);
+    begin_frame(h);
+    if (rx_action_ != rx_action::none && rx_left_ == 0)
+        finish_frame();
+    return rx_done_ ? rx_status::stop : rx_status::again;
+}
+
+void connection_engine::begin_frame(const frame_header& h) noexcept
+{
+    rx_hdr_ = h;
+    rx_left_ = h.payload_length();
+    rx_segs_ = nullptr;
+    rx_nseg_ = rx_seg_i_ = 0;
+    rx_seg_off_ = 0;
+    rx_fault_ = false;
+    rx_action_ = rx_action::none;
+
+    if (h.is_request())
+        begin_request(h);
+    else
+        begin_response(h);
+}
+
+connection_engine::rx_status connection_engine::rx_payload() noexcept
+{
+    if (rx_short_)
+        return rx_status::wait;    // drained in this run (see rx_step)
+    stage_begin_ = stage_end_ = 0; // empty (rx_step): the read ahead below may fill it
+    iovec iov[max_iov];
+    region_state* pinned[max_iov];
+    int niov = 0, npinned = 0;
+    std::uint64_t planned = 0;
+    // The domain's sink is the engine's; the application thread (rx_poll) has its own.
+    std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
+    if (payload_to_memory()) {
+        std::uint32_t i = rx_seg_i_;
+        std::uint64_t off = rx_seg_off_;
+        while (planned < rx_left_ && i < rx_nseg_ && niov < max_iov - 1) {
+            const seg& s = rx_segs_[i];
+            std::uint64_t n = std::min(s.len - off, rx_left_ - planned);
+            void* base = s.ptr + off;
+            if (s.st && !pin(s.st, s.tag)) {
+                // Deregistered mid-payload: those bytes are read and dropped, and the
+                // request fails when the frame ends.
+                rx_fault_ = true;
+                base = sink.data();
+                n = std::min<std::uint64_t>(n, sink.size());
+                iov[niov++] = {base, static_cast<std::size_t>(n)};
+                planned += n;
+                break;
+            }
+            if (s.st)
+                pinned[npinned++] = s.st;
+            iov[niov++] = {base, static_cast<std::size_t>(n)};
+            planned += n;
+            off = 0;
+            ++i;
+        }
+    } else {
+        std::uint64_t n = std::min<std::uint64_t>(rx_left_, sink.size());
+        iov[niov++] = {sink.data(), static_cast<std::size_t>(n)};
+        planned = n;
+    }
+    // Read ahead into the (empty) stage when this call can finish the payload: the next
+    // frames come with it, saving a system call per frame.
+    std::uint64_t want = planned;
+    if (planned == rx_left_) {
+        iov[niov++] = {stage_, stage_size};
+        want += stage_size;
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = static_cast<std::size_t>(niov);
+    ssize_t n = sys::recvmsg(fd_, &mh, MSG_DONTWAIT);
+    int err = errno;
+    for (int i = 0; i < npinned; ++i)
+        unpin(pinned[i]);
+    if (n <= 0)
+        return rx_error(n, err);
+    rx_bytes_ += static_cast<std::uint64_t>(n); // the peer sent bytes: alive
+    std::uint64_t got = static_cast<std::uint64_t>(n);
+    rx_short_ = got < want;
+    std::uint64_t payload = std::min(got, rx_left_);
+    stage_end_ = static_cast<std::size_t>(got - payload);
+    rx_left_ -= payload;
+    if (payload_to_memory())
+        rx_advance(payload);
+    if (rx_left_ == 0)
+        finish_frame();
+    return rx_done_ ? rx_status::stop : rx_status::again;
+}
+
+connection_engine::rx_status connection_engine::rx_staged_payload() noexcept
+{
+    // The payload bytes that arrived with the header: copied out of the stage.
+    std::uint64_t n = std::min<std::uint64_t>(staged(), rx_left_);
+    if (payload_to_memory()) {
+        const std::byte* src = stage_ + stage_begin_;
+        std::uint64_t left = n;
+        while (left > 0 && rx_seg_i_ < rx_nseg_) {
+            const seg& s = rx_segs_[rx_seg_i_];
+            std::uint64_t step = std::min(s.len - rx_seg_off_, left);
+            if (s.st && !pin(s.st, s.tag)) {
+                rx_fault_ = true; // deregistered: dropped, and the request fails at the end
+            } else {
+                std::memcpy(s.ptr + rx_seg_off_, src, step);
+                if (s.st)
+                    unpin(s.st);
+            }
+            src += step;
+            left -= step;
+            rx_advance(step);
+        }
+    }
+    unstage(static_cast<std::size_t>(n));
+    rx_left_ -= n;
+    if (rx_left_ == 0)
+        finish_frame();
+    return rx_done_ ? rx_status::stop : rx_status::again;
+}
+
+void connection_engine::rx_advance(std::uint64_t n) noexcept
+{
+    // Walk the SGE position forward by what arrived (wherever it landed).
+    while (n > 0 && rx_seg_i_ < rx_nseg_) {
+        std::uint64_t step = std::min(rx_segs_[rx_seg_i_].len - rx_seg_off_, n);
+        rx_seg_off_ += step;
+        n -= step;
+        if (rx_seg_off_ == rx_segs_[rx_seg_i_].len) {
+            ++rx_seg_i_;
+            rx_seg_off_ = 0;
+        }
+    }
+}
+
+} // namespace rdmx::tcp

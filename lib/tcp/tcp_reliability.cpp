@@ -1,0 +1,175 @@
+// Reliability and liveness: the initiator's side of ACK / NAK / RNR with go-back-N, the
+// protocol-violation and peer-gone exits, and the dead-peer timer.
+#include "tcp/tcp_engine.hpp"
+
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+
+#include "tcp/tcp_log.hpp"
+
+namespace rdmx::tcp
+{
+
+std::error_code nak_status(nak_code c) noexcept
+{
+    switch (c) {
+    case nak_code::rnr: return errc::rnr_retry_exceeded;
+    case nak_code::remote_access: return errc::remote_access;
+    case nak_code::invalid_request: return errc::remote_invalid_request;
+    case nak_code::remote_operation: return errc::remote_operation;
+    }
+    return errc::bad_response;
+}
+
+void connection_engine::protocol_violation(const char* why, bool blame_head) noexcept
+{
+    if (!violation_logged_) {
+        violation_logged_ = true;
+        log_limited("closing connection: peer violated the wire protocol (%s)", why);
+    }
+    if (blame_head && state() == connection_state::established && sq_head_ < tx_next_)
+        complete_sq_head(errc::bad_response, 0);
+    fail(connection_state::error, errc::protocol_error);
+    // A peer that sends garbage gets no more of our attention: stop reading and writing.
+    rx_done_ = true;
+    tx_done_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+}
+
+void connection_engine::peer_gone() noexcept
+{
+    rx_done_ = true;
+    fail(connection_state::disconnected);
+    linger_check();
+}
+
+void connection_engine::begin_response(const frame_header& h) noexcept
+{
+    switch (h.op) {
+    case frame_op::ack: on_ack(h.seq); return;
+    case frame_op::nak: on_nak(h.seq, static_cast<nak_code>(h.status)); return;
+    case frame_op::read_resp: {
+        if (sq_head_ >= tx_next_ || h.seq != sq_head_) {
+            protocol_violation("read response out of sequence", true);
+            return;
+        }
+        const sq_entry& e = sq_at(sq_head_);
+        if (e.op != opcode::read || h.length != e.length) {
+            protocol_violation("read response does not match the read", true);
+            return;
+        }
+        rx_action_ = rx_action::read_resp;
+        rx_segs_ = sq_segs(sq_head_);
+        rx_nseg_ = e.nseg;
+        return;
+    }
+    default: break;
+    }
+    protocol_violation("unexpected response opcode", true);
+}
+
+void connection_engine::on_ack(std::uint64_t seq) noexcept
+{
+    if (seq < sq_head_ || seq >= tx_next_) {
+        protocol_violation("ack for a request not in flight", true);
+        return;
+    }
+    while (sq_head_ <= seq && state() == connection_state::established) {
+        if (sq_at(sq_head_).op == opcode::read) {
+            protocol_violation("ack covers a read", true);
+            return;
+        }
+        complete_sq_head({}, sq_at(sq_head_).length);
+    }
+}
+
+void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
+{
+    if (seq != sq_head_ || sq_head_ >= tx_next_) {
+        protocol_violation("nak for a request not at the head", true);
+        return;
+    }
+    if (code != nak_code::rnr) {
+        complete_sq_head(nak_status(code), 0);
+        fail(connection_state::error, nak_status(code));
+        return;
+    }
+    if (rnr_seq_ != seq) {
+        rnr_seq_ = seq;
+        rnr_tries_ = 0;
+    }
+    // rnr_retry_count 7 means retry forever, as on verbs.
+    if (rnr_limit_ != 7 && rnr_tries_ >= rnr_limit_) {
+        complete_sq_head(errc::rnr_retry_exceeded, 0);
+        fail(connection_state::error, errc::rnr_retry_exceeded);
+        return;
+    }
+    ++rnr_tries_;
+    // Go back to the NAKed request; everything after it was dropped by the peer.
+    tx_next_ = seq;
+    reads_in_flight_ = 0; // nothing before seq is outstanding: responses come in order
+    rnr_active_ = true;
+    // As on verbs, each retry waits the RNR timer (connection_options::min_rnr_timer).
+    auto delay = rnr_delay_;
+    rnr_timer_.expires_after(delay);
+    auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        self->rnr_active_ = false;
+        self->pump();
+    };
+    rnr_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
+}
+
+void connection_engine::arm_progress_check() noexcept
+{
+    // A few checks per timeout bound the detection time to 1.25 x the timeout.
+    progress_timer_.expires_after(
+        std::max<std::chrono::steady_clock::duration>(progress_timeout_ / 4, std::chrono::milliseconds(5)));
+    auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        self->check_progress();
+    };
+    progress_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
+}
+
+void connection_engine::check_progress() noexcept
+{
+    if (closed_ || state() != connection_state::established)
+        return; // nothing outstanding any more: the timer stops here
+    auto now = std::chrono::steady_clock::now();
+    // Bytes moved either way since the last look: the peer is alive. The data path only
+    // counts them and reads no clock for it; timing them here makes last_progress_ at most
+    // one interval late, which keeps detection within the same 1.25 x the timeout.
+    if (std::uint64_t moved = rx_bytes_ + tx_bytes_; moved != progress_seen_) {
+        progress_seen_ = moved;
+        last_progress_ = now;
+    }
+    int unread = 0;
+    if (sq_head_ == sq_tail_) {
+        last_progress_ = now; // idle time is not silence
+    } else if (now - last_progress_ >= progress_timeout_ && ::ioctl(fd_, FIONREAD, &unread) == 0 &&
+               unread > 0 && rx_bytes_ + static_cast<std::uint64_t>(unread) > arrived_seen_) {
+        // Bytes arrived since the last look and wait unread: below the wake threshold of a
+        // slow payload (set_rcvlowat), or left to an application that stood the engine
+        // down. The peer is alive. (One that stopped mid-payload fails at the next look.)
+        last_progress_ = now;
+        arrived_seen_ = rx_bytes_ + static_cast<std::uint64_t>(unread);
+    } else if (now - last_progress_ >= progress_timeout_) {
+        // The peer has neither answered nor taken any byte for the whole budget of retries.
+        complete_sq_head(errc::transport_retry_exceeded, 0);
+        fail(connection_state::error, errc::transport_retry_exceeded);
+        pump();
+        return;
+    }
+    arm_progress_check();
+}
+
+} // namespace rdmx::tcp

@@ -1,0 +1,156 @@
+// The target side of the peer's requests: what a send, write or read request does here
+// once its payload is in (finish_frame), and the responses (ACK, NAK, read response) owed
+// for it, sent in the order the requests arrived.
+#include "tcp/tcp_engine.hpp"
+
+namespace rdmx::tcp
+{
+
+void connection_engine::begin_request(const frame_header& h) noexcept
+{
+    if (h.seq != rx_expect_) {
+        // Go-back-N: after an RNR NAK for rx_expect_, later requests are already on
+        // their way; they are dropped and come again after the NAKed one.
+        if (rnr_wait_ && h.seq > rx_expect_) {
+            rx_action_ = rx_action::drop;
+            return;
+        }
+        protocol_violation("request out of sequence", false);
+        return;
+    }
+    switch (h.op) {
+    case frame_op::send:
+        if (rq_head_ == rq_tail_) {
+            rx_action_ = rx_action::rnr;
+        } else if (h.length > rq_at(rq_head_).length) {
+            rx_action_ = rx_action::recv_overflow;
+        } else {
+            rx_action_ = rx_action::recv;
+            rx_segs_ = rq_segs(rq_head_);
+            rx_nseg_ = rq_at(rq_head_).nseg;
+        }
+        return;
+    case frame_op::write_imm:
+        if (rq_head_ == rq_tail_) {
+            rx_action_ = rx_action::rnr;
+            return;
+        }
+        [[fallthrough]];
+    case frame_op::write:
+        rx_action_ = h.op == frame_op::write ? rx_action::write : rx_action::write_imm;
+        // A zero-length write touches nothing, so (as on verbs) it needs no valid key.
+        if (h.length == 0)
+            return;
+        if (!dom_.find_remote(h.key, h.addr, h.length, access::remote_write, rx_target_)) {
+            rx_action_ = rx_action::write_bad;
+            return;
+        }
+        rx_segs_ = &rx_target_;
+        rx_nseg_ = 1;
+        return;
+    case frame_op::read_req: {
+        seg s;
+        if (h.length != 0 && !dom_.find_remote(h.key, h.addr, h.length, access::remote_read, s)) {
+            target_fail(nak_code::remote_access, h.seq);
+            return;
+        }
+        ++rx_expect_;
+        rnr_wait_ = false;
+        push_response({.op = frame_op::read_resp, .code = nak_code::rnr, .seq = h.seq, .data = s});
+        return;
+    }
+    default: break;
+    }
+    protocol_violation("unexpected request opcode", false);
+}
+
+void connection_engine::push_response(const response& r) noexcept
+{
+    // Space was checked before the request's header was consumed (rx_step), and every
+    // request produces at most one response.
+    resp_.push(r);
+}
+
+void connection_engine::push_ack(std::uint64_t seq) noexcept
+{
+    // ACKs are cumulative: extend the last one unless it already started on the wire.
+    resp_.push_ack(seq, cur_.kind == frame_kind::response);
+}
+
+void connection_engine::target_fail(nak_code code, std::uint64_t seq) noexcept
+{
+    // As rxe and real HCAs: a class C responder error moves the responder's QP to error
+    // too. The NAK is still sent (before our FIN) so that the initiator learns why.
+    push_response({.op = frame_op::nak, .code = code, .seq = seq, .data = {}});
+    fail(connection_state::error, nak_status(code));
+}
+
+void connection_engine::finish_frame() noexcept
+{
+    rx_action a = rx_action_;
+    rx_action_ = rx_action::none;
+    const frame_header& h = rx_hdr_;
+    bool solicited = (h.flags & flag_solicited) != 0;
+    switch (a) {
+    case rx_action::none: return;
+    case rx_action::recv:
+        if (rx_fault_) {
+            complete_rq_head(
+                {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::unknown, .status = errc::local_protection},
+                solicited);
+            target_fail(nak_code::remote_operation, h.seq);
+            return;
+        }
+        complete_rq_head(
+            {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::recv, .status = {}, .byte_len = h.length},
+            solicited);
+        break;
+    case rx_action::recv_overflow:
+        // As verbs: the receiver sees a local length error, the sender an invalid request,
+        // and both connections go to error.
+        complete_rq_head(
+            {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::unknown, .status = errc::local_length},
+            solicited);
+        target_fail(nak_code::invalid_request, h.seq);
+        return;
+    case rx_action::rnr:
+        push_response({.op = frame_op::nak, .code = nak_code::rnr, .seq = h.seq, .data = {}});
+        rnr_wait_ = true;
+        return;
+    case rx_action::drop: return;
+    case rx_action::write:
+        if (rx_fault_) {
+            target_fail(nak_code::remote_access, h.seq);
+            return;
+        }
+        break;
+    case rx_action::write_imm:
+        if (rx_fault_) {
+            target_fail(nak_code::remote_access, h.seq);
+            return;
+        }
+        complete_rq_head({.wr_id = rq_at(rq_head_).wr_id,
+                          .opcode = opcode::recv_with_imm,
+                          .status = {},
+                          .byte_len = h.length,
+                          .imm = h.imm,
+                          .with_imm = true},
+                         solicited);
+        break;
+    case rx_action::write_bad: target_fail(nak_code::remote_access, h.seq); return;
+    case rx_action::read_resp:
+        if (rx_fault_) {
+            complete_sq_head(errc::local_protection, 0);
+            fail(connection_state::error, errc::local_protection);
+            return;
+        }
+        complete_sq_head({}, h.length);
+        return;
+    }
+    // A request that was carried out: the next one may come, and it is acknowledged.
+    ++rx_expect_;
+    rnr_wait_ = false;
+    push_ack(h.seq);
+}
+
+} // namespace rdmx::tcp

@@ -1,0 +1,321 @@
+// Transmit: one pump, run under mu_ by whichever thread has something to send. It batches
+// responses and requests into one sendmsg, resumes the frame partly on the wire, and hands
+// what is left to the engine (arm_write).
+#include "tcp/tcp_engine.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include <boost/asio/post.hpp>
+
+#include "tcp/tcp_syscall.hpp"
+
+namespace rdmx::tcp
+{
+
+void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t pos,
+                                  std::uint64_t skip) noexcept
+{
+    std::byte* hdr = b.headers[b.nitems];
+    frame_header h;
+    const seg* segs = nullptr;
+    std::uint32_t nseg = 0;
+    if (kind == frame_kind::request) {
+        const sq_entry& e = sq_at(pos);
+        h.seq = pos;
+        h.length = e.length;
+        switch (e.op) {
+        case opcode::send: h.op = frame_op::send; break;
+        case opcode::write: h.op = frame_op::write; break;
+        case opcode::write_with_imm: h.op = frame_op::write_imm; break;
+        default: h.op = frame_op::read_req; break;
+        }
+        if (h.op != frame_op::send) {
+            h.addr = e.remote_addr;
+            h.key = e.remote_key;
+        }
+        if (h.op == frame_op::write_imm)
+            h.imm = e.imm;
+        if (e.solicited && (h.op == frame_op::send || h.op == frame_op::write_imm))
+            h.flags = flag_solicited;
+        if (h.op != frame_op::read_req) {
+            segs = sq_segs(pos);
+            nseg = e.nseg;
+        }
+    } else {
+        const response& r = resp_.at(pos);
+        h.op = r.op;
+        h.seq = r.seq;
+        if (r.op == frame_op::nak)
+            h.status = static_cast<std::uint32_t>(r.code);
+        if (r.op == frame_op::read_resp) {
+            h.length = static_cast<std::uint32_t>(r.data.len);
+            segs = &r.data;
+            nseg = 1;
+        }
+    }
+    h.encode(hdr);
+
+    tx_item& it = b.items[b.nitems++];
+    it = {.kind = kind,
+          .pos = pos,
+          .skip = skip,
+          .added = 0,
+          .total = frame_header::wire_size + h.payload_length(),
+          .was_current = skip > 0};
+    std::uint64_t off = skip; // position within the frame where this batch starts
+    std::uint64_t at = 0;     // start of the current piece within the frame
+    auto add = [&](std::byte* p, std::uint64_t len, region_state* st, std::uint64_t tag) {
+        if (b.closed || len == 0)
+            return;
+        if (off >= at + len) {
+            at += len;
+            return;
+        }
+        if (b.niov == max_iov) {
+            b.closed = true;
+            return;
+        }
+        std::uint64_t from = off - at;
+        std::uint64_t n = len - from;
+        void* base = p + from;
+        if (st) {
+            if (!pin(st, tag)) {
+                // Deregistered: none of it may be sent, and no stand-in either (a reader
+                // would take zeros for data). pump() withdraws the frame (revoked_frame).
+                b.revoked = b.closed = true;
+                return;
+            }
+            b.pinned[b.npinned++] = st;
+        }
+        b.iov[b.niov++] = {base, static_cast<std::size_t>(n)};
+        it.added += n;
+        off += n;
+        at += len;
+        if (off < at) // the piece was cut short: the rest comes in a later batch
+            b.closed = true;
+    };
+    add(hdr, frame_header::wire_size, nullptr, 0);
+    for (std::uint32_t i = 0; i < nseg && h.payload_length() > 0; ++i)
+        add(segs[i].ptr, segs[i].len, segs[i].st, segs[i].tag);
+    if (skip + it.added < it.total)
+        b.closed = true;
+}
+
+bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint64_t pos,
+                                        std::uint64_t skip) noexcept
+{
+    int niov = b.niov, npinned = b.npinned, nitems = b.nitems;
+    add_frame(b, kind, pos, skip);
+    if (!b.revoked)
+        return true;
+    for (int i = npinned; i < b.npinned; ++i)
+        unpin(b.pinned[i]);
+    b.niov = niov;
+    b.npinned = npinned;
+    b.nitems = nitems;
+    b.closed = b.revoked = false;
+    return false;
+}
+
+void connection_engine::pump() noexcept
+{
+    // An application thread sends even while the engine holds a continuation (write_armed_):
+    // the engine may share its CPU and run only when the application yields it, so a busy
+    // application that leaves large transfers to the engine halves its own bandwidth. The
+    // continuation stays armed (arm_write adds none) and finds less or nothing left to do.
+    if (closed_ || tx_done_ || in_pump_ || (write_armed_ && on_engine()))
+        return;
+    in_pump_ = true;
+    // Bounded work per call: post() must stay short on the application thread, and the
+    // engine must not starve its other connections behind one large transfer. What is left
+    // continues on the engine once the socket is writable (at once, if it is).
+    std::uint64_t budget = on_engine() ? engine_tx_budget : app_tx_budget;
+    for (;;) {
+        if (budget == 0) {
+            if (!app_keeps_tx())
+                arm_write(false);
+            break;
+        }
+        tx_batch& b = batch_;
+        b.niov = b.nitems = b.npinned = 0;
+        b.closed = b.revoked = false;
+        if (cur_.kind != frame_kind::none && !add_whole_frame(b, cur_.kind, cur_.pos, cur_.skip)) {
+            revoked_frame(frame_kind::none, 0);
+            break;
+        }
+        // Responses first: they free the peer's resources, and are bounded in number.
+        std::uint64_t r = resp_.head() + (cur_.kind == frame_kind::response ? 1 : 0);
+        for (; !b.closed && b.nitems < max_batch_frames && r < resp_.tail(); ++r)
+            if (!add_whole_frame(b, frame_kind::response, r, 0)) {
+                revoked_frame(frame_kind::response, r); // now a NAK, the last response
+                add_frame(b, frame_kind::response, r, 0);
+            }
+        if (state() == connection_state::established && !rnr_active_) {
+            std::uint64_t q = tx_next_;
+            std::uint32_t reads = reads_in_flight_;
+            while (!b.closed && b.nitems < max_batch_frames && q < sq_tail_) {
+                const sq_entry& e = sq_at(q);
+                // Fence: this request waits until every earlier read has completed, so
+                // that e.g. a write cannot overtake the read of the same bytes.
+                if (e.fenced && reads > 0)
+                    break;
+                // The peer serves at most max_rd_out_ reads at once (its responder resources).
+                if (e.op == opcode::read && reads >= max_rd_out_)
+                    break;
+                if (!add_whole_frame(b, frame_kind::request, q, 0)) {
+                    if (q == tx_next_) // else the earlier ones in this batch go first
+                        revoked_frame(frame_kind::request, q);
+                    break;
+                }
+                if (e.op == opcode::read)
+                    ++reads;
+                ++q;
+            }
+        }
+        if (b.nitems == 0) {
+            maybe_shutdown();
+            break;
+        }
+        msghdr mh{};
+        mh.msg_iov = b.iov;
+        mh.msg_iovlen = static_cast<std::size_t>(b.niov);
+        ssize_t n = sys::sendmsg(fd_, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        int err = errno;
+        for (int i = 0; i < b.npinned; ++i)
+            unpin(b.pinned[i]);
+        if (n > 0)
+            tx_bytes_ += static_cast<std::uint64_t>(n); // the peer took bytes: alive
+        if (n < 0) {
+            if (err == EINTR)
+                continue;
+            if (err == EAGAIN || err == EWOULDBLOCK) {
+                if (!app_keeps_tx())
+                    arm_write(true);
+                break;
+            }
+            // EPIPE, ECONNRESET: the peer is gone.
+            tx_done_ = true;
+            peer_gone();
+            break;
+        }
+        advance(b, static_cast<std::uint64_t>(n));
+        budget -= std::min(budget, static_cast<std::uint64_t>(n));
+    }
+    in_pump_ = false;
+}
+
+void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept
+{
+    for (int i = 0; i < b.nitems; ++i) {
+        tx_item& it = b.items[i];
+        if (sent == 0 && !it.was_current)
+            return; // not started: it will be offered again
+        std::uint64_t take = std::min(sent, it.added);
+        sent -= take;
+        if (!it.was_current && it.kind == frame_kind::request) {
+            // Started: from now on it is in flight, and counts against fence / rd limits.
+            ++tx_next_;
+            if (sq_at(it.pos).op == opcode::read)
+                ++reads_in_flight_;
+        }
+        std::uint64_t done = it.skip + take;
+        if (done < it.total) {
+            cur_ = it;
+            cur_.skip = done;
+            cur_.was_current = true;
+            return;
+        }
+        cur_ = {};
+        if (it.kind == frame_kind::response) {
+            resp_.pop();
+            if (rx_stalled_)
+                resume_rx();
+        }
+    }
+}
+
+void connection_engine::maybe_shutdown() noexcept
+{
+    // After a disconnect or error: once the frame on the wire and the responses owed
+    // (a NAK saying why, above all) are out, send FIN so the peer notices.
+    if (state() == connection_state::established || tx_done_ || cur_.kind != frame_kind::none ||
+        !resp_.empty())
+        return;
+    tx_done_ = true;
+    ::shutdown(fd_, SHUT_WR);
+    linger_check();
+}
+
+void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexcept
+{
+    // A frame whose memory was deregistered (docs/wire-format.md section 5, Deregistration).
+    switch (kind) {
+    case frame_kind::response:
+        // A read response not started yet: the read fails with NAK REMOTE_ACCESS, as a read
+        // of memory deregistered before its request arrived does, and this side goes to
+        // error (a class C responder error). The NAK is the last response: what came
+        // after it is moot once the initiator is in error.
+        resp_.at(pos) = {
+            .op = frame_op::nak, .code = nak_code::remote_access, .seq = resp_.at(pos).seq, .data = {}};
+        resp_.drop_after(pos);
+        fail(connection_state::error);
+        return;
+    case frame_kind::request:
+        // Our own request, not started, its local memory deregistered under it: a usage
+        // error (verbs: a local protection error). At the head it says so; later, its
+        // predecessors are still in flight and everything is flushed.
+        if (pos == sq_head_)
+            complete_sq_head(errc::local_protection, 0);
+        fail(connection_state::error);
+        return;
+    case frame_kind::none: break;
+    }
+    // The frame on the wire: its header promised bytes that may no longer be read. It cannot
+    // be finished, so nothing can follow it: the connection ends in the middle of that frame
+    // (the peer sees end of stream inside it, never made-up bytes), and what is still owed
+    // is dropped.
+    cur_ = {};
+    fail(connection_state::error);
+    tx_done_ = true;
+    ::shutdown(fd_, SHUT_WR);
+    linger_check();
+}
+
+void connection_engine::arm_write(bool would_block) noexcept
+{
+    if (write_armed_)
+        return; // the engine's continuation (a post, or a wait for space) is still to come
+    write_armed_ = true;
+    if (would_block && on_engine()) {
+        assert_on_engine();
+        reclaim_rx(); // the write wait needs the socket in the engine's epoll set
+        // The socket said EAGAIN on this thread just now, so the wait is queued before the
+        // reactor looks again: the edge that frees space cannot slip past it.
+        desc_.async_wait(asio::posix::stream_descriptor::wait_write,
+                         with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
+                             engine_lock lk(self->mu_);
+                             self->assert_on_engine();
+                             self->write_armed_ = false;
+                             self->pump();
+                         }));
+        return;
+    }
+    // Out of budget, or on the application thread (which must not touch the descriptor):
+    // continue on the engine. Never wait for writability here: with the budget spent the
+    // socket may still be writable, and the reactor is edge-triggered, so no event would
+    // come while the peer waits for the rest of a frame. The engine's pump() makes progress
+    // or meets EAGAIN itself and waits as above.
+    asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
+                   engine_lock lk(self->mu_);
+                   self->assert_on_engine();
+                   if (self->closed_)
+                       return;
+                   self->write_armed_ = false;
+                   self->pump();
+               }));
+}
+
+} // namespace rdmx::tcp

@@ -1,0 +1,161 @@
+// The busy-poll ownership policy (lib/tcp/tcp_poll_ownership.hpp), driven through its states
+// with a made-up clock: no socket, no engine thread.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "tcp/tcp_poll_ownership.hpp"
+
+namespace rdmx::tcp
+{
+namespace
+{
+
+using namespace std::chrono_literals;
+using clock = poll_ownership::clock;
+
+struct fake_clock {
+    clock::time_point now{std::chrono::seconds(1000)};
+    clock::time_point advance(clock::duration d) { return now += d; }
+};
+
+// One read wake as the engine runs it: both steps, with the probe's verdict given.
+bool wake(poll_ownership& p, fake_clock& c, bool app_in_call, bool data_taken, bool app_may_read = true)
+{
+    return p.wake_may_count(app_in_call, app_may_read) && p.count_wake(data_taken, app_in_call, c.now);
+}
+
+TEST(tcp_poll_ownership, starts_with_the_engine_and_an_idle_application)
+{
+    poll_ownership p;
+    EXPECT_EQ(p.owner(), rx_owner::engine);
+    EXPECT_FALSE(p.app_owns());
+    EXPECT_FALSE(p.app_busy());
+    EXPECT_EQ(p.busy_wakes(), 0);
+}
+
+TEST(tcp_poll_ownership, post_is_busy_only_within_the_window_of_the_previous_call)
+{
+    poll_ownership p;
+    fake_clock c;
+    p.on_post(c.now);
+    p.on_call_end(c.now);
+    p.on_post(c.advance(poll_ownership::busy_poll_window - 1us));
+    EXPECT_TRUE(p.app_busy());
+    p.on_call_end(c.now);
+    p.on_post(c.advance(poll_ownership::busy_poll_window));
+    EXPECT_FALSE(p.app_busy())
+        << "a call exactly one window after the previous one ended is not a tight loop";
+    p.on_poll(c.now);
+    EXPECT_TRUE(p.app_busy()) << "a poll is always busy";
+    p.on_app_idle();
+    EXPECT_FALSE(p.app_busy());
+}
+
+TEST(tcp_poll_ownership, stands_down_after_three_wakes_in_a_row_that_find_the_application_polling)
+{
+    poll_ownership p;
+    fake_clock c;
+    for (int i = 1; i < poll_ownership::standdown_wakes; ++i) {
+        p.on_poll(c.advance(5us));
+        EXPECT_FALSE(wake(p, c, false, true)) << "wake " << i;
+        EXPECT_EQ(p.busy_wakes(), i);
+    }
+    p.on_poll(c.advance(5us));
+    EXPECT_TRUE(wake(p, c, false, true));
+    p.stand_down();
+    EXPECT_EQ(p.owner(), rx_owner::application);
+    EXPECT_EQ(p.busy_wakes(), 0);
+}
+
+TEST(tcp_poll_ownership, a_wake_without_a_poll_since_the_previous_one_resets_the_count)
+{
+    poll_ownership p;
+    fake_clock c;
+    p.on_poll(c.now);
+    EXPECT_FALSE(wake(p, c, false, true));
+    p.on_poll(c.advance(5us));
+    EXPECT_FALSE(wake(p, c, false, true));
+    EXPECT_EQ(p.busy_wakes(), 2);
+    EXPECT_FALSE(wake(p, c, false, true)) << "no poll since the previous wake";
+    EXPECT_EQ(p.busy_wakes(), 0);
+    // A call in progress counts as a poll.
+    EXPECT_FALSE(wake(p, c, true, false));
+    EXPECT_EQ(p.busy_wakes(), 1);
+}
+
+TEST(tcp_poll_ownership, an_application_that_may_not_read_keeps_the_engine_reading)
+{
+    poll_ownership p;
+    fake_clock c;
+    for (int i = 0; i < 2 * poll_ownership::standdown_wakes; ++i) {
+        p.on_poll(c.advance(5us));
+        EXPECT_FALSE(wake(p, c, true, true, /*app_may_read=*/false));
+        EXPECT_EQ(p.busy_wakes(), 0);
+    }
+}
+
+TEST(tcp_poll_ownership, data_left_unread_by_a_poller_that_went_quiet_resets_the_count)
+{
+    poll_ownership p;
+    fake_clock c;
+    p.on_poll(c.now);
+    c.advance(poll_ownership::busy_poll_window - 1us);
+    EXPECT_FALSE(wake(p, c, false, /*data_taken=*/false)) << "polling right now: counts";
+    EXPECT_EQ(p.busy_wakes(), 1);
+    p.on_poll(c.now);
+    c.advance(poll_ownership::busy_poll_window);
+    EXPECT_FALSE(wake(p, c, false, /*data_taken=*/false)) << "data waiting, last poll a window ago";
+    EXPECT_EQ(p.busy_wakes(), 0);
+}
+
+TEST(tcp_poll_ownership, the_standdown_check_keeps_a_calling_application_and_reclaims_a_silent_one)
+{
+    poll_ownership p;
+    fake_clock c;
+    p.stand_down();
+    EXPECT_FALSE(p.still_calling(true)) << "no call since the stand-down";
+    p.on_post(c.advance(1us));
+    EXPECT_FALSE(p.still_calling(false)) << "calling, but it may not read (e.g. armed a notification)";
+    EXPECT_TRUE(p.still_calling(true));
+    EXPECT_FALSE(p.still_calling(true)) << "each check needs a call since the previous one";
+    p.on_poll(c.advance(1us));
+    EXPECT_TRUE(p.still_calling(true));
+    p.reclaim();
+    EXPECT_EQ(p.owner(), rx_owner::engine);
+    // The polls before the reclaim do not count towards the next stand-down.
+    EXPECT_FALSE(p.wake_may_count(false, true));
+}
+
+TEST(tcp_poll_ownership, stood_down_post_reads_at_most_once_per_interval)
+{
+    poll_ownership p;
+    fake_clock c;
+    EXPECT_FALSE(p.post_should_read(c.now)) << "the engine owns the socket: post() never reads";
+    p.stand_down();
+    EXPECT_TRUE(p.post_should_read(c.now));
+    EXPECT_FALSE(p.post_should_read(c.advance(poll_ownership::app_rx_interval - 1us)));
+    EXPECT_TRUE(p.post_should_read(c.advance(1us)));
+    p.on_poll(c.advance(10us));
+    EXPECT_FALSE(p.post_should_read(c.advance(poll_ownership::app_rx_interval - 1us)))
+        << "a poll reads too, and restarts the interval";
+    p.socket_closed();
+    EXPECT_FALSE(p.app_owns());
+    EXPECT_FALSE(p.post_should_read(c.advance(1s)));
+}
+
+TEST(tcp_poll_ownership, the_transmit_check_sees_calls_since_it_was_armed)
+{
+    poll_ownership p;
+    fake_clock c;
+    p.on_post(c.now);
+    p.tx_check_armed();
+    EXPECT_FALSE(p.called_since_tx_check());
+    p.on_poll(c.advance(1us));
+    EXPECT_TRUE(p.called_since_tx_check());
+    p.tx_check_armed();
+    EXPECT_FALSE(p.called_since_tx_check());
+}
+
+} // namespace
+} // namespace rdmx::tcp
