@@ -772,9 +772,7 @@ TEST_F(tcp_engine, slow_large_payload_is_not_taken_for_a_dead_peer)
     h.length = static_cast<std::uint32_t>(len);
     h.addr = dm->remote(0, len).addr;
     h.key = dm->remote(0, len).key;
-    frame_header::bytes hb;
-    h.encode(hb.data());
-    ASSERT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), 40);
+    ASSERT_TRUE(send_header(fd, h));
     // 8 KiB every 100 ms for 2 s: 160 KiB, below the wake threshold, over the 1 s bound.
     std::size_t off = 0;
     for (int i = 0; i < 20; ++i, off += 8192) {
@@ -805,8 +803,7 @@ TEST_F(tcp_engine, slow_large_payload_is_not_taken_for_a_dead_peer)
     frame_header a;
     a.op = frame_op::ack;
     a.seq = 0;
-    a.encode(hb.data());
-    ASSERT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), 40);
+    ASSERT_TRUE(send_header(fd, a));
     auto done = expect_ok(*c, 1, 5s); // also orders the engine's writes to dst before the compare
     ASSERT_EQ(done.size(), 1u);
     EXPECT_EQ(done[0].wr_id, 1u);
@@ -840,9 +837,7 @@ TEST_F(tcp_engine, sleeping_target_wakes_for_the_rest_of_a_payload_its_poll_bega
     w.length = static_cast<std::uint32_t>(len);
     w.addr = dm->remote(0, len).addr;
     w.key = dm->remote(0, len).key;
-    frame_header::bytes hb;
-    w.encode(hb.data());
-    ASSERT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), 40);
+    ASSERT_TRUE(send_header(fd, w));
     ASSERT_EQ(::send(fd, payload.data(), first, MSG_NOSIGNAL), static_cast<ssize_t>(first));
     // The engine reads those and waits for a good part of the rest; 200 KiB stay below
     // that mark, so they wait for the application's poll, which reads them itself.
@@ -863,8 +858,7 @@ TEST_F(tcp_engine, sleeping_target_wakes_for_the_rest_of_a_payload_its_poll_bega
     sh.op = frame_op::send;
     sh.seq = 1;
     sh.length = msg;
-    sh.encode(hb.data());
-    ASSERT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), 40);
+    ASSERT_TRUE(send_header(fd, sh));
     ASSERT_EQ(::send(fd, payload.data() + len, msg, MSG_NOSIGNAL), static_cast<ssize_t>(msg));
     pollfd pfd{c->completion_fd(), POLLIN, 0};
     ASSERT_EQ(::poll(&pfd, 1, 5000), 1) << "the sleeping target was never woken for the send";
