@@ -10,6 +10,7 @@
 
 #include "cm/cm_handles.hpp"
 #include "cm/event_loop.hpp"
+#include "resolve.hpp"
 #include "verbs/verbs_connection.hpp"
 
 namespace rdmx::cm
@@ -39,7 +40,7 @@ private:
     void on_error_completion(std::error_code status) noexcept override;
     /// Resolves the first of `addrs` that rdma_cm can reach from this domain's device:
     /// creates the id, attaches it, waits for ADDR_RESOLVED. Throws the last failure.
-    void resolve_addr(const uri& address, std::vector<sockaddr_storage>& addrs);
+    void resolve_addr(const uri& address, std::vector<detail::socket_address>& addrs);
     /// Creates the QP (verbs_connection::create_qp), routes its asynchronous events to this
     /// connection, and moves it to INIT.
     void setup_qp();

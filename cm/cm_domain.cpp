@@ -1,6 +1,6 @@
 #include "cm/cm_domain.hpp"
 
-#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 
 #include <cerrno>
@@ -13,14 +13,6 @@
 
 namespace rdmx::cm
 {
-
-std::vector<sockaddr_storage> resolve(const uri& u, bool passive)
-{
-    std::vector<sockaddr_storage> out;
-    for (const detail::socket_address& a : detail::resolve(u, passive, "getaddrinfo"))
-        out.push_back(a.addr);
-    return out;
-}
 
 cm_domain::cm_domain(event_channel_ptr probe_channel, cm_id_ptr probe_id)
     : probe_channel_(std::move(probe_channel)), probe_id_(std::move(probe_id)),
@@ -106,12 +98,12 @@ std::shared_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milli
                                           bool required)
 {
     std::string why = "no address to try";
-    for (sockaddr_storage& dst : cm::resolve(address, false)) {
+    for (detail::socket_address& a : detail::resolve(address, false, "getaddrinfo")) {
         // rdma_cm resolves loopback addresses to any RDMA device, yet RC connections over
         // lo fail: the automatic choice sends loopback to TCP.
-        if (!required && cm::is_loopback(dst))
+        if (!required && cm::is_loopback(a.addr))
             continue;
-        if (auto d = cm::probe(dst, timeout, why))
+        if (auto d = cm::probe(a.addr, timeout, why))
             return d;
     }
     if (required)

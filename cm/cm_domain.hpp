@@ -3,10 +3,7 @@
 // listen() and connect() run the flow in cm_flow.cpp.
 #pragma once
 
-#include <sys/socket.h>
-
 #include <memory>
-#include <vector>
 
 #include <rdmx/connection.hpp>
 
@@ -52,10 +49,5 @@ private:
     verbs::protection_domain pd_;
     event_loop events_;
 };
-
-/// Resolves host:port into the addresses rdma_cm may use (numeric or by name, both
-/// families), in getaddrinfo's order of preference; callers try each in turn. Throws
-/// errc::unreachable when there is none.
-std::vector<sockaddr_storage> resolve(const uri& u, bool passive);
 
 } // namespace rdmx::cm

@@ -47,15 +47,9 @@ namespace
     }
 }
 
-void set_state(cm_state& st, connection_state s)
-{
-    std::lock_guard lock(st.mutex);
-    st.state = s;
-}
-
 } // namespace
 
-void cm_connection::resolve_addr(const uri& address, std::vector<sockaddr_storage>& addrs)
+void cm_connection::resolve_addr(const uri& address, std::vector<detail::socket_address>& addrs)
 {
     const int step_ms = static_cast<int>(opts_.timeout.count());
     for (std::size_t i = 0; i < addrs.size(); ++i) {
@@ -65,7 +59,7 @@ void cm_connection::resolve_addr(const uri& address, std::vector<sockaddr_storag
         id_.reset(raw);
         domain_.events().attach(raw, &cm_);
         try {
-            if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&addrs[i]), step_ms))
+            if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&addrs[i].addr), step_ms))
                 throw_cm("rdma_resolve_addr", address);
             event_loop::wait_for(cm_, resolve_step::addr_resolved, "rdma_resolve_addr", opts_.timeout);
             if (raw->verbs != domain_.native_context())
@@ -92,7 +86,7 @@ void cm_connection::resolve_addr(const uri& address, std::vector<sockaddr_storag
 void cm_connection::connect(const uri& address, std::span<const std::byte> private_data)
 {
     const int step_ms = static_cast<int>(opts_.timeout.count());
-    std::vector<sockaddr_storage> addrs = resolve(address, false);
+    std::vector<detail::socket_address> addrs = detail::resolve(address, false, "getaddrinfo");
     resolve_addr(address, addrs);
     rdma_cm_id* raw = id_.get();
 
@@ -102,7 +96,6 @@ void cm_connection::connect(const uri& address, std::span<const std::byte> priva
 
     setup_qp();
     rdma_conn_param param = conn_param(private_data);
-    set_state(cm_, connection_state::connecting);
     if (rdma_connect(raw, &param))
         throw_cm("rdma_connect", address);
     if (domain_.iwarp()) {
@@ -153,7 +146,6 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
         modify_qp(IBV_QPS_RTR, param.responder_resources);
         modify_qp(IBV_QPS_RTS, param.initiator_depth);
     }
-    set_state(cm_, connection_state::connecting);
     if (rdma_accept(id_.get(), &param))
         throw_errno(errno, "rdma_accept");
     event_loop::wait_for(cm_, connection_state::established, "rdma_accept", opts_.timeout);
@@ -303,10 +295,10 @@ private:
     /// next; one bound to another device is replaced by a fresh one first.
     void bind(const uri& u)
     {
-        std::vector<sockaddr_storage> addrs = resolve(u, true);
+        std::vector<detail::socket_address> addrs = detail::resolve(u, true, "getaddrinfo");
         for (std::size_t i = 0; i < addrs.size(); ++i) {
             const bool last = i + 1 == addrs.size();
-            if (rdma_bind_addr(id_.get(), reinterpret_cast<sockaddr*>(&addrs[i]))) {
+            if (rdma_bind_addr(id_.get(), reinterpret_cast<sockaddr*>(&addrs[i].addr))) {
                 if (last)
                     throw_cm("rdma_bind_addr", u);
                 continue;

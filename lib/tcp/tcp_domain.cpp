@@ -3,7 +3,6 @@
 #include <sys/random.h>
 
 #include <cerrno>
-#include <cstdio>
 
 #include "backends.hpp"
 #include "log.hpp"

@@ -1,7 +1,6 @@
 #include "tcp/tcp_socket.hpp"
 
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
