@@ -61,7 +61,7 @@ bool wait_state(connection& c, connection_state s, std::chrono::milliseconds t =
 }
 
 /// A busy ping-pong of small sends, 300 round trips: enough read wake-ups that find the
-/// application polling for both engines to stand down (docs/wire-format.md section 8).
+/// application polling for both engines to stand down (docs/tcp-engine.md).
 void busy_ping_pong(connection& client, connection& server, const sge& cs, const sge& ss)
 {
     for (std::uint64_t i = 0; i < 300; ++i) {
@@ -659,7 +659,7 @@ TEST_F(tcp_engine, requests_left_for_coalescing_go_out_when_the_application_stop
 TEST_F(tcp_engine, target_that_stops_polling_still_serves_one_sided_requests)
 {
     // Busy-polling ping-pong lets both engines stand down and leave the sockets to poll()
-    // (docs/wire-format.md section 8); then the server's application goes quiet, and the
+    // (docs/tcp-engine.md); then the server's application goes quiet, and the
     // client's writes and reads must still be served, and a send must still wake wait().
     auto p = connect_pair();
     std::vector<std::byte> cbuf(4096, std::byte{1}), sbuf(4096, std::byte{2});
