@@ -1,5 +1,7 @@
 #include "cm/cm_domain.hpp"
 
+#include <rdmx/queues.hpp>
+
 #include <netinet/in.h>
 #include <poll.h>
 
@@ -22,9 +24,29 @@ cm_domain::cm_domain(event_channel_ptr probe_channel, cm_id_ptr probe_id)
 
 cm_domain::~cm_domain() = default;
 
-std::unique_ptr<connection> cm_domain::connect(std::string_view address, const connection_options& opts,
-                                               std::span<const std::byte> private_data)
+// TODO(issue 17): the helpers of issue 17 replace these.
+std::unique_ptr<connection> cm_domain::start_connect(std::string_view, const connection_options&,
+                                                     std::span<const std::byte>,
+                                                     std::span<const recv_request>)
 {
+    throw_error(errc::not_supported, "start_connect: not built yet");
+}
+std::shared_ptr<completion_queue> cm_domain::create_completion_queue(const completion_queue_options&)
+{
+    throw_error(errc::not_supported, "create_completion_queue: not built yet");
+}
+std::shared_ptr<shared_receive_queue>
+cm_domain::create_shared_receive_queue(const shared_receive_queue_options&)
+{
+    throw_error(errc::not_supported, "create_shared_receive_queue: not built yet");
+}
+
+std::unique_ptr<connection> cm_domain::connect(std::string_view address, const connection_options& opts,
+                                               std::span<const std::byte> private_data,
+                                               std::span<const recv_request> initial_recvs)
+{
+    if (!initial_recvs.empty())
+        throw_error(errc::not_supported, "connect: initial_recvs not built yet");
     uri u = uri::parse(address);
     if (u.scheme == scheme::tcp)
         throw_error(errc::invalid_argument, "connect: tcp:// address on a verbs domain");

@@ -31,9 +31,16 @@ public:
     {
         return pd_.register_memory(addr, length, rights, shared_from_this());
     }
-    std::unique_ptr<listener> listen(std::string_view address, int backlog) override;
+    std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override;
     std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts,
-                                        std::span<const std::byte> private_data) override;
+                                        std::span<const std::byte> private_data,
+                                        std::span<const recv_request> initial_recvs) override;
+    std::unique_ptr<connection> start_connect(std::string_view address, const connection_options& opts,
+                                              std::span<const std::byte> private_data,
+                                              std::span<const recv_request> initial_recvs) override;
+    std::shared_ptr<completion_queue> create_completion_queue(const completion_queue_options& opts) override;
+    std::shared_ptr<shared_receive_queue>
+    create_shared_receive_queue(const shared_receive_queue_options& opts) override;
     ibv_context* native_context() const noexcept override { return pd_.native_context(); }
     ibv_pd* native_pd() const noexcept override { return pd_.native_pd(); }
 

@@ -189,8 +189,11 @@ public:
     std::span<const std::byte> private_data() const noexcept override { return private_; }
 
     std::unique_ptr<connection> accept(const connection_options& opts,
-                                       std::span<const std::byte> private_data) override
+                                       std::span<const std::byte> private_data,
+                                       std::span<const recv_request> initial_recvs) override
     {
+        if (!initial_recvs.empty())
+            throw_error(errc::not_supported, "accept: initial_recvs not built yet");
         if (!id_)
             throw_error(errc::invalid_argument, "rdma_accept: request already answered");
         detail::check_private_data(detail::private_data_use::accept, private_data, "rdma_accept");
@@ -198,6 +201,12 @@ public:
         domain_.events().detach(id_.get()); // the connection attaches its own state
         c->accept(std::move(id_), param_, private_data, std::move(private_));
         return c;
+    }
+
+    std::unique_ptr<connection> start_accept(const connection_options&, std::span<const std::byte>,
+                                             std::span<const recv_request>) override
+    {
+        throw_error(errc::not_supported, "start_accept: not built yet"); // TODO(issue 17)
     }
 
     void reject(std::span<const std::byte> private_data) override
@@ -286,6 +295,7 @@ public:
         }
     }
 
+    int fd() const noexcept override { return -1; } // TODO(issue 17)
     std::uint16_t port() const noexcept override { return port_; }
     rdmx::backend backend() const noexcept override { return backend::verbs; }
 
@@ -325,8 +335,9 @@ private:
 
 } // namespace
 
-std::unique_ptr<listener> cm_domain::listen(std::string_view address, int backlog)
+std::unique_ptr<listener> cm_domain::listen(std::string_view address, const listen_options& opts)
 {
+    const int backlog = opts.backlog;
     uri u = uri::parse(address);
     if (u.scheme == scheme::tcp)
         throw_error(errc::invalid_argument, "listen: tcp:// address on a verbs domain");

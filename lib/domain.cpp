@@ -3,6 +3,7 @@
 // What it returns is the application's handle on the backend's shared domain
 // (backends.hpp): destroying it gives up the application's reference only.
 #include <rdmx/connection.hpp>
+#include <rdmx/queues.hpp>
 
 #include "backends.hpp"
 
@@ -25,14 +26,30 @@ public:
     {
         return backend_->register_memory(addr, length, rights);
     }
-    std::unique_ptr<listener> listen(std::string_view address, int backlog) override
+    std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override
     {
-        return backend_->listen(address, backlog);
+        return backend_->listen(address, opts);
     }
     std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts,
-                                        std::span<const std::byte> private_data) override
+                                        std::span<const std::byte> private_data,
+                                        std::span<const recv_request> initial_recvs) override
     {
-        return backend_->connect(address, opts, private_data);
+        return backend_->connect(address, opts, private_data, initial_recvs);
+    }
+    std::unique_ptr<connection> start_connect(std::string_view address, const connection_options& opts,
+                                              std::span<const std::byte> private_data,
+                                              std::span<const recv_request> initial_recvs) override
+    {
+        return backend_->start_connect(address, opts, private_data, initial_recvs);
+    }
+    std::shared_ptr<completion_queue> create_completion_queue(const completion_queue_options& opts) override
+    {
+        return backend_->create_completion_queue(opts);
+    }
+    std::shared_ptr<shared_receive_queue>
+    create_shared_receive_queue(const shared_receive_queue_options& opts) override
+    {
+        return backend_->create_shared_receive_queue(opts);
     }
     ibv_context* native_context() const noexcept override { return backend_->native_context(); }
     ibv_pd* native_pd() const noexcept override { return backend_->native_pd(); }

@@ -33,12 +33,14 @@ public:
         case errc::unreachable: return "peer unreachable";
         case errc::timed_out: return "timed out";
         case errc::disconnected: return "disconnected";
+        case errc::peer_lost: return "peer lost (it vanished without disconnecting)";
         case errc::would_block: return "queue full, try again";
         case errc::invalid_argument: return "invalid argument";
         case errc::not_connected: return "not connected";
         case errc::no_device: return "no RDMA device serves this address";
         case errc::protocol_error: return "protocol error from peer";
         case errc::not_supported: return "operation not supported by this device or transport";
+        case errc::no_resources: return "no room on a shared queue for this connection";
         }
         return "unknown rdmx error " + std::to_string(ev);
     }

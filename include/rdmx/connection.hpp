@@ -24,6 +24,14 @@ struct ibv_context;
 namespace rdmx
 {
 
+class connection;
+class listener;
+class completion_queue;
+class shared_receive_queue;
+class event_queue;
+struct completion_queue_options;
+struct shared_receive_queue_options;
+
 /// Operation of a work request or completion.
 enum class opcode : std::uint8_t {
     send,           ///< two-sided send (consumes a posted receive at the peer)
@@ -85,6 +93,10 @@ struct completion {
     std::uint32_t byte_len = 0; ///< recv / recv_with_imm / read: bytes transferred
     std::uint32_t imm = 0;      ///< valid when with_imm
     bool with_imm = false;
+    /// The connection it belongs to and that connection's connection_options::context;
+    /// what tells the connections of a shared completion_queue apart.
+    std::uint64_t context = 0;
+    rdmx::connection* conn = nullptr;
 };
 
 /// Queue sizes and protocol knobs of one connection. Requests beyond the device's limits
@@ -120,6 +132,20 @@ struct connection_options {
     std::uint8_t min_rnr_timer = 12;
     /// Bound on each connection-management step (resolve, connect, accept).
     std::chrono::milliseconds timeout{5000};
+
+    // --- sharing (rdmx/queues.hpp); null: the connection has queues of its own ---
+    /// Where the completions of this connection's send queue go (shared with others).
+    std::shared_ptr<completion_queue> send_cq;
+    /// Where its receive completions go; may be the same queue as send_cq.
+    std::shared_ptr<completion_queue> recv_cq;
+    /// The receive queue it consumes from instead of its own (recv_queue_depth and
+    /// max_recv_sge are then those of the shared queue). Needs recv_cq.
+    std::shared_ptr<shared_receive_queue> srq;
+    /// Where its connection events go: established (after start_connect / start_accept),
+    /// disconnected, error. Without one, state() and last_error() tell the same.
+    std::shared_ptr<event_queue> events;
+    /// Given back in each completion and event of this connection.
+    std::uint64_t context = 0;
 
     /// Settings of the TCP backend alone; the verbs backend ignores them.
     struct tcp_options {
@@ -291,8 +317,18 @@ public:
     /// Private data sent by the connecting peer.
     virtual std::span<const std::byte> private_data() const noexcept = 0;
     /// Accepts; waits (bounded by opts.timeout) until established. Throws rdmx::error.
+    /// `initial_recvs` are posted before the peer is told it may send (so that its first
+    /// message finds a receive), as post_recv would post them.
     virtual std::unique_ptr<connection> accept(const connection_options& opts = {},
-                                               std::span<const std::byte> private_data = {}) = 0;
+                                               std::span<const std::byte> private_data = {},
+                                               std::span<const recv_request> initial_recvs = {}) = 0;
+    /// Accepts without waiting: returns the connection in state `connecting`; it becomes
+    /// `established` (event established on opts.events) or `error` (event error with the
+    /// cause) later, bounded by opts.timeout. Throws only for what fails at once (bad
+    /// options, no room on a shared queue).
+    virtual std::unique_ptr<connection> start_accept(const connection_options& opts,
+                                                     std::span<const std::byte> private_data = {},
+                                                     std::span<const recv_request> initial_recvs = {}) = 0;
     /// Rejects; the peer's connect fails with errc::rejected carrying `private_data`.
     virtual void reject(std::span<const std::byte> private_data = {}) = 0;
 };
@@ -301,8 +337,12 @@ class listener
 {
 public:
     virtual ~listener() = default;
-    /// Waits up to `timeout` for a connection request; nullptr on timeout.
+    /// Waits up to `timeout` for a connection request; nullptr on timeout. A timeout of 0
+    /// takes a pending request, if there is one, and never blocks.
     virtual std::unique_ptr<connection_request> get_request(std::chrono::milliseconds timeout) = 0;
+    /// A file descriptor that is readable while a request is pending (level-triggered), for
+    /// epoll or an io_context; then take it with get_request(0ms).
+    virtual int fd() const noexcept = 0;
     /// The port actually bound (useful after listening on port 0).
     virtual std::uint16_t port() const noexcept = 0;
     virtual rdmx::backend backend() const noexcept = 0;
@@ -327,6 +367,14 @@ struct device_limits {
     /// An iWARP device (verbs): a remote error (bad key, no receive, overlong send) tears
     /// the connection down instead of failing the request; see docs/failure-semantics.md.
     bool iwarp = false;
+};
+
+/// How a listener reports its requests.
+struct listen_options {
+    int backlog = 64;
+    /// Gets a connect_request event for each request (besides listener::fd()).
+    std::shared_ptr<event_queue> events;
+    std::uint64_t context = 0; ///< the `context` of its events
 };
 
 /// Limits of private data on connect / accept / reject (those of rdma_cm over RC).
@@ -364,11 +412,36 @@ public:
     virtual std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
                                                            rdmx::access rights) = 0;
     /// Listens on host:port of `address` (port 0: any free port, see listener::port()).
-    virtual std::unique_ptr<listener> listen(std::string_view address, int backlog = 64) = 0;
+    virtual std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) = 0;
+    std::unique_ptr<listener> listen(std::string_view address, int backlog = 64)
+    {
+        listen_options opts;
+        opts.backlog = backlog;
+        return listen(address, opts);
+    }
     /// Connects, bounded by opts.timeout per step. Throws rdmx::error: connection_refused,
-    /// rejected (with the peer's private data), unreachable, timed_out.
+    /// rejected (with the peer's private data), unreachable, timed_out. `initial_recvs`
+    /// are posted before the connection is established, as post_recv would post them.
     virtual std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts = {},
-                                                std::span<const std::byte> private_data = {}) = 0;
+                                                std::span<const std::byte> private_data = {},
+                                                std::span<const recv_request> initial_recvs = {}) = 0;
+    /// Connects without waiting: returns the connection in state `connecting`, which
+    /// becomes `established` (event established on opts.events) or `error` (event error:
+    /// connection_refused, rejected with the peer's private data in peer_private_data(),
+    /// unreachable, timed_out) later, bounded by opts.timeout per step. No thread blocks
+    /// for it. Throws only for what fails at once (bad address or options, no room on a
+    /// shared queue).
+    virtual std::unique_ptr<connection> start_connect(std::string_view address,
+                                                      const connection_options& opts,
+                                                      std::span<const std::byte> private_data = {},
+                                                      std::span<const recv_request> initial_recvs = {}) = 0;
+
+    /// A completion queue for many connections (rdmx/queues.hpp).
+    virtual std::shared_ptr<completion_queue>
+    create_completion_queue(const completion_queue_options& opts) = 0;
+    /// A receive queue for many connections (rdmx/queues.hpp).
+    virtual std::shared_ptr<shared_receive_queue>
+    create_shared_receive_queue(const shared_receive_queue_options& opts) = 0;
 
     virtual ibv_context* native_context() const noexcept { return nullptr; }
     virtual ibv_pd* native_pd() const noexcept { return nullptr; }

@@ -39,6 +39,9 @@ enum class errc : int {
     no_device,        ///< no RDMA device serves the address
     protocol_error,   ///< the TCP peer violated the wire protocol
     not_supported,    ///< the device or transport lacks the operation (write with immediate on iWARP)
+    no_resources,     ///< a shared queue has no room for another connection's depth
+    // --- connection management (later additions; values are kept stable) ---
+    peer_lost, ///< the peer vanished without disconnecting (its process or host died)
 };
 
 /// The category of `rdmx::errc`; its name is "rdmx".

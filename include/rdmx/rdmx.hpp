@@ -6,4 +6,5 @@
 #include <rdmx/error.hpp>
 #include <rdmx/log.hpp>
 #include <rdmx/memory.hpp>
+#include <rdmx/queues.hpp>
 #include <rdmx/uri.hpp>

@@ -1,5 +1,7 @@
 #include "tcp/tcp_domain.hpp"
 
+#include <rdmx/queues.hpp>
+
 #include <sys/random.h>
 
 #include <cerrno>
@@ -187,14 +189,34 @@ bool tcp_domain::find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_
     return true;
 }
 
-std::unique_ptr<listener> tcp_domain::listen(std::string_view address, int backlog)
+std::unique_ptr<listener> tcp_domain::listen(std::string_view address, const listen_options& opts)
 {
-    return make_listener(shared_from_this(), address, backlog);
+    return make_listener(shared_from_this(), address, opts.backlog);
+}
+
+// TODO(issue 17): the helpers of issue 17 replace these.
+std::unique_ptr<connection> tcp_domain::start_connect(std::string_view, const connection_options&,
+                                                      std::span<const std::byte>,
+                                                      std::span<const recv_request>)
+{
+    throw_error(errc::not_supported, "start_connect: not built yet");
+}
+std::shared_ptr<completion_queue> tcp_domain::create_completion_queue(const completion_queue_options&)
+{
+    throw_error(errc::not_supported, "create_completion_queue: not built yet");
+}
+std::shared_ptr<shared_receive_queue>
+tcp_domain::create_shared_receive_queue(const shared_receive_queue_options&)
+{
+    throw_error(errc::not_supported, "create_shared_receive_queue: not built yet");
 }
 
 std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const connection_options& opts,
-                                                std::span<const std::byte> private_data)
+                                                std::span<const std::byte> private_data,
+                                                std::span<const recv_request> initial_recvs)
 {
+    if (!initial_recvs.empty())
+        throw_error(errc::not_supported, "connect: initial_recvs not built yet");
     uri u = uri::parse(address);
     std::string what = "connect " + std::string(address);
     if (u.scheme == scheme::rdma)

@@ -76,9 +76,16 @@ public:
     const device_limits& limits() const noexcept override { return limits_; }
     std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
                                                    rdmx::access rights) override;
-    std::unique_ptr<listener> listen(std::string_view address, int backlog) override;
+    std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override;
     std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts,
-                                        std::span<const std::byte> private_data) override;
+                                        std::span<const std::byte> private_data,
+                                        std::span<const recv_request> initial_recvs) override;
+    std::unique_ptr<connection> start_connect(std::string_view address, const connection_options& opts,
+                                              std::span<const std::byte> private_data,
+                                              std::span<const recv_request> initial_recvs) override;
+    std::shared_ptr<completion_queue> create_completion_queue(const completion_queue_options& opts) override;
+    std::shared_ptr<shared_receive_queue>
+    create_shared_receive_queue(const shared_receive_queue_options& opts) override;
 
     // --- for the engine and the regions ---
     asio::io_context& io() noexcept { return io_; }

@@ -69,8 +69,11 @@ public:
     std::span<const std::byte> private_data() const noexcept override { return hello_.data(); }
 
     std::unique_ptr<connection> accept(const connection_options& opts,
-                                       std::span<const std::byte> private_data) override
+                                       std::span<const std::byte> private_data,
+                                       std::span<const recv_request> initial_recvs) override
     {
+        if (!initial_recvs.empty())
+            throw_error(errc::not_supported, "accept: initial_recvs not built yet");
         if (!fd_)
             throw_error(errc::invalid_argument, "accept: request already answered");
         connection_limits lim = detail::clamp_limits(opts, dom_->limits());
@@ -87,6 +90,12 @@ public:
         send_exact(fd, reply, clock::now() + opts.timeout, "accept (reply)");
         st->start();
         return conn;
+    }
+
+    std::unique_ptr<connection> start_accept(const connection_options&, std::span<const std::byte>,
+                                             std::span<const recv_request>) override
+    {
+        throw_error(errc::not_supported, "start_accept: not built yet"); // TODO(issue 17)
     }
 
     void reject(std::span<const std::byte> private_data) override
@@ -140,6 +149,7 @@ public:
         max_per_source_ = std::max<std::size_t>(4, max_pending_ / source_share);
     }
 
+    int fd() const noexcept override { return -1; } // TODO(issue 17)
     std::uint16_t port() const noexcept override { return port_; }
     rdmx::backend backend() const noexcept override { return backend::tcp; }
 
