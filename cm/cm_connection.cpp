@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "cm/cm_domain.hpp"
+#include "log.hpp"
 
 namespace rdmx::cm
 {
@@ -19,10 +20,34 @@ cm_connection::~cm_connection()
 {
     if (id_)
         domain_.events().detach(id_.get());
-    if (qp())
+    if (qp()) {
+        if (srq())
+            await_last_wqe();
         unregister_qp(qp()); // waits for a router using it; then destroy waits for its acks
-    destroy_queues();        // QP, CQ, completion channel
-    id_.reset();             // waits until every event of the id was acknowledged
+    }
+    drop_completions(); // with a shared receive queue: frees the slots nobody will poll
+    destroy_queues();   // QP, CQ, completion channel
+    id_.reset();        // waits until every event of the id was acknowledged
+}
+
+void cm_connection::await_last_wqe() noexcept
+{
+    // The device requires it of a QP on a shared receive queue: to error, then wait for
+    // IBV_EVENT_QP_LAST_WQE_REACHED before destroying it, or a receive it consumed may
+    // complete into a destroyed QP's CQ (IBTA 10.3.1, ibv_destroy_qp(3)). A QP that never
+    // reached RTR consumed nothing and gets no such event.
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    if (ibv_query_qp(qp(), &attr, IBV_QP_STATE, &init) == 0 &&
+        (attr.qp_state == IBV_QPS_RESET || attr.qp_state == IBV_QPS_INIT))
+        return;
+    verbs::flush_qp(qp());
+    std::unique_lock lock(cm_.mutex);
+    if (!cm_.changed.wait_for(lock, last_wqe_timeout, [&] { return cm_.last_wqe_reached; }))
+        RDMX_LOG(warn,
+                 "QP %u on a shared receive queue: no IBV_EVENT_QP_LAST_WQE_REACHED within %lld ms; "
+                 "destroying it anyway",
+                 qp()->qp_num, static_cast<long long>(last_wqe_timeout.count()));
 }
 
 void cm_connection::setup_qp()

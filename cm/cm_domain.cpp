@@ -35,11 +35,6 @@ std::shared_ptr<completion_queue> cm_domain::create_completion_queue(const compl
 {
     throw_error(errc::not_supported, "create_completion_queue: not built yet");
 }
-std::shared_ptr<shared_receive_queue>
-cm_domain::create_shared_receive_queue(const shared_receive_queue_options&)
-{
-    throw_error(errc::not_supported, "create_shared_receive_queue: not built yet");
-}
 
 std::unique_ptr<connection> cm_domain::connect(std::string_view address, const connection_options& opts,
                                                std::span<const std::byte> private_data,

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "validate.hpp"
+#include "verbs/shared_receive_queue.hpp"
 
 namespace rdmx::verbs
 {
@@ -23,9 +24,12 @@ void flush_qp(ibv_qp* qp) noexcept
 verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<const void> keepalive,
                                    const connection_options& opts)
     : keepalive_(std::move(keepalive)), pd_(pd),
-      limits_(detail::clamp_limits(opts, pd.limits(), max_sge_per_wr)), send_wrs_(limits_.max_send_sge),
+      limits_(detail::clamp_limits(opts, pd.limits(), max_sge_per_wr)), srq_owner_(opts.srq),
+      srq_(dynamic_cast<shared_receive_queue*>(opts.srq.get())), send_wrs_(limits_.max_send_sge),
       recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
 {
+    if (srq_owner_ && (!srq_ || &srq_->pd() != &pd))
+        throw_error(errc::invalid_argument, "connection: the shared receive queue belongs to another domain");
     const std::uint32_t sge_rd = pd.limits().max_sge_rd;
     max_read_sge_ = sge_rd ? std::min(limits_.max_send_sge, sge_rd) : limits_.max_send_sge;
     channel_.reset(ibv_create_comp_channel(pd.native_context()));
@@ -35,7 +39,9 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
     int fl = fcntl(channel_->fd, F_GETFL);
     if (fl < 0 || fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK) < 0)
         throw_errno(errno, "fcntl(completion channel, O_NONBLOCK)");
-    // One CQ for both queues, deep enough for every request of both to complete unpolled.
+    // One CQ for both queues, deep enough for every request of both to complete unpolled
+    // (with a shared receive queue, recv_queue_depth is its depth: no more of its receives
+    // can be outstanding, whichever connections consume them).
     int cqe = static_cast<int>(limits_.send_queue_depth + limits_.recv_queue_depth);
     cq_.reset(ibv_create_cq(pd.native_context(), cqe, this, channel_.get(), 0));
     if (!cq_)
@@ -61,15 +67,31 @@ void verbs_connection::create_qp()
     init.qp_type = IBV_QPT_RC;
     init.sq_sig_all = 0; // selective signalling: send_flags::signaled decides per request
     init.cap.max_send_wr = limits_.send_queue_depth;
-    init.cap.max_recv_wr = limits_.recv_queue_depth;
     init.cap.max_send_sge = limits_.max_send_sge;
-    init.cap.max_recv_sge = limits_.max_recv_sge;
+    if (srq_) {
+        init.srq = srq_->native(); // no receive queue of its own: the recv caps are ignored
+    } else {
+        init.cap.max_recv_wr = limits_.recv_queue_depth;
+        init.cap.max_recv_sge = limits_.max_recv_sge;
+    }
     init.cap.max_inline_data = limits_.max_inline;
     qp_.reset(ibv_create_qp(pd_.native_pd(), &init));
     if (!qp_)
         throw_errno(errno, "ibv_create_qp");
     // Drivers may grant more than asked; report what is in effect.
     limits_.max_inline = init.cap.max_inline_data;
+}
+
+void verbs_connection::drop_completions() noexcept
+{
+    if (!srq_ || !cq_)
+        return;
+    ibv_wc wc[poll_batch];
+    int got = 0;
+    while ((got = ibv_poll_cq(cq_.get(), poll_batch, wc)) > 0)
+        for (int i = 0; i < got; ++i)
+            if (srq_->owns(wc[i].wr_id))
+                srq_->complete(wc[i].wr_id);
 }
 
 void verbs_connection::note_error(std::error_code status) noexcept

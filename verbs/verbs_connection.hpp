@@ -21,6 +21,8 @@ inline constexpr std::size_t post_batch = 16;
 inline constexpr std::uint32_t max_sge_per_wr = 32;
 inline constexpr int poll_batch = 32;
 
+class shared_receive_queue;
+
 /// Moves `qp` (if any) to the error state, so that everything posted completes with
 /// IBV_WC_WR_FLUSH_ERR. Our QPs are not rdma_cm's: rdma_disconnect does not do this.
 void flush_qp(ibv_qp* qp) noexcept;
@@ -44,12 +46,17 @@ protected:
     /// Creates the completion channel and the CQ; the QP comes with create_qp().
     /// `keepalive` holds what owns `pd` (the domain), so that the PD outlives the queues
     /// whatever the order in which the application destroys domain and connection.
+    /// opts.srq must be a verbs queue on `pd` (else errc::invalid_argument).
     verbs_connection(const protection_domain& pd, std::shared_ptr<const void> keepalive,
                      const connection_options& opts);
 
     /// Creates the QP (RESET state) with this connection's limits, and records the inline
-    /// size the driver granted.
+    /// size the driver granted. With a shared receive queue the QP is attached to it.
     void create_qp();
+    /// Tear-down with a shared receive queue, after the QP reported its last WQE: polls
+    /// what is left in the (own) CQ, so that the receives this QP consumed and nobody will
+    /// poll free their slots in the shared queue.
+    void drop_completions() noexcept;
     /// Destroys QP, CQ and completion channel, in that order (QP before its CQ, CQ before
     /// its channel). The derived class calls it when its own order requires; idempotent.
     void destroy_queues() noexcept;
@@ -57,6 +64,8 @@ protected:
     const protection_domain& pd() const noexcept { return pd_; }
     ibv_qp* qp() const noexcept { return qp_.get(); }
     ibv_cq* cq() const noexcept { return cq_.get(); }
+    /// The shared receive queue the QP consumes from; null: it has its own.
+    shared_receive_queue* srq() const noexcept { return srq_; }
 
     /// An error completion (`status`) showed the QP in the error state: the connection
     /// says so in its state (as the TCP backend does). Called from poll(), on the
@@ -83,6 +92,10 @@ private:
     std::shared_ptr<const void> keepalive_; ///< owner of pd_; declared first, destroyed last
     const protection_domain& pd_;
     connection_limits limits_;
+    /// connection_options::srq, held until the QP attached to it is gone (declared before
+    /// the QP); srq_ is the same queue, for the data path.
+    std::shared_ptr<rdmx::shared_receive_queue> srq_owner_;
+    shared_receive_queue* srq_ = nullptr;
     // Destroyed by destroy_queues() in the order the device requires (see there).
     comp_channel_ptr channel_;
     cq_ptr cq_;

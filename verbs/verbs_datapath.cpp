@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "validate.hpp"
+#include "verbs/shared_receive_queue.hpp"
 #include "verbs/verbs_connection.hpp"
 
 namespace rdmx::verbs
@@ -224,6 +225,8 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
 {
     if (posted)
         *posted = 0;
+    if (srq_)
+        return errc::invalid_argument; // its receives are posted to the shared queue
     if (!qp_)
         return errc::not_connected;
     for (const recv_request& wr : wrs) {
@@ -254,6 +257,10 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
         for (int i = 0; i < got; ++i) {
             completion& c = out[n++];
             c.wr_id = wc[i].wr_id;
+            // A receive of the shared queue: polled, so its slot is free; the application
+            // gets back the wr_id it posted there.
+            if (srq_ && srq_->owns(c.wr_id))
+                c.wr_id = srq_->complete(c.wr_id);
             c.byte_len = wc[i].byte_len;
             if (wc[i].status == IBV_WC_SUCCESS) [[likely]] {
                 c.status = detail::no_error;

@@ -19,9 +19,11 @@ rdmx::opcode completion_opcode(rdmx::opcode op) noexcept
 
 } // namespace
 
-void connection_engine::push_cq(const completion& c, bool solicited) noexcept
+void connection_engine::push_cq(const completion& c, bool solicited, bool from_srq) noexcept
 {
-    if (!cq_.push(c)) {
+    if (!cq_.push(c, from_srq)) {
+        if (from_srq)
+            srq_->retire(1); // lost with the overrun: its slot is free
         // CQ overrun is fatal on verbs too. The completion that did not fit is lost; the
         // flush that follows cannot add more (the ring is full), which is what verbs does.
         if (state() == connection_state::established) {
@@ -52,8 +54,11 @@ void connection_engine::complete_sq_head(std::error_code status, std::uint32_t b
 
 void connection_engine::complete_rq_head(const completion& c, bool solicited) noexcept
 {
-    ++rq_head_;
-    push_cq(c, solicited);
+    if (srq_)
+        srq_taken_ = false;
+    else
+        ++rq_head_;
+    push_cq(c, solicited, srq_ != nullptr);
 }
 
 void connection_engine::fail(connection_state to, std::error_code cause) noexcept
@@ -77,6 +82,11 @@ void connection_engine::fail(connection_state to, std::error_code cause) noexcep
         rq_entry& e = rq_at(rq_head_++);
         push_cq({.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
     }
+    // A receive taken from the shared queue for a frame that did not finish; the ones
+    // not taken stay there for the other connections (as a verbs SRQ keeps its WQEs).
+    if (srq_taken_)
+        complete_rq_head({.wr_id = srq_recv_.wr_id, .opcode = opcode::unknown, .status = errc::flushed},
+                         false);
 }
 
 } // namespace rdmx::tcp

@@ -10,6 +10,7 @@
 #include "log.hpp"
 #include "tcp/tcp_connection.hpp"
 #include "tcp/tcp_socket.hpp"
+#include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_wire.hpp"
 #include "validate.hpp"
 
@@ -205,10 +206,11 @@ std::shared_ptr<completion_queue> tcp_domain::create_completion_queue(const comp
 {
     throw_error(errc::not_supported, "create_completion_queue: not built yet");
 }
+
 std::shared_ptr<shared_receive_queue>
-tcp_domain::create_shared_receive_queue(const shared_receive_queue_options&)
+tcp_domain::create_shared_receive_queue(const shared_receive_queue_options& opts)
 {
-    throw_error(errc::not_supported, "create_shared_receive_queue: not built yet");
+    return std::make_shared<tcp_srq>(shared_from_this(), opts);
 }
 
 std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const connection_options& opts,
@@ -221,6 +223,7 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     std::string what = "connect " + std::string(address);
     if (u.scheme == scheme::rdma)
         throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
+    tcp_srq::of(opts, *this, what); // before the peer hears of us
     connection_limits lim = detail::clamp_limits(opts, limits_);
     std::byte buf[handshake::reply_size];
     auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);

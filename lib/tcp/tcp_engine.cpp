@@ -24,8 +24,12 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))), fd_(fd.get()),
       efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
       sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
-      sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), rq_(lim.recv_queue_depth),
-      rq_segs_(std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
+      sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline),
+      rq_(opts.srq ? 0 : lim.recv_queue_depth),
+      rq_segs_(opts.srq ? 0 : std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
+      srq_(tcp_srq::of(opts, dom, "connection")), srq_segs_(srq_ ? srq_->max_sge() : 0),
+      // Room for every request of both queues to complete unpolled; with a shared receive
+      // queue, recv_queue_depth is its depth: no more of its receives can be outstanding.
       cq_(std::size_t{lim.send_queue_depth} + lim.recv_queue_depth),
       // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
@@ -89,6 +93,10 @@ void connection_engine::close() noexcept
         fail(connection_state::disconnected);
         pump();
         lingering_ = true;
+        // Nobody polls this connection again: its completions of shared receives free
+        // their slots now (the receives that were not taken stay in the shared queue).
+        if (srq_)
+            srq_->retire(cq_.drop_tagged());
     }
     // The descriptor belongs to the engine thread, and so does what is still owed.
     asio::post(dom_.io(), [self = shared_from_this()] {

@@ -22,6 +22,7 @@
 #include "tcp/tcp_poll_ownership.hpp"
 #include "tcp/tcp_response_queue.hpp"
 #include "tcp/tcp_socket.hpp"
+#include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_thread_safety.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -166,6 +167,20 @@ private:
     {
         return rq_[pos % lim_.recv_queue_depth];
     }
+    /// Whether a receive is there for the peer's next send or write with immediate: the
+    /// head of this connection's queue, or one taken from its shared receive queue (kept
+    /// until it completes). False: receiver not ready.
+    bool recv_ready() noexcept RDMX_REQUIRES(mu_)
+    {
+        if (!srq_)
+            return rq_head_ != rq_tail_;
+        if (!srq_taken_)
+            srq_taken_ = srq_->take(srq_recv_.wr_id, srq_recv_.length, srq_recv_.nseg, srq_segs_.data());
+        return srq_taken_;
+    }
+    /// The receive recv_ready() found, and its SGEs.
+    rq_entry& recv_head() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_recv_ : rq_at(rq_head_); }
+    seg* recv_head_segs() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_segs_.data() : rq_segs(rq_head_); }
 
     // --- the application's calls' helpers (tcp_post.cpp; application thread, mu_ held) ---
     /// post() / post_recv()'s common start: checks every request, and on a connection that
@@ -176,7 +191,10 @@ private:
                                                      Check check) noexcept RDMX_REQUIRES(mu_);
 
     // --- completions and the flush (tcp_completion.cpp; any thread, mu_ held) ---
-    void push_cq(const completion& c, bool solicited = false) noexcept RDMX_REQUIRES(mu_);
+    /// `from_srq`: a receive taken from the shared receive queue, whose slot there is
+    /// freed when this completion is polled (or dropped).
+    void push_cq(const completion& c, bool solicited = false, bool from_srq = false) noexcept
+        RDMX_REQUIRES(mu_);
     void complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept RDMX_REQUIRES(mu_);
     void complete_rq_head(const completion& c, bool solicited) noexcept RDMX_REQUIRES(mu_);
     /// Leaves `established` for `to`; `cause` (default: errc::disconnected or, for error,
@@ -307,6 +325,12 @@ private:
     std::vector<seg> rq_segs_ RDMX_GUARDED_BY(mu_);
     std::uint64_t rq_head_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t rq_tail_ RDMX_GUARDED_BY(mu_) = 0;
+    // With a shared receive queue (connection_options::srq) the rings above are empty and
+    // receives come from srq_ one at a time, as frames need them.
+    const std::shared_ptr<tcp_srq> srq_;
+    std::vector<seg> srq_segs_ RDMX_GUARDED_BY(mu_); ///< the taken receive's SGEs (srq_->max_sge())
+    rq_entry srq_recv_ RDMX_GUARDED_BY(mu_);
+    bool srq_taken_ RDMX_GUARDED_BY(mu_) = false; ///< srq_recv_ holds a receive not completed yet
 
     completion_ring cq_ RDMX_GUARDED_BY(mu_);
     notify_arm notify_ RDMX_GUARDED_BY(mu_);
