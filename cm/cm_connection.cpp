@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "cm/cm_domain.hpp"
+#include "log.hpp"
 
 namespace rdmx::cm
 {
@@ -19,10 +23,69 @@ cm_connection::~cm_connection()
 {
     if (id_)
         domain_.events().detach(id_.get());
-    if (qp())
+    if (qp()) {
+        if (srq())
+            await_last_wqe();
         unregister_qp(qp()); // waits for a router using it; then destroy waits for its acks
-    destroy_queues();        // QP (off its shared CQs), CQ, completion channel
-    id_.reset();             // waits until every event of the id was acknowledged
+    }
+    drop_completions(); // with a shared receive queue: frees the slots nobody will poll
+    destroy_queues();   // QP (off its shared CQs), CQ, completion channel
+    id_.reset();        // waits until every event of the id was acknowledged
+}
+
+namespace
+{
+
+// Devices that never reported IBV_EVENT_QP_LAST_WQE_REACHED (rxe on Linux 6.1 does not)
+// and those that did, process-wide: waiting out the bound on every QP of a device that
+// never says it would make each tear-down take that long. A device that reported it once
+// is always waited for.
+std::mutex last_wqe_mutex;
+std::set<std::string> last_wqe_reporting, last_wqe_silent;
+
+} // namespace
+
+void cm_connection::await_last_wqe() noexcept
+{
+    // The device requires it of a QP on a shared receive queue: to error, then wait for
+    // IBV_EVENT_QP_LAST_WQE_REACHED before destroying it, or a receive it consumed may
+    // complete into a destroyed QP's CQ (IBTA 10.3.1, ibv_destroy_qp(3)). A QP that never
+    // reached RTR consumed nothing and gets no such event.
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    if (ibv_query_qp(qp(), &attr, IBV_QP_STATE, &init) == 0 &&
+        (attr.qp_state == IBV_QPS_RESET || attr.qp_state == IBV_QPS_INIT))
+        return;
+    verbs::flush_qp(qp());
+    const std::string& dev = domain_.limits().device_name;
+    try {
+        std::lock_guard memo(last_wqe_mutex);
+        if (last_wqe_silent.count(dev))
+            return;
+    } catch (...) { // std::string compare cannot throw; the lock could, in theory
+    }
+    std::unique_lock lock(cm_.mutex);
+    const bool reached = cm_.changed.wait_for(lock, last_wqe_timeout, [&] { return cm_.last_wqe_reached; });
+    lock.unlock();
+    try {
+        std::lock_guard memo(last_wqe_mutex);
+        if (reached) {
+            last_wqe_reporting.insert(dev);
+        } else if (!last_wqe_reporting.count(dev)) {
+            last_wqe_silent.insert(dev);
+            RDMX_LOG(warn,
+                     "device %s: no IBV_EVENT_QP_LAST_WQE_REACHED within %lld ms of moving a QP on a shared "
+                     "receive queue to error; it seems not to report it: QPs on it are destroyed without "
+                     "waiting from now on",
+                     dev.c_str(), static_cast<long long>(last_wqe_timeout.count()));
+        } else {
+            RDMX_LOG(warn,
+                     "QP %u on a shared receive queue: no IBV_EVENT_QP_LAST_WQE_REACHED within %lld ms; "
+                     "destroying it anyway",
+                     qp()->qp_num, static_cast<long long>(last_wqe_timeout.count()));
+        }
+    } catch (...) { // an allocation in insert: the memo stays as it was
+    }
 }
 
 void cm_connection::setup_qp()

@@ -40,6 +40,10 @@ public:
 
 private:
     void on_error_completion(std::error_code status) noexcept override;
+    /// Tear-down on a shared receive queue: the QP to error, then wait (bounded by
+    /// last_wqe_timeout, logged if it passes) for IBV_EVENT_QP_LAST_WQE_REACHED.
+    void await_last_wqe() noexcept;
+    static constexpr std::chrono::milliseconds last_wqe_timeout{1000};
     /// Resolves the first of `addrs` that rdma_cm can reach from this domain's device:
     /// creates the id, attaches it, waits for ADDR_RESOLVED. Throws the last failure.
     void resolve_addr(const uri& address, std::vector<detail::socket_address>& addrs);

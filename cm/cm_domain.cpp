@@ -32,11 +32,6 @@ std::unique_ptr<connection> cm_domain::start_connect(std::string_view, const con
 {
     throw_error(errc::not_supported, "start_connect: not built yet");
 }
-std::shared_ptr<shared_receive_queue>
-cm_domain::create_shared_receive_queue(const shared_receive_queue_options&)
-{
-    throw_error(errc::not_supported, "create_shared_receive_queue: not built yet");
-}
 
 std::shared_ptr<completion_queue> cm_domain::create_completion_queue(const completion_queue_options& opts)
 {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "log.hpp"
+#include "verbs/shared_receive_queue.hpp"
 #include "verbs/verbs_connection.hpp"
 
 namespace rdmx::cm
@@ -218,9 +219,10 @@ struct qp_route {
     ibv_cq* recv_cq;
     rdma_cm_id* id;
 };
-// Lock order: routes_mutex, then a cm_state's mutex.
+// Lock order: routes_mutex, then a cm_state's mutex (or a shared receive queue's event queue).
 std::mutex routes_mutex;
 std::unordered_map<ibv_qp*, qp_route> routes;
+std::unordered_map<ibv_srq*, verbs::shared_receive_queue*> srq_routes;
 
 // Marks the connection failed by `ev` (its QP is in the error state already).
 void async_fail(cm_state& st, std::error_code ec, const char* why) noexcept
@@ -282,10 +284,25 @@ void route_async(ibv_async_event& ev, ibv_context* ctx) noexcept
     case IBV_EVENT_PATH_MIG_ERR:
         // rdmx neither drains (SQD) nor loads alternate paths.
         break;
-    case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_SRQ_LIMIT_REACHED:
+        // The low watermark armed with arm_limit(): the queue tells its event queue (the
+        // device disarmed the limit).
+        if (auto it = srq_routes.find(ev.element.srq); it != srq_routes.end())
+            it->second->limit_reached();
+        break;
+    case IBV_EVENT_SRQ_ERR:
+        // The SRQ failed (a device error): its connections fail through their own QPs'
+        // events and completions; say so once for the queue itself.
+        RDMX_LOG(error, "IBV_EVENT_SRQ_ERR: a shared receive queue failed");
+        break;
     case IBV_EVENT_QP_LAST_WQE_REACHED:
-        // rdmx uses no shared receive queues.
+        // A QP on a shared receive queue left for the error state and consumes nothing
+        // more: its destructor waits for this before destroying it.
+        if (auto* r = qp_route_of()) {
+            std::lock_guard st_lock(r->st->mutex);
+            r->st->last_wqe_reached = true;
+            r->st->changed.notify_all();
+        }
         break;
     case IBV_EVENT_PORT_ACTIVE:
     case IBV_EVENT_PORT_ERR:
@@ -315,6 +332,18 @@ void unregister_qp(ibv_qp* qp) noexcept
 {
     std::lock_guard lock(routes_mutex);
     routes.erase(qp);
+}
+
+void register_srq(ibv_srq* srq, verbs::shared_receive_queue* q)
+{
+    std::lock_guard lock(routes_mutex);
+    srq_routes[srq] = q;
+}
+
+void unregister_srq(ibv_srq* srq) noexcept
+{
+    std::lock_guard lock(routes_mutex);
+    srq_routes.erase(srq);
 }
 
 void event_loop::drain_async() noexcept

@@ -19,6 +19,11 @@
 
 #include "cm/cm_handles.hpp"
 
+namespace rdmx::verbs
+{
+class shared_receive_queue;
+}
+
 namespace rdmx::cm
 {
 
@@ -41,6 +46,9 @@ struct cm_state {
     /// that follows a disconnect still names its cause, state error).
     bool local_disconnect = false;
     ibv_qp* qp = nullptr; ///< moved to the error state when the peer leaves
+    /// IBV_EVENT_QP_LAST_WQE_REACHED arrived: the QP (attached to a shared receive queue)
+    /// consumes no more of its receives and may be destroyed.
+    bool last_wqe_reached = false;
 };
 
 /// Routes the device's asynchronous events (ibv_get_async_event) of `qp` to `st`, and
@@ -51,6 +59,10 @@ struct cm_state {
 /// `id` gets rdma_notify(COMM_EST). Call unregister_qp before destroying the QP.
 void register_qp(ibv_qp* qp, ibv_cq* send_cq, ibv_cq* recv_cq, rdma_cm_id* id, cm_state* st);
 void unregister_qp(ibv_qp* qp) noexcept;
+/// Routes IBV_EVENT_SRQ_LIMIT_REACHED of `srq` to `q` (the same process-wide table).
+/// Call unregister_srq before destroying it.
+void register_srq(ibv_srq* srq, verbs::shared_receive_queue* q);
+void unregister_srq(ibv_srq* srq) noexcept;
 
 /// Tests only: `hook` runs on every event loop thread each time poll() has found its
 /// channel readable, before the events are read (null: none). It widens, on purpose, the

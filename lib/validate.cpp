@@ -1,5 +1,7 @@
 #include "validate.hpp"
 
+#include <rdmx/queues.hpp>
+
 #include <algorithm>
 #include <string>
 
@@ -15,6 +17,11 @@ connection_limits clamp_limits(const connection_options& opts, const device_limi
     l.recv_queue_depth = std::clamp<std::uint32_t>(opts.recv_queue_depth, 1, dev.max_qp_wr);
     l.max_send_sge = std::clamp<std::uint32_t>(opts.max_send_sge, 1, max_sge);
     l.max_recv_sge = std::clamp<std::uint32_t>(opts.max_recv_sge, 1, max_sge);
+    if (opts.srq) {
+        // The connection consumes from the shared queue: its receive side is that queue's.
+        l.recv_queue_depth = opts.srq->depth();
+        l.max_recv_sge = opts.srq->max_sge();
+    }
     l.max_inline = std::min(opts.max_inline, dev.max_inline);
     // One value is both the initiator depth and the responder resources.
     l.max_rd_atomic = std::clamp<std::uint32_t>(opts.max_rd_atomic, 1,

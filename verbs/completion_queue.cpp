@@ -1,5 +1,6 @@
 // Set-up and tear-down of a shared verbs completion queue, and the routing table's upkeep.
 #include "verbs/completion_queue.hpp"
+#include "verbs/shared_receive_queue.hpp"
 
 #include <fcntl.h>
 
@@ -39,27 +40,46 @@ completion_queue::completion_queue(const protection_domain& pd, std::shared_ptr<
 
 completion_queue::~completion_queue() = default;
 
-void completion_queue::attach(std::uint32_t qp_num, verbs_connection& c)
+void completion_queue::attach(std::uint32_t qp_num, verbs_connection& c, shared_receive_queue* srq)
 {
     std::lock_guard lk(mu_);
-    routes_[qp_num] = &c;
+    routes_[qp_num] = {&c, srq};
 }
 
 void completion_queue::detach(std::uint32_t qp_num) noexcept
 {
     std::lock_guard lk(mu_);
-    routes_.erase(qp_num);
+    auto it = routes_.find(qp_num);
+    if (it == routes_.end())
+        return;
+    if (it->second.srq)
+        it->second.conn = nullptr; // kept until purge(): its dropped receives free their slots
+    else
+        routes_.erase(it);
+}
+
+void completion_queue::release(shared_receive_queue* srq, const ibv_wc& wc) noexcept
+{
+    if (srq && srq->owns(wc.wr_id))
+        srq->complete(wc.wr_id);
 }
 
 void completion_queue::purge(std::uint32_t qp_num) noexcept
 {
     std::lock_guard lk(mu_);
+    shared_receive_queue* srq = nullptr;
+    if (auto it = routes_.find(qp_num); it != routes_.end()) {
+        srq = it->second.srq;
+        routes_.erase(it);
+    }
     // What the stash holds of the QP goes first; the rest closes up, in order.
     std::size_t kept = 0;
     for (std::size_t i = 0; i < stash_count_; ++i) {
         const ibv_wc& wc = stash_[(stash_head_ + i) % stash_.size()];
         if (wc.qp_num != qp_num)
             stash_[(stash_head_ + kept++) % stash_.size()] = wc;
+        else
+            release(srq, wc);
     }
     stash_count_ = kept;
     // Then the CQ itself: some providers (mlx5) clean a destroyed QP's entries out of its
@@ -68,8 +88,10 @@ void completion_queue::purge(std::uint32_t qp_num) noexcept
     for (;;) {
         int got = ibv_poll_cq(cq_.get(), 16, wc);
         for (int i = 0; i < got; ++i) {
-            if (wc[i].qp_num == qp_num)
+            if (wc[i].qp_num == qp_num) {
+                release(srq, wc[i]);
                 continue;
+            }
             if (stash_count_ == stash_.size()) // cannot happen: the reservations bound both
                 continue;
             stash_[(stash_head_ + stash_count_++) % stash_.size()] = wc[i];

@@ -20,6 +20,7 @@ namespace rdmx::verbs
 {
 
 class verbs_connection;
+class shared_receive_queue;
 
 class completion_queue final : public detail::completion_queue_base
 {
@@ -39,14 +40,16 @@ public:
     ibv_context* context() const noexcept { return cq_->context; }
 
     // --- for the connections (set-up and tear-down threads) ---
-    /// Routes the completions of `qp_num` to `c` from now on. May allocate; throws.
-    void attach(std::uint32_t qp_num, verbs_connection& c);
-    /// Stops routing `qp_num`: its completions polled from now on are dropped. Waits for a
-    /// poll() in progress, which may be handing one to the connection.
+    /// Routes the completions of `qp_num` to `c` from now on; `srq`: the shared receive
+    /// queue its QP consumes from (null: none). May allocate; throws.
+    void attach(std::uint32_t qp_num, verbs_connection& c, shared_receive_queue* srq);
+    /// Stops routing `qp_num`: its completions polled from now on are dropped (a receive
+    /// of its shared receive queue among them frees its slot there). Waits for a poll() in
+    /// progress, which may be handing one to the connection.
     void detach(std::uint32_t qp_num) noexcept;
     /// After the QP of `qp_num` was destroyed: drops its completions that are still queued,
-    /// so that a later QP with the same number never receives them. The others are moved,
-    /// in order, to the stash that poll() empties first.
+    /// so that a later QP with the same number never receives them, and forgets the QP.
+    /// The others are moved, in order, to the stash that poll() empties first.
     void purge(std::uint32_t qp_num) noexcept;
 
 private:
@@ -57,7 +60,13 @@ private:
     comp_channel_ptr channel_;
     cq_ptr cq_;     ///< destroyed before its channel; every QP on it is gone first (it holds us)
     std::mutex mu_; ///< routes_ and the stash; held through each poll()
-    std::unordered_map<std::uint32_t, verbs_connection*> routes_;
+    struct route_entry {
+        verbs_connection* conn = nullptr; ///< null once detached, until purge()
+        shared_receive_queue* srq = nullptr;
+    };
+    std::unordered_map<std::uint32_t, route_entry> routes_;
+    /// A dropped completion of a QP on `srq`: a receive of that queue frees its slot.
+    static void release(shared_receive_queue* srq, const ibv_wc& wc) noexcept;
     /// Completions purge() took out of the CQ for connections still attached: a ring as
     /// large as the CQ (its entries and the CQ's together are at most what is reserved).
     std::vector<ibv_wc> stash_;

@@ -25,11 +25,15 @@ struct mr_deleter {
 struct qp_deleter {
     void operator()(ibv_qp* p) const noexcept { ibv_destroy_qp(p); }
 };
+struct srq_deleter {
+    void operator()(ibv_srq* p) const noexcept { ibv_destroy_srq(p); }
+};
 
 using pd_ptr = std::unique_ptr<ibv_pd, pd_deleter>;
 using cq_ptr = std::unique_ptr<ibv_cq, cq_deleter>;
 using comp_channel_ptr = std::unique_ptr<ibv_comp_channel, comp_channel_deleter>;
 using mr_ptr = std::unique_ptr<ibv_mr, mr_deleter>;
 using qp_ptr = std::unique_ptr<ibv_qp, qp_deleter>;
+using srq_ptr = std::unique_ptr<ibv_srq, srq_deleter>;
 
 } // namespace rdmx::verbs

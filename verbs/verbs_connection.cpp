@@ -8,6 +8,7 @@
 #include <string>
 
 #include "validate.hpp"
+#include "verbs/shared_receive_queue.hpp"
 
 namespace rdmx::verbs
 {
@@ -25,9 +26,12 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
                                    const connection_options& opts, std::string_view verb)
     : keepalive_(std::move(keepalive)), pd_(pd),
       limits_(detail::clamp_limits(opts, pd.limits(), max_sge_per_wr)), context_(opts.context),
-      shared_(opts, limits_, backend::verbs, verb), send_wrs_(limits_.max_send_sge),
+      shared_(opts, limits_, backend::verbs, verb), srq_owner_(opts.srq),
+      srq_(dynamic_cast<shared_receive_queue*>(opts.srq.get())), send_wrs_(limits_.max_send_sge),
       recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
 {
+    if (srq_owner_ && (!srq_ || &srq_->pd() != &pd))
+        throw_error(errc::invalid_argument, "connection: the shared receive queue belongs to another domain");
     const std::uint32_t sge_rd = pd.limits().max_sge_rd;
     max_read_sge_ = sge_rd ? std::min(limits_.max_send_sge, sge_rd) : limits_.max_send_sge;
     // Every completion_queue_base of the verbs backend is a verbs::completion_queue.
@@ -50,6 +54,8 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
     int fl = fcntl(channel_->fd, F_GETFL);
     if (fl < 0 || fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK) < 0)
         throw_errno(errno, "fcntl(completion channel, O_NONBLOCK)");
+    // With a shared receive queue, recv_queue_depth is its depth: no more of its receives
+    // can be outstanding, whichever connections consume them.
     int cqe = static_cast<int>(own);
     cq_.reset(ibv_create_cq(pd.native_context(), cqe, this, channel_.get(), 0));
     if (!cq_)
@@ -90,9 +96,13 @@ void verbs_connection::create_qp()
     init.qp_type = IBV_QPT_RC;
     init.sq_sig_all = 0; // selective signalling: send_flags::signaled decides per request
     init.cap.max_send_wr = limits_.send_queue_depth;
-    init.cap.max_recv_wr = limits_.recv_queue_depth;
     init.cap.max_send_sge = limits_.max_send_sge;
-    init.cap.max_recv_sge = limits_.max_recv_sge;
+    if (srq_) {
+        init.srq = srq_->native(); // no receive queue of its own: the recv caps are ignored
+    } else {
+        init.cap.max_recv_wr = limits_.recv_queue_depth;
+        init.cap.max_recv_sge = limits_.max_recv_sge;
+    }
     init.cap.max_inline_data = limits_.max_inline;
     qp_.reset(ibv_create_qp(pd_.native_pd(), &init));
     if (!qp_)
@@ -100,9 +110,21 @@ void verbs_connection::create_qp()
     // Drivers may grant more than asked; report what is in effect.
     limits_.max_inline = init.cap.max_inline_data;
     if (send_shared_)
-        send_shared_->attach(qp_->qp_num, *this);
+        send_shared_->attach(qp_->qp_num, *this, srq_);
     if (recv_shared_ && recv_shared_ != send_shared_)
-        recv_shared_->attach(qp_->qp_num, *this);
+        recv_shared_->attach(qp_->qp_num, *this, srq_);
+}
+
+void verbs_connection::drop_completions() noexcept
+{
+    if (!srq_ || !cq_)
+        return;
+    ibv_wc wc[poll_batch];
+    int got = 0;
+    while ((got = ibv_poll_cq(cq_.get(), poll_batch, wc)) > 0)
+        for (int i = 0; i < got; ++i)
+            if (srq_->owns(wc[i].wr_id))
+                srq_->complete(wc[i].wr_id);
 }
 
 void verbs_connection::note_error(std::error_code status) noexcept

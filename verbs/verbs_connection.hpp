@@ -24,6 +24,8 @@ inline constexpr std::size_t post_batch = 16;
 inline constexpr std::uint32_t max_sge_per_wr = 32;
 inline constexpr int poll_batch = 32;
 
+class shared_receive_queue;
+
 /// Moves `qp` (if any) to the error state, so that everything posted completes with
 /// IBV_WC_WR_FLUSH_ERR. Our QPs are not rdma_cm's: rdma_disconnect does not do this.
 void flush_qp(ibv_qp* qp) noexcept;
@@ -59,8 +61,13 @@ protected:
                      const connection_options& opts, std::string_view verb);
 
     /// Creates the QP (RESET state) with this connection's limits, records the inline size
-    /// the driver granted, and attaches it to its shared completion queues.
+    /// the driver granted, and attaches it to its shared completion queues (and, with a
+    /// shared receive queue, to that).
     void create_qp();
+    /// Tear-down with a shared receive queue, after the QP reported its last WQE: polls
+    /// what is left in the (own) CQ, so that the receives this QP consumed and nobody will
+    /// poll free their slots in the shared queue.
+    void drop_completions() noexcept;
     /// Detaches the QP from its shared completion queues and destroys QP, CQ and
     /// completion channel, in that order (QP before its CQ, CQ before its channel; the
     /// shared queues drop what the QP left in them). The derived class calls it when its
@@ -74,6 +81,8 @@ protected:
     /// The CQs its QP reports to, shared or its own.
     ibv_cq* send_cq() const noexcept { return send_shared_ ? send_shared_->native() : cq_.get(); }
     ibv_cq* recv_cq() const noexcept { return recv_shared_ ? recv_shared_->native() : cq_.get(); }
+    /// The shared receive queue the QP consumes from; null: it has its own.
+    shared_receive_queue* srq() const noexcept { return srq_; }
 
     /// An error completion (`status`) showed the QP in the error state: the connection
     /// says so in its state (as the TCP backend does). Called from poll(), on the
@@ -113,6 +122,10 @@ private:
     detail::cq_reservation shared_;
     completion_queue* send_shared_ = nullptr; ///< shared_.send_cq(), typed; null: own CQ
     completion_queue* recv_shared_ = nullptr;
+    /// connection_options::srq, held until the QP attached to it is gone (declared before
+    /// the QP); srq_ is the same queue, for the data path.
+    std::shared_ptr<rdmx::shared_receive_queue> srq_owner_;
+    shared_receive_queue* srq_ = nullptr;
     // Destroyed by destroy_queues() in the order the device requires (see there).
     comp_channel_ptr channel_;
     cq_ptr cq_;

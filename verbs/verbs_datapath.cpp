@@ -8,6 +8,7 @@
 
 #include "validate.hpp"
 #include "verbs/completion_queue.hpp"
+#include "verbs/shared_receive_queue.hpp"
 #include "verbs/verbs_connection.hpp"
 
 namespace rdmx::verbs
@@ -231,6 +232,8 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
 {
     if (posted)
         *posted = 0;
+    if (srq_)
+        return errc::invalid_argument; // its receives are posted to the shared queue
     if (!qp_)
         return errc::not_connected;
     for (const recv_request& wr : wrs) {
@@ -261,6 +264,10 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
 void verbs_connection::complete(const ibv_wc& wc, completion& c, const completion_queue* from) noexcept
 {
     c.wr_id = wc.wr_id;
+    // A receive of the shared receive queue: polled, so its slot is free; the application
+    // gets back the wr_id it posted there.
+    if (srq_ && srq_->owns(c.wr_id))
+        c.wr_id = srq_->complete(c.wr_id);
     c.byte_len = wc.byte_len;
     c.context = context_;
     c.conn = this;
@@ -333,9 +340,12 @@ std::error_code verbs_connection::ack_notify() noexcept
 bool completion_queue::route(const ibv_wc& wc, completion& out) noexcept
 {
     auto it = routes_.find(wc.qp_num);
-    if (it == routes_.end()) [[unlikely]]
-        return false; // its connection is gone (detach): dropped
-    it->second->complete(wc, out, this);
+    if (it == routes_.end() || !it->second.conn) [[unlikely]] {
+        if (it != routes_.end())
+            release(it->second.srq, wc); // its connection is going (detach): dropped
+        return false;
+    }
+    it->second.conn->complete(wc, out, this);
     return true;
 }
 

@@ -139,7 +139,11 @@ struct connection_options {
     /// Where its receive completions go; may be the same queue as send_cq.
     std::shared_ptr<completion_queue> recv_cq;
     /// The receive queue it consumes from instead of its own (recv_queue_depth and
-    /// max_recv_sge are then those of the shared queue). Needs recv_cq.
+    /// max_recv_sge are then those of the shared queue; it must come from the same
+    /// domain, else errc::invalid_argument). Its receive completions go to recv_cq if
+    /// given, else to the connection's own CQ, which is then sized for the shared queue's
+    /// whole depth on the receive side: any number of its receives may complete on this
+    /// one connection, and none can overrun the CQ.
     std::shared_ptr<shared_receive_queue> srq;
     /// Where its connection events go: established (after start_connect / start_accept),
     /// disconnected, error. Without one, state() and last_error() tell the same.

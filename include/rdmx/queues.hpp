@@ -127,8 +127,10 @@ protected:
 ///
 /// Receiver not ready: when a send (or write with immediate) finds the queue empty, the
 /// receiver answers receiver-not-ready and the sender retries per its own rnr_retry_count
-/// and min_rnr_timer, the same on both backends; with 7 (the default: forever) a sender
-/// only waits until the server refills. Arm the limit to refill in time.
+/// (and the min_rnr_timer, as connection_options describes it), the same on both
+/// backends; with 7 (the default: forever) a sender only waits until the server refills.
+/// Arm the limit to refill in time. iWARP has no receiver-not-ready: there a send that
+/// finds the queue empty ends its connection.
 class shared_receive_queue
 {
 public:
@@ -154,6 +156,7 @@ public:
     /// Arms the low watermark (verbs: ibv_modify_srq with IBV_SRQ_LIMIT): when fewer than
     /// `limit` posted receives remain unconsumed, one srq_limit_reached event goes to the
     /// event queue given at creation, and the limit disarms (arm again after refilling).
+    /// As on the devices, it is checked as a message consumes a receive, not when arming.
     /// Fails with errc::invalid_argument without an event queue, or for a limit of 0 or
     /// above depth().
     virtual std::error_code arm_limit(std::uint32_t limit) noexcept = 0;

@@ -20,15 +20,17 @@ rdmx::opcode completion_opcode(rdmx::opcode op) noexcept
 
 } // namespace
 
-void connection_engine::push_cq(cq_side side, completion c, bool solicited) noexcept
+void connection_engine::push_cq(cq_side side, completion c, bool solicited, bool from_srq) noexcept
 {
     c.context = context_;
     c.conn = conn_;
     if (tcp_completion_queue* shared = side == cq_side::send ? send_cq_ : recv_cq_) {
-        push_shared(*shared, side, c, solicited);
+        push_shared(*shared, side, c, solicited, from_srq);
         return;
     }
-    if (!cq_.push(c)) {
+    if (!cq_.push(c, from_srq)) {
+        if (from_srq)
+            srq_->retire(1); // lost with the overrun: its slot is free
         // CQ overrun is fatal on verbs too. The completion that did not fit is lost; the
         // flush that follows cannot add more (the ring is full), which is what verbs does.
         if (state() == connection_state::established) {
@@ -45,15 +47,20 @@ void connection_engine::push_cq(cq_side side, completion c, bool solicited) noex
 }
 
 void connection_engine::push_shared(tcp_completion_queue& q, cq_side side, const completion& c,
-                                    bool solicited) noexcept
+                                    bool solicited, bool from_srq) noexcept
 {
-    if (shared_detached_)
-        return; // the connection object is gone (close())
+    if (shared_detached_) { // the connection object is gone (close())
+        if (from_srq)
+            srq_->retire(1); // nobody polls it: its slot is free
+        return;
+    }
     auto& held = side == cq_side::send ? sq_in_cq_ : rq_in_cq_;
     held.fetch_add(1, std::memory_order_relaxed); // before a poll can count it down
-    if (q.push(c, *this, side, solicited))
+    if (q.push(c, *this, side, solicited, from_srq))
         return;
     held.fetch_sub(1, std::memory_order_relaxed);
+    if (from_srq)
+        srq_->retire(1); // lost with the overrun: its slot is free
     // The reservations and shared_room() make this impossible; should it happen all the
     // same, it is an overrun, fatal as on the own ring.
     if (state() == connection_state::established) {
@@ -91,8 +98,11 @@ void connection_engine::complete_sq_head(std::error_code status, std::uint32_t b
 
 void connection_engine::complete_rq_head(const completion& c, bool solicited) noexcept
 {
-    ++rq_head_;
-    push_cq(cq_side::recv, c, solicited);
+    if (srq_)
+        srq_taken_ = false;
+    else
+        ++rq_head_;
+    push_cq(cq_side::recv, c, solicited, srq_ != nullptr);
 }
 
 void connection_engine::fail(connection_state to, std::error_code cause) noexcept
@@ -116,6 +126,11 @@ void connection_engine::fail(connection_state to, std::error_code cause) noexcep
         rq_entry& e = rq_at(rq_head_++);
         push_cq(cq_side::recv, {.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
     }
+    // A receive taken from the shared queue for a frame that did not finish; the ones
+    // not taken stay there for the other connections (as a verbs SRQ keeps its WQEs).
+    if (srq_taken_)
+        complete_rq_head({.wr_id = srq_recv_.wr_id, .opcode = opcode::unknown, .status = errc::flushed},
+                         false);
 }
 
 } // namespace rdmx::tcp

@@ -24,13 +24,13 @@ tcp_completion_queue::tcp_completion_queue(std::uint32_t depth)
 
 tcp_completion_queue::~tcp_completion_queue() = default;
 
-bool tcp_completion_queue::push(const completion& c, connection_engine& owner, cq_side side,
-                                bool solicited) noexcept
+bool tcp_completion_queue::push(const completion& c, connection_engine& owner, cq_side side, bool solicited,
+                                bool from_srq) noexcept
 {
     engine_lock lk(mu_);
     if (count_ == ring_.size())
         return false;
-    ring_[(head_ + count_) % ring_.size()] = {c, &owner, side};
+    ring_[(head_ + count_) % ring_.size()] = {c, &owner, side, from_srq};
     ++count_;
     if (notify_.fire(c, solicited)) {
         std::uint64_t one = 1;
@@ -49,23 +49,26 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
         out[i] = e.c;
         // The engine frees the queue slot the completion held (purge() makes sure that an
         // entry's engine is alive while it is queued).
-        e.owner->shared_polled(e.side);
+        e.owner->shared_polled(e.side, e.from_srq);
         head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
     }
     count_ -= n;
     return n;
 }
 
-void tcp_completion_queue::purge(const connection_engine& owner) noexcept
+std::size_t tcp_completion_queue::purge(const connection_engine& owner) noexcept
 {
     engine_lock lk(mu_);
-    std::size_t kept = 0;
+    std::size_t kept = 0, from_srq = 0;
     for (std::size_t i = 0; i < count_; ++i) {
         const entry& e = ring_[(head_ + i) % ring_.size()];
         if (e.owner != &owner)
             ring_[(head_ + kept++) % ring_.size()] = e;
+        else
+            from_srq += e.from_srq;
     }
     count_ = kept;
+    return from_srq;
 }
 
 std::error_code tcp_completion_queue::request_notify(bool solicited_only) noexcept

@@ -38,16 +38,20 @@ public:
     // then queue) ---
     /// Queues `c` of `owner`'s `side` (`solicited`: a receive the peer marked so); false,
     /// and nothing queued, when the queue is full (the reservations make that impossible).
-    bool push(const completion& c, connection_engine& owner, cq_side side, bool solicited) noexcept
-        RDMX_EXCLUDES(mu_);
-    /// Drops what `owner` still has queued: its connection object is going away.
-    void purge(const connection_engine& owner) noexcept RDMX_EXCLUDES(mu_);
+    /// `from_srq`: a receive of a shared receive queue, whose slot there the poll frees.
+    bool push(const completion& c, connection_engine& owner, cq_side side, bool solicited,
+              bool from_srq) noexcept RDMX_EXCLUDES(mu_);
+    /// Drops what `owner` still has queued: its connection object is going away. Returns
+    /// how many of the dropped were receives of a shared receive queue (whose slots the
+    /// caller frees).
+    std::size_t purge(const connection_engine& owner) noexcept RDMX_EXCLUDES(mu_);
 
 private:
     struct entry {
         completion c;
         connection_engine* owner = nullptr;
         cq_side side = cq_side::send;
+        bool from_srq = false;
     };
 
     engine_mutex mu_;

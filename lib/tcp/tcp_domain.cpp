@@ -11,6 +11,7 @@
 #include "tcp/tcp_completion_queue.hpp"
 #include "tcp/tcp_connection.hpp"
 #include "tcp/tcp_socket.hpp"
+#include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_wire.hpp"
 #include "validate.hpp"
 
@@ -203,9 +204,9 @@ std::unique_ptr<connection> tcp_domain::start_connect(std::string_view, const co
     throw_error(errc::not_supported, "start_connect: not built yet");
 }
 std::shared_ptr<shared_receive_queue>
-tcp_domain::create_shared_receive_queue(const shared_receive_queue_options&)
+tcp_domain::create_shared_receive_queue(const shared_receive_queue_options& opts)
 {
-    throw_error(errc::not_supported, "create_shared_receive_queue: not built yet");
+    return std::make_shared<tcp_srq>(shared_from_this(), opts);
 }
 
 std::shared_ptr<completion_queue> tcp_domain::create_completion_queue(const completion_queue_options& opts)
@@ -223,6 +224,7 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     std::string what = "connect " + std::string(address);
     if (u.scheme == scheme::rdma)
         throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
+    tcp_srq::of(opts, *this, what); // before the peer hears of us
     connection_limits lim = detail::clamp_limits(opts, limits_);
     // Room on the shared completion queues before the peer hears of us.
     detail::cq_reservation shared(opts, lim, backend::tcp, "connect");

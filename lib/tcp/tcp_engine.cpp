@@ -38,9 +38,13 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       engine_only_(send_cq_ || recv_cq_), context_(opts.context), fd_(fd.get()),
       efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
       sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
-      sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), rq_(lim.recv_queue_depth),
-      rq_segs_(std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
-      // The own ring holds both depths of the sides that complete into it.
+      sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline),
+      rq_(opts.srq ? 0 : lim.recv_queue_depth),
+      rq_segs_(opts.srq ? 0 : std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
+      srq_(tcp_srq::of(opts, dom, "connection")), srq_segs_(srq_ ? srq_->max_sge() : 0),
+      // The own ring holds both depths of the sides that complete into it; with a shared
+      // receive queue, recv_queue_depth is its depth: no more of its receives can be
+      // outstanding.
       cq_(std::max<std::size_t>(1, (send_cq_ ? 0 : std::size_t{lim.send_queue_depth}) +
                                        (recv_cq_ ? 0 : lim.recv_queue_depth))),
       // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
@@ -109,11 +113,16 @@ void connection_engine::close() noexcept
         fail(connection_state::disconnected);
         pump();
         lingering_ = true;
+        // Nobody polls this connection again: its completions of shared receives free
+        // their slots now (the receives that were not taken stay in the shared queue).
+        std::size_t dropped = 0;
         if (send_cq_)
-            send_cq_->purge(*this);
+            dropped += send_cq_->purge(*this);
         if (recv_cq_ && recv_cq_ != send_cq_)
-            recv_cq_->purge(*this);
+            dropped += recv_cq_->purge(*this);
         shared_ = {};
+        if (srq_)
+            srq_->retire(dropped + cq_.drop_tagged());
     }
     // The descriptor belongs to the engine thread, and so does what is still owed.
     asio::post(dom_.io(), [self = shared_from_this()] {

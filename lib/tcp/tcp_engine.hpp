@@ -24,6 +24,7 @@
 #include "tcp/tcp_poll_ownership.hpp"
 #include "tcp/tcp_response_queue.hpp"
 #include "tcp/tcp_socket.hpp"
+#include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_thread_safety.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -72,9 +73,11 @@ public:
     }
     /// A completion of `side` was polled from its shared queue (tcp_completion_queue::poll,
     /// any thread, under that queue's lock): the queue slot it held is free.
-    void shared_polled(cq_side side) noexcept
+    void shared_polled(cq_side side, bool from_srq) noexcept
     {
         (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).fetch_sub(1, std::memory_order_relaxed);
+        if (from_srq)
+            srq_->retire(1); // a receive of the shared receive queue: its slot is free again
     }
 
     // The application's calls (tcp_post.cpp): any application thread. Each takes mu_
@@ -186,6 +189,20 @@ private:
     {
         return rq_[pos % lim_.recv_queue_depth];
     }
+    /// Whether a receive is there for the peer's next send or write with immediate: the
+    /// head of this connection's queue, or one taken from its shared receive queue (kept
+    /// until it completes). False: receiver not ready.
+    bool recv_ready() noexcept RDMX_REQUIRES(mu_)
+    {
+        if (!srq_)
+            return rq_head_ != rq_tail_;
+        if (!srq_taken_)
+            srq_taken_ = srq_->take(srq_recv_.wr_id, srq_recv_.length, srq_recv_.nseg, srq_segs_.data());
+        return srq_taken_;
+    }
+    /// The receive recv_ready() found, and its SGEs.
+    rq_entry& recv_head() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_recv_ : rq_at(rq_head_); }
+    seg* recv_head_segs() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_segs_.data() : rq_segs(rq_head_); }
 
     // --- the application's calls' helpers (tcp_post.cpp; application thread, mu_ held) ---
     /// post() / post_recv()'s common start: checks every request, and on a connection that
@@ -198,10 +215,12 @@ private:
 
     // --- completions and the flush (tcp_completion.cpp; any thread, mu_ held) ---
     /// Completes `c` of `side`: into the connection's own ring, or into the shared queue
-    /// of that side.
-    void push_cq(cq_side side, completion c, bool solicited = false) noexcept RDMX_REQUIRES(mu_);
-    void push_shared(tcp_completion_queue& q, cq_side side, const completion& c, bool solicited) noexcept
+    /// of that side. `from_srq`: a receive taken from the shared receive queue, whose slot
+    /// there is freed when this completion is polled (or dropped).
+    void push_cq(cq_side side, completion c, bool solicited = false, bool from_srq = false) noexcept
         RDMX_REQUIRES(mu_);
+    void push_shared(tcp_completion_queue& q, cq_side side, const completion& c, bool solicited,
+                     bool from_srq) noexcept RDMX_REQUIRES(mu_);
     /// Requests of `side` that may still complete without overrunning its queue: on a
     /// shared queue, its slots that neither a queued request nor an unpolled completion
     /// holds; unbounded on the own ring (which holds both depths).
@@ -351,6 +370,12 @@ private:
     std::vector<seg> rq_segs_ RDMX_GUARDED_BY(mu_);
     std::uint64_t rq_head_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t rq_tail_ RDMX_GUARDED_BY(mu_) = 0;
+    // With a shared receive queue (connection_options::srq) the rings above are empty and
+    // receives come from srq_ one at a time, as frames need them.
+    const std::shared_ptr<tcp_srq> srq_;
+    std::vector<seg> srq_segs_ RDMX_GUARDED_BY(mu_); ///< the taken receive's SGEs (srq_->max_sge())
+    rq_entry srq_recv_ RDMX_GUARDED_BY(mu_);
+    bool srq_taken_ RDMX_GUARDED_BY(mu_) = false; ///< srq_recv_ holds a receive not completed yet
 
     completion_ring cq_ RDMX_GUARDED_BY(mu_);
     notify_arm notify_ RDMX_GUARDED_BY(mu_);

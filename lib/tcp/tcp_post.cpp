@@ -114,6 +114,8 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
 {
     if (posted)
         *posted = 0;
+    if (srq_)
+        return errc::invalid_argument; // its receives are posted to the shared queue
     engine_lock lk(mu_);
     if (auto done =
             validate_or_flush(cq_side::recv, wrs, posted, [&](const recv_request& wr, std::uint64_t& total) {
@@ -151,7 +153,10 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
     bool pumped = cq_.empty() && rx_poll();
     if (!pumped && tx_next_ != sq_tail_)
         pump(); // requests that post() left to be coalesced, when rx_poll did not send
-    std::size_t n = cq_.pop(out);
+    std::size_t from_srq = 0;
+    std::size_t n = cq_.pop(out, &from_srq);
+    if (from_srq)
+        srq_->retire(from_srq); // polled: their slots in the shared queue are free again
     ownership_.on_call_end(std::chrono::steady_clock::now());
     return n;
 }

@@ -20,18 +20,18 @@ void connection_engine::begin_request(const frame_header& h) noexcept
     }
     switch (h.op) {
     case frame_op::send:
-        if (rq_head_ == rq_tail_) {
+        if (!recv_ready()) {
             rx_action_ = rx_action::rnr;
-        } else if (h.length > rq_at(rq_head_).length) {
+        } else if (h.length > recv_head().length) {
             rx_action_ = rx_action::recv_overflow;
         } else {
             rx_action_ = rx_action::recv;
-            rx_segs_ = rq_segs(rq_head_);
-            rx_nseg_ = rq_at(rq_head_).nseg;
+            rx_segs_ = recv_head_segs();
+            rx_nseg_ = recv_head().nseg;
         }
         return;
     case frame_op::write_imm:
-        if (rq_head_ == rq_tail_) {
+        if (!recv_ready()) {
             rx_action_ = rx_action::rnr;
             return;
         }
@@ -96,21 +96,20 @@ void connection_engine::finish_frame() noexcept
     case rx_action::recv:
         if (rx_fault_) {
             complete_rq_head(
-                {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::unknown, .status = errc::local_protection},
+                {.wr_id = recv_head().wr_id, .opcode = opcode::unknown, .status = errc::local_protection},
                 solicited);
             target_fail(nak_code::remote_operation, h.seq);
             return;
         }
         complete_rq_head(
-            {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::recv, .status = {}, .byte_len = h.length},
+            {.wr_id = recv_head().wr_id, .opcode = opcode::recv, .status = {}, .byte_len = h.length},
             solicited);
         break;
     case rx_action::recv_overflow:
         // As verbs: the receiver sees a local length error, the sender an invalid request,
         // and both connections go to error.
         complete_rq_head(
-            {.wr_id = rq_at(rq_head_).wr_id, .opcode = opcode::unknown, .status = errc::local_length},
-            solicited);
+            {.wr_id = recv_head().wr_id, .opcode = opcode::unknown, .status = errc::local_length}, solicited);
         target_fail(nak_code::invalid_request, h.seq);
         return;
     case rx_action::rnr:
@@ -129,7 +128,7 @@ void connection_engine::finish_frame() noexcept
             target_fail(nak_code::remote_access, h.seq);
             return;
         }
-        complete_rq_head({.wr_id = rq_at(rq_head_).wr_id,
+        complete_rq_head({.wr_id = recv_head().wr_id,
                           .opcode = opcode::recv_with_imm,
                           .status = {},
                           .byte_len = h.length,
