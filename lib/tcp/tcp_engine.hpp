@@ -326,8 +326,10 @@ private:
     std::uint64_t rq_head_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t rq_tail_ RDMX_GUARDED_BY(mu_) = 0;
     // With a shared receive queue (connection_options::srq) the rings above are empty and
-    // receives come from srq_ one at a time, as frames need them.
-    const std::shared_ptr<tcp_srq> srq_;
+    // receives come from srq_ one at a time, as frames need them. The connection object
+    // holds the queue (the engine must not: a queue holds its domain, whose engine thread
+    // may not drop the last reference to it); close() forgets it.
+    tcp_srq* srq_ RDMX_GUARDED_BY(mu_);
     std::vector<seg> srq_segs_ RDMX_GUARDED_BY(mu_); ///< the taken receive's SGEs (srq_->max_sge())
     rq_entry srq_recv_ RDMX_GUARDED_BY(mu_);
     bool srq_taken_ RDMX_GUARDED_BY(mu_) = false; ///< srq_recv_ holds a receive not completed yet
