@@ -178,11 +178,12 @@ bool drain(connection& c, std::size_t n, bool event_mode = false)
 struct workload {
     connection& client;
     connection& server;
-    memory_region& src; ///< client: source of sends and writes, sink of reads
-    memory_region& dst; ///< server: receive buffers and one-sided target
-    std::size_t large;  ///< bytes of the large transfers
-    bool inline_ok;     ///< the connection allows 8-byte inline sends
-    bool imm_ok = true; ///< the device has write with immediate (not iWARP: sends instead)
+    memory_region& src;                  ///< client: source of sends and writes, sink of reads
+    memory_region& dst;                  ///< server: receive buffers and one-sided target
+    std::size_t large;                   ///< bytes of the large transfers
+    bool inline_ok;                      ///< the connection allows 8-byte inline sends
+    bool imm_ok = true;                  ///< the device has write with immediate (not iWARP: sends instead)
+    shared_receive_queue* srq = nullptr; ///< the server's receives go here (connection_options::srq)
 
     static constexpr std::size_t list = 8; ///< post-list length
     static constexpr std::size_t small = 8;
@@ -199,7 +200,7 @@ struct workload {
             rs[i] = {&dst, 0, large};
             rr[i] = {.wr_id = 1000 + i, .local = {&rs[i], 1}};
         }
-        if (failed(server.post_recv(rr)))
+        if (failed(srq ? srq->post_recv(rr) : server.post_recv(rr)))
             return false;
 
         // Small: post lists of sends (inline), writes, write_imms and reads, the last one
@@ -380,6 +381,59 @@ TEST_P(allocation, polling_a_shared_completion_queue_allocates_nothing)
                     << first_error_wr_id << ")";
     EXPECT_EQ(allocations.load(), 0u)
         << "heap allocations polling a shared queue (last size " << last_size.load() << " B)";
+}
+
+TEST_P(allocation, shared_receive_queue_data_path_allocates_nothing)
+{
+    std::shared_ptr<shared_receive_queue> q;
+    try {
+        q = server_dom_->create_shared_receive_queue({.depth = 64, .max_sge = 1, .events = {}, .context = 0});
+    } catch (const error& e) {
+        if (e.code() != errc::not_supported)
+            throw;
+        GTEST_SKIP() << "no shared receive queues: " << e.what();
+    }
+    connection_options copts, sopts;
+    copts.send_queue_depth = sopts.send_queue_depth = 64;
+    sopts.srq = q;
+    auto accepted = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(10s);
+        if (!req)
+            throw std::runtime_error("no connection request within 10 s");
+        return req->accept(sopts);
+    });
+    auto client = client_dom_->connect(server_address(), copts);
+    auto server = accepted.get();
+    const bool tcp = b_ == backend::tcp;
+    const std::size_t large = tcp ? (1u << 20) : (256u << 10);
+    const int rounds = tcp ? 50 : 10;
+    std::vector<std::byte> a(large), b(large);
+    auto src = client_dom_->register_memory(a.data(), a.size(), access::local_write);
+    auto dst = server_dom_->register_memory(b.data(), b.size(),
+                                            access::local_write | access::remote_write | access::remote_read);
+    workload wl{*client,
+                *server,
+                *src,
+                *dst,
+                large,
+                client->limits().max_inline >= workload::small,
+                server_dom_->limits().write_with_imm,
+                q.get()};
+    for (int i = 0; i < 5; ++i)
+        ASSERT_TRUE(wl.round(i % 2 == 1)) << "warm-up round " << i << " failed: " << first_error.message()
+                                          << " (wr_id " << first_error_wr_id << ")";
+    allocations = 0;
+    counting = true;
+    bool ok = true;
+    int done = 0;
+    for (; done < rounds && ok; ++done)
+        ok = wl.round(done % 2 == 1);
+    counting = false;
+    ASSERT_TRUE(ok) << "round " << done << " failed: " << first_error.message() << " (wr_id "
+                    << first_error_wr_id << ")";
+    EXPECT_EQ(allocations.load(), 0u)
+        << "heap allocations in " << rounds << " rounds on a shared receive queue (last size "
+        << last_size.load() << " B)";
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, allocation, testing::ValuesIn(selected_backends()), param_name);

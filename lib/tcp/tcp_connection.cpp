@@ -6,8 +6,10 @@ namespace rdmx::tcp
 {
 
 tcp_connection::tcp_connection(std::shared_ptr<tcp_domain> dom, std::shared_ptr<connection_engine> engine,
-                               std::vector<std::byte> peer_private_data)
-    : dom_(std::move(dom)), engine_(std::move(engine)), peer_pdata_(std::move(peer_private_data))
+                               std::vector<std::byte> peer_private_data,
+                               std::shared_ptr<shared_receive_queue> srq)
+    : dom_(std::move(dom)), engine_(std::move(engine)), peer_pdata_(std::move(peer_private_data)),
+      srq_(std::move(srq))
 {
     engine_->set_owner(this);
 }
@@ -24,7 +26,8 @@ std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const
 {
     auto st =
         std::make_shared<connection_engine>(dom, std::move(fd), lim, opts, peer_max_rd, std::move(shared));
-    auto conn = std::make_unique<tcp_connection>(dom.shared_from_this(), st, std::move(peer_private_data));
+    auto conn =
+        std::make_unique<tcp_connection>(dom.shared_from_this(), st, std::move(peer_private_data), opts.srq);
     st->start();
     return conn;
 }

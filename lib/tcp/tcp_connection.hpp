@@ -13,8 +13,9 @@ namespace rdmx::tcp
 class tcp_connection final : public connection
 {
 public:
+    /// `srq`: connection_options::srq, held here for the engine.
     tcp_connection(std::shared_ptr<tcp_domain> dom, std::shared_ptr<connection_engine> engine,
-                   std::vector<std::byte> peer_private_data);
+                   std::vector<std::byte> peer_private_data, std::shared_ptr<shared_receive_queue> srq);
     ~tcp_connection() override;
 
     rdmx::backend backend() const noexcept override { return backend::tcp; }
@@ -47,6 +48,8 @@ private:
     std::shared_ptr<tcp_domain> dom_;
     std::shared_ptr<connection_engine> engine_;
     std::vector<std::byte> peer_pdata_;
+    /// The engine takes receives from it until close() (in the destructor).
+    std::shared_ptr<shared_receive_queue> srq_;
 };
 
 /// Builds the rings (all allocation happens here), then starts the engine on `fd`.

@@ -76,7 +76,7 @@ public:
     void shared_polled(cq_side side, bool from_srq) noexcept
     {
         (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).fetch_sub(1, std::memory_order_relaxed);
-        if (from_srq)
+        if (from_srq && srq_)
             srq_->retire(1); // a receive of the shared receive queue: its slot is free again
     }
 
@@ -371,8 +371,10 @@ private:
     std::uint64_t rq_head_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t rq_tail_ RDMX_GUARDED_BY(mu_) = 0;
     // With a shared receive queue (connection_options::srq) the rings above are empty and
-    // receives come from srq_ one at a time, as frames need them.
-    const std::shared_ptr<tcp_srq> srq_;
+    // receives come from srq_ one at a time, as frames need them. The connection object
+    // holds the queue (the engine must not: a queue holds its domain, whose engine thread
+    // may not drop the last reference to it); close() forgets it.
+    tcp_srq* srq_ RDMX_GUARDED_BY(mu_);
     std::vector<seg> srq_segs_ RDMX_GUARDED_BY(mu_); ///< the taken receive's SGEs (srq_->max_sge())
     rq_entry srq_recv_ RDMX_GUARDED_BY(mu_);
     bool srq_taken_ RDMX_GUARDED_BY(mu_) = false; ///< srq_recv_ holds a receive not completed yet

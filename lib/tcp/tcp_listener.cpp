@@ -89,7 +89,7 @@ public:
         auto st = std::make_shared<connection_engine>(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic,
                                                       std::move(shared));
         auto conn = std::make_unique<tcp_connection>(
-            dom_, st, std::vector<std::byte>(hello_.data().begin(), hello_.data().end()));
+            dom_, st, std::vector<std::byte>(hello_.data().begin(), hello_.data().end()), opts.srq);
         send_exact(fd, reply, clock::now() + opts.timeout, "accept (reply)");
         st->start();
         return conn;

@@ -114,9 +114,9 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
 {
     if (posted)
         *posted = 0;
+    engine_lock lk(mu_);
     if (srq_)
         return errc::invalid_argument; // its receives are posted to the shared queue
-    engine_lock lk(mu_);
     if (auto done =
             validate_or_flush(cq_side::recv, wrs, posted, [&](const recv_request& wr, std::uint64_t& total) {
                 return detail::check_recv(wr, dom_.owner(), lim_, total);
