@@ -9,6 +9,7 @@
 #include "backends.hpp"
 #include "log.hpp"
 #include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
 #include "validate.hpp"
@@ -158,10 +159,24 @@ std::unique_ptr<memory_region> tcp_domain::register_memory(void* addr, std::size
 
 void tcp_domain::deregister(region_state* st) noexcept
 {
+    std::uint64_t tag;
     {
         std::lock_guard lk(regions_mu_);
         keys_.erase(st->key);
-        st->tag.store(st->tag.load() & ~std::uint64_t{1});
+        tag = st->tag.load();
+        st->tag.store(tag & ~std::uint64_t{1});
+    }
+    // From here on no frame that needs these bytes can start (its pin fails). One that
+    // had started has its rest copied into memory of its engine while the region's memory
+    // is still the caller's, so that it finishes with the region's real bytes: its header
+    // promised them, and the peer would otherwise take whatever came instead for data.
+    // A pump that pinned the region before the store above holds its engine's mutex until
+    // the frame it left partly sent is recorded, so copy_frame_on_wire sees that frame.
+    {
+        std::lock_guard lk(engines_mu_);
+        for (auto& w : engines_)
+            if (auto e = w.lock())
+                e->copy_frame_on_wire(st, tag);
     }
     // Socket calls that pinned the region before the store above are short and never
     // block: wait for them, so that no byte is touched once we return.
@@ -169,6 +184,14 @@ void tcp_domain::deregister(region_state* st) noexcept
         std::this_thread::yield();
     std::lock_guard lk(regions_mu_);
     free_regions_.push_back(st);
+}
+
+void tcp_domain::track(std::weak_ptr<connection_engine> engine)
+{
+    std::lock_guard lk(engines_mu_);
+    if (engines_.size() == engines_.capacity())
+        std::erase_if(engines_, [](const auto& w) { return w.expired(); });
+    engines_.push_back(std::move(engine));
 }
 
 bool tcp_domain::find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right,

@@ -54,6 +54,7 @@ connection_engine::~connection_engine()
 
 void connection_engine::start()
 {
+    dom_.track(weak_from_this());
     asio::post(dom_.io(), [self = shared_from_this()] {
         engine_lock lk(self->mu_);
         self->assert_on_engine();
