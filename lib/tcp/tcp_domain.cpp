@@ -4,6 +4,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "backends.hpp"
@@ -112,6 +113,14 @@ tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_)
 
 tcp_domain::~tcp_domain()
 {
+    // The last object made here is gone, but connections destroyed before it may still
+    // owe their peers read responses, a NAK, the FIN: let the engine finish them, each
+    // within its own linger bound (the slack covers the time its linger took to start).
+    {
+        std::unique_lock lk(linger_mu_);
+        linger_cv_.wait_for(lk, linger_bound_ + std::chrono::milliseconds(500),
+                            [this] { return lingering_ == 0; });
+    }
     work_.reset();
     io_.stop();
     engine_.join();
@@ -184,6 +193,20 @@ void tcp_domain::deregister(region_state* st) noexcept
         std::this_thread::yield();
     std::lock_guard lk(regions_mu_);
     free_regions_.push_back(st);
+}
+
+void tcp_domain::linger_begin(std::chrono::steady_clock::duration bound) noexcept
+{
+    std::lock_guard lk(linger_mu_);
+    ++lingering_;
+    linger_bound_ = std::max(linger_bound_, bound);
+}
+
+void tcp_domain::linger_end() noexcept
+{
+    std::lock_guard lk(linger_mu_);
+    if (--lingering_ == 0)
+        linger_cv_.notify_all();
 }
 
 void tcp_domain::track(std::weak_ptr<connection_engine> engine)

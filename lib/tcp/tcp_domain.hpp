@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -105,6 +107,11 @@ public:
     /// Makes a connection's frame on the wire reachable by deregister(). Once per engine,
     /// at set-up (it may allocate).
     void track(std::weak_ptr<connection_engine> engine);
+    /// A connection object is gone and its engine lingers, at most `bound`, to send what it
+    /// owes (docs/wire-format.md section 6); linger_end() when it closed the socket. The
+    /// domain's destructor waits for the lingering engines, at most the longest bound.
+    void linger_begin(std::chrono::steady_clock::duration bound) noexcept;
+    void linger_end() noexcept;
     /// Sink for payload bytes that must be read and dropped. Engine thread only.
     std::span<std::byte> discard_buffer() noexcept { return discard_; }
 
@@ -120,6 +127,10 @@ private:
     // engine's); deregister() never holds regions_mu_ while it takes the others.
     std::mutex engines_mu_;
     std::vector<std::weak_ptr<connection_engine>> engines_;
+    std::mutex linger_mu_; ///< a leaf: taken under an engine's mutex, nothing under it
+    std::condition_variable linger_cv_;
+    std::size_t lingering_ = 0;
+    std::chrono::steady_clock::duration linger_bound_{};
     // The engine last: it is joined first, then the io_context destroys what handlers
     // remain (releasing connection state), and only then the region pool goes.
     asio::io_context io_;

@@ -90,6 +90,7 @@ void connection_engine::close() noexcept
         fail(connection_state::disconnected);
         pump();
         lingering_ = true;
+        dom_.linger_begin(progress_timeout_);
     }
     // The descriptor belongs to the engine thread, and so does what is still owed.
     asio::post(dom_.io(), [self = shared_from_this()] {
@@ -144,6 +145,8 @@ void connection_engine::close_socket() noexcept
     if (closed_)
         return;
     closed_ = true;
+    if (lingering_)
+        dom_.linger_end(); // the domain's destructor may go on
     // Closing the descriptor also cancels its waits.
     boost::system::error_code ignored;
     rnr_timer_.cancel();

@@ -628,6 +628,55 @@ TEST_F(tcp_hostile, connection_destroyed_in_error_still_sends_the_responses_and_
     ::close(fd);
 }
 
+TEST_F(tcp_hostile, domain_destroyed_before_its_connection_still_sends_what_the_connection_owed)
+{
+    // As above, but the application gives up the domain, the listener and the region first,
+    // and destroys the connection last, while it still owes the peer: the engine thread must
+    // not stop with that last object before the peer has what it is owed. With the region
+    // gone, the read response on the wire finishes from its copy and the first one not
+    // started becomes NAK REMOTE_ACCESS (section 5), the last frame before FIN.
+    int fd;
+    auto c = accept_raw(fd, {}, 4096);
+    ASSERT_NE(c, nullptr);
+    std::vector<std::byte> a;
+    constexpr std::uint32_t size = 1u << 20;
+    constexpr std::uint64_t reads = 16;
+    auto amr = readable(a, size);
+    for (std::uint64_t s = 0; s < reads; ++s)
+        ASSERT_TRUE(send_header(fd, read_req(s, *amr, size)));
+    ASSERT_TRUE(response_started(fd));
+    std::this_thread::sleep_for(100ms); // the target reads the other requests meanwhile
+    amr.reset();
+    listener_.reset();
+    server_dom_.reset();
+    auto last = std::async(std::launch::async, [&] { c.reset(); });
+    // The peer reads nothing yet: the last object's destructor waits for the linger (an
+    // engine stopped with it would be gone by now, and what it owed with it).
+    EXPECT_EQ(last.wait_for(200ms), std::future_status::timeout) << "the engine did not linger";
+
+    std::vector<std::byte> got(size);
+    frame_header h;
+    std::uint64_t s = 0;
+    for (;; ++s) {
+        ASSERT_TRUE(read_header(fd, h)) << "the stream ended after " << s << " responses and no NAK";
+        EXPECT_EQ(h.seq, s);
+        if (h.op != frame_op::read_resp)
+            break;
+        ASSERT_EQ(h.length, size);
+        ASSERT_EQ(recv_all(fd, got.data(), size), size) << "response " << s << " cut short";
+        EXPECT_TRUE(all_pattern(got.data(), size));
+    }
+    EXPECT_GE(s, 1u) << "the response on the wire did not finish";
+    EXPECT_EQ(h.op, frame_op::nak);
+    EXPECT_EQ(h.status, static_cast<std::uint32_t>(tcp::nak_code::remote_access));
+    char x;
+    EXPECT_EQ(::recv(fd, &x, 1, 0), 0) << "FIN after what was owed";
+    ::shutdown(fd, SHUT_WR); // the lingering engine reads our EOF and closes
+    EXPECT_EQ(last.wait_for(3s), std::future_status::ready) << "the last object's destructor did not return";
+    last.get();
+    ::close(fd);
+}
+
 TEST_F(tcp_hostile, linger_of_a_destroyed_connection_is_bounded_when_the_peer_never_reads)
 {
     connection_options o;
