@@ -397,9 +397,11 @@ inline constexpr std::size_t max_reject_private_data = 148;
 /// they need of their domain alive (the verbs PD, device context and rdma_cm event thread;
 /// the TCP engine thread and its region table), so they and the domain may be destroyed in
 /// any order. Destroying the domain object only gives up the application's share: the
-/// backend's resources, its thread included, go with the last object made from it. Work
-/// the TCP engine still owed a peer after its connection was destroyed (read responses, a
-/// NAK, the close) is dropped at that point.
+/// backend's resources, its thread included, go with the last object made from it. The
+/// TCP engine first finishes what connections destroyed before still owed their peers
+/// (read responses, a NAK, FIN; docs/wire-format.md section 6), so the last object's
+/// destructor may wait for that, at most the longest `ack_timeout x (retry_count + 1)`
+/// (at least 1 s) of those connections, plus half a second.
 class domain
 {
 public:

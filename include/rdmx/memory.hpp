@@ -61,6 +61,9 @@ struct remote_buffer {
 /// A registered memory region. Created by `domain::register_memory`; deregistered (and
 /// remote access revoked at once) when destroyed. May outlive the domain object that
 /// registered it: it keeps what it needs of the domain alive (see rdmx::domain).
+/// TCP: the destructor never waits for a peer; a frame partly sent from the region is
+/// finished from a copy of its rest, and reads not yet answered fail with
+/// `remote_access` (docs/wire-format.md section 5).
 class memory_region
 {
 public:

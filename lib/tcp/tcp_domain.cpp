@@ -4,12 +4,14 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "backends.hpp"
 #include "log.hpp"
 #include "tcp/tcp_completion_queue.hpp"
 #include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_engine.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -113,6 +115,14 @@ tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_)
 
 tcp_domain::~tcp_domain()
 {
+    // The last object made here is gone, but connections destroyed before it may still
+    // owe their peers read responses, a NAK, the FIN: let the engine finish them, each
+    // within its own linger bound (the slack covers the time its linger took to start).
+    {
+        std::unique_lock lk(linger_mu_);
+        linger_cv_.wait_for(lk, linger_bound_ + std::chrono::milliseconds(500),
+                            [this] { return lingering_ == 0; });
+    }
     work_.reset();
     io_.stop();
     engine_.join();
@@ -160,10 +170,24 @@ std::unique_ptr<memory_region> tcp_domain::register_memory(void* addr, std::size
 
 void tcp_domain::deregister(region_state* st) noexcept
 {
+    std::uint64_t tag;
     {
         std::lock_guard lk(regions_mu_);
         keys_.erase(st->key);
-        st->tag.store(st->tag.load() & ~std::uint64_t{1});
+        tag = st->tag.load();
+        st->tag.store(tag & ~std::uint64_t{1});
+    }
+    // From here on no frame that needs these bytes can start (its pin fails). One that
+    // had started has its rest copied into memory of its engine while the region's memory
+    // is still the caller's, so that it finishes with the region's real bytes: its header
+    // promised them, and the peer would otherwise take whatever came instead for data.
+    // A pump that pinned the region before the store above holds its engine's mutex until
+    // the frame it left partly sent is recorded, so copy_frame_on_wire sees that frame.
+    {
+        std::lock_guard lk(engines_mu_);
+        for (auto& w : engines_)
+            if (auto e = w.lock())
+                e->copy_frame_on_wire(st, tag);
     }
     // Socket calls that pinned the region before the store above are short and never
     // block: wait for them, so that no byte is touched once we return.
@@ -171,6 +195,28 @@ void tcp_domain::deregister(region_state* st) noexcept
         std::this_thread::yield();
     std::lock_guard lk(regions_mu_);
     free_regions_.push_back(st);
+}
+
+void tcp_domain::linger_begin(std::chrono::steady_clock::duration bound) noexcept
+{
+    std::lock_guard lk(linger_mu_);
+    ++lingering_;
+    linger_bound_ = std::max(linger_bound_, bound);
+}
+
+void tcp_domain::linger_end() noexcept
+{
+    std::lock_guard lk(linger_mu_);
+    if (--lingering_ == 0)
+        linger_cv_.notify_all();
+}
+
+void tcp_domain::track(std::weak_ptr<connection_engine> engine)
+{
+    std::lock_guard lk(engines_mu_);
+    if (engines_.size() == engines_.capacity())
+        std::erase_if(engines_, [](const auto& w) { return w.expired(); });
+    engines_.push_back(std::move(engine));
 }
 
 bool tcp_domain::find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right,

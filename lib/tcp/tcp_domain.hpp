@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -33,7 +35,8 @@ namespace asio = boost::asio;
 struct region_state {
     /// generation << 1 | live. A pinner compares the whole word with the tag it was given.
     std::atomic<std::uint64_t> tag{0};
-    /// Socket calls in progress on this memory; deregistration waits for zero.
+    /// Socket calls in progress on this memory (and copies of it that the deregistration
+    /// of another region makes); deregistration waits for zero.
     std::atomic<std::uint32_t> users{0};
     // Written under the domain's table mutex before the key is published.
     std::byte* base = nullptr;
@@ -66,6 +69,8 @@ struct seg {
     std::uint64_t len = 0;
 };
 
+class connection_engine;
+
 class tcp_domain final : public domain, public std::enable_shared_from_this<tcp_domain>
 {
 public:
@@ -95,7 +100,18 @@ public:
     /// success `out` names the memory (not pinned: the engine pins per socket call).
     bool find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right,
                      seg& out) noexcept;
+    /// Revokes the region, copies the rest of every frame on the wire that still needs its
+    /// bytes (connection_engine::copy_frame_on_wire), and returns once no socket call
+    /// touches it. Bounded: it never waits for a peer.
     void deregister(region_state* st) noexcept;
+    /// Makes a connection's frame on the wire reachable by deregister(). Once per engine,
+    /// at set-up (it may allocate).
+    void track(std::weak_ptr<connection_engine> engine);
+    /// A connection object is gone and its engine lingers, at most `bound`, to send what it
+    /// owes (docs/wire-format.md section 6); linger_end() when it closed the socket. The
+    /// domain's destructor waits for the lingering engines, at most the longest bound.
+    void linger_begin(std::chrono::steady_clock::duration bound) noexcept;
+    void linger_end() noexcept;
     /// Sink for payload bytes that must be read and dropped. Engine thread only.
     std::span<std::byte> discard_buffer() noexcept { return discard_; }
 
@@ -106,6 +122,15 @@ private:
     std::vector<region_state*> free_regions_;
     std::unordered_map<std::uint64_t, region_state*> keys_;
     std::vector<std::byte> discard_;
+    // Every engine made here (expired ones pruned on track()), for deregister(). Lock
+    // order: engines_mu_, an engine's mutex, regions_mu_ (find_remote runs under the
+    // engine's); deregister() never holds regions_mu_ while it takes the others.
+    std::mutex engines_mu_;
+    std::vector<std::weak_ptr<connection_engine>> engines_;
+    std::mutex linger_mu_; ///< a leaf: taken under an engine's mutex, nothing under it
+    std::condition_variable linger_cv_;
+    std::size_t lingering_ = 0;
+    std::chrono::steady_clock::duration linger_bound_{};
     // The engine last: it is joined first, then the io_context destroys what handlers
     // remain (releasing connection state), and only then the region pool goes.
     asio::io_context io_;

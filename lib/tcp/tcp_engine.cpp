@@ -74,6 +74,7 @@ connection_engine::~connection_engine()
 
 void connection_engine::start()
 {
+    dom_.track(weak_from_this());
     asio::post(dom_.io(), [self = shared_from_this()] {
         engine_lock lk(self->mu_);
         self->assert_on_engine();
@@ -124,6 +125,7 @@ void connection_engine::close() noexcept
         if (srq_)
             srq_->retire(dropped + cq_.drop_tagged());
         srq_ = nullptr; // the connection object, which holds the queue, is going
+        dom_.linger_begin(progress_timeout_);
     }
     // The descriptor belongs to the engine thread, and so does what is still owed.
     asio::post(dom_.io(), [self = shared_from_this()] {
@@ -178,6 +180,8 @@ void connection_engine::close_socket() noexcept
     if (closed_)
         return;
     closed_ = true;
+    if (lingering_)
+        dom_.linger_end(); // the domain's destructor may go on
     // Closing the descriptor also cancels its waits.
     boost::system::error_code ignored;
     rnr_timer_.cancel();

@@ -92,6 +92,12 @@ public:
     void disconnect() noexcept RDMX_EXCLUDES(mu_);
     /// The connection object is going away: disconnect and let the engine close the socket.
     void close() noexcept RDMX_EXCLUDES(mu_);
+    /// tcp_domain::deregister(), on its thread, after revoking the region (`st`, whose live
+    /// tag was `tag`) and while its memory is still the caller's: if the rest of the frame
+    /// on the wire reads it, copies that rest into wire_copy_, from which the frame
+    /// finishes (tcp_transmit.cpp). Allocates (this is no data path); without memory the
+    /// stream ends inside the frame instead.
+    void copy_frame_on_wire(const region_state* st, std::uint64_t tag) noexcept RDMX_EXCLUDES(mu_);
 
 private:
     // Fixed batch sizes of one sendmsg / recvmsg; a frame that does not fit continues in
@@ -245,12 +251,15 @@ private:
     bool add_whole_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std::uint64_t skip) noexcept
         RDMX_REQUIRES(mu_);
     void advance(tx_batch& b, std::uint64_t sent) noexcept RDMX_REQUIRES(mu_);
+    /// The memory a frame's payload comes from, in order (empty: no payload).
+    std::span<const seg> payload_segs(frame_kind kind, std::uint64_t pos) noexcept RDMX_REQUIRES(mu_);
     /// Continues transmitting on the engine: `would_block` after EAGAIN, else after the
     /// budget ran out or on the application thread.
     void arm_write(bool would_block) noexcept RDMX_REQUIRES(mu_);
     void maybe_shutdown() noexcept RDMX_REQUIRES(mu_);
     /// A frame could not be added because its memory was deregistered: `kind` and `pos`
-    /// name one not started yet, frame_kind::none the frame on the wire (cur_).
+    /// name one not started yet, frame_kind::none the frame on the wire (cur_) when its
+    /// rest could not be copied (copy_frame_on_wire).
     void revoked_frame(frame_kind kind, std::uint64_t pos) noexcept RDMX_REQUIRES(mu_);
 
     // --- receive framing (tcp_receive.cpp) ---
@@ -395,6 +404,10 @@ private:
 
     // Transmit state.
     tx_item cur_ RDMX_GUARDED_BY(mu_); ///< the frame partly on the wire; it must finish before another starts
+    /// The rest of cur_ from frame offset wire_copy_from_ on, copied when its memory was
+    /// deregistered under it (copy_frame_on_wire); null while cur_ reads the regions.
+    std::unique_ptr<std::byte[]> wire_copy_ RDMX_GUARDED_BY(mu_);
+    std::uint64_t wire_copy_from_ RDMX_GUARDED_BY(mu_) = 0;
     tx_batch batch_ RDMX_GUARDED_BY(mu_);
     bool write_armed_ RDMX_GUARDED_BY(mu_) = false;
     bool tx_done_ RDMX_GUARDED_BY(mu_) = false; ///< write side shut down or broken: nothing more is sent

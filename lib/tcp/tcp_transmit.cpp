@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <new>
 
 #include <boost/asio/post.hpp>
 
@@ -20,8 +22,6 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
 {
     std::byte* hdr = b.headers[b.nitems];
     frame_header h;
-    const seg* segs = nullptr;
-    std::uint32_t nseg = 0;
     if (kind == frame_kind::request) {
         const sq_entry& e = sq_at(pos);
         h.seq = pos;
@@ -40,21 +40,14 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
             h.imm = e.imm;
         if (e.solicited && (h.op == frame_op::send || h.op == frame_op::write_imm))
             h.flags = flag_solicited;
-        if (h.op != frame_op::read_req) {
-            segs = sq_segs(pos);
-            nseg = e.nseg;
-        }
     } else {
         const response& r = resp_.at(pos);
         h.op = r.op;
         h.seq = r.seq;
         if (r.op == frame_op::nak)
             h.status = static_cast<std::uint32_t>(r.code);
-        if (r.op == frame_op::read_resp) {
+        if (r.op == frame_op::read_resp)
             h.length = static_cast<std::uint32_t>(r.data.len);
-            segs = &r.data;
-            nseg = 1;
-        }
     }
     h.encode(hdr);
 
@@ -98,10 +91,31 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
             b.closed = true;
     };
     add(hdr, frame_header::wire_size, nullptr, 0);
-    for (std::uint32_t i = 0; i < nseg && h.payload_length() > 0; ++i)
-        add(segs[i].ptr, segs[i].len, segs[i].st, segs[i].tag);
+    if (skip > 0 && wire_copy_) {
+        // The frame on the wire (the only one added with skip > 0), its memory deregistered
+        // under it: the rest comes from the copy.
+        at = wire_copy_from_;
+        add(wire_copy_.get(), it.total - wire_copy_from_, nullptr, 0);
+    } else if (h.payload_length() > 0) {
+        for (const seg& s : payload_segs(kind, pos))
+            add(s.ptr, s.len, s.st, s.tag);
+    }
     if (skip + it.added < it.total)
         b.closed = true;
+}
+
+std::span<const seg> connection_engine::payload_segs(frame_kind kind, std::uint64_t pos) noexcept
+{
+    if (kind == frame_kind::request) {
+        const sq_entry& e = sq_at(pos);
+        if (e.op != opcode::send && e.op != opcode::write && e.op != opcode::write_with_imm)
+            return {}; // a read request
+        return {sq_segs(pos), e.nseg};
+    }
+    const response& r = resp_.at(pos);
+    if (r.op != frame_op::read_resp)
+        return {};
+    return {&r.data, 1};
 }
 
 bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint64_t pos,
@@ -143,7 +157,9 @@ void connection_engine::pump() noexcept
         b.niov = b.nitems = b.npinned = 0;
         b.closed = b.revoked = false;
         if (cur_.kind != frame_kind::none && !add_whole_frame(b, cur_.kind, cur_.pos, cur_.skip)) {
-            revoked_frame(frame_kind::none, 0);
+            // Its memory is being deregistered: tcp_domain::deregister() copies the rest
+            // and sends us on (copy_frame_on_wire), or ends the stream if it cannot.
+            // Nothing may go out before this frame is finished.
             break;
         }
         // Responses first: they free the peer's resources, and are bounded in number.
@@ -229,6 +245,7 @@ void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept
             return;
         }
         cur_ = {};
+        wire_copy_.reset();
         if (it.kind == frame_kind::response) {
             resp_.pop();
             if (rx_stalled_)
@@ -273,15 +290,71 @@ void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexce
         return;
     case frame_kind::none: break;
     }
-    // The frame on the wire: its header promised bytes that may no longer be read. It cannot
-    // be finished, so nothing can follow it: the connection ends in the middle of that frame
-    // (the peer sees end of stream inside it, never made-up bytes), and what is still owed
-    // is dropped.
+    // The frame on the wire, whose rest could not be copied (no memory): its header promised
+    // bytes that may no longer be read. It cannot be finished, so nothing can follow it:
+    // the connection ends in the middle of that frame (the peer sees end of stream inside
+    // it, never made-up bytes), and what is still owed is dropped.
     cur_ = {};
+    wire_copy_.reset();
     fail(connection_state::error);
     tx_done_ = true;
     ::shutdown(fd_, SHUT_WR);
     linger_check();
+}
+
+void connection_engine::copy_frame_on_wire(const region_state* st, std::uint64_t tag) noexcept
+{
+    engine_lock lk(mu_);
+    if (closed_ || tx_done_ || cur_.kind == frame_kind::none || wire_copy_)
+        return;
+    auto segs = payload_segs(cur_.kind, cur_.pos);
+    const std::uint64_t from = std::max<std::uint64_t>(cur_.skip, frame_header::wire_size);
+    const std::uint64_t total = cur_.total;
+    // Does the rest read this region? The same test as add_frame's: the pieces not sent whole.
+    bool reads_it = false;
+    std::uint64_t at = frame_header::wire_size;
+    for (const seg& s : segs) {
+        if (s.st == st && s.tag == tag && s.len > 0 && at + s.len > from)
+            reads_it = true;
+        at += s.len;
+    }
+    if (!reads_it)
+        return;
+    // The whole rest, not just this region's pieces: one buffer, and the frame's other
+    // regions can go the same way later without another copy.
+    std::unique_ptr<std::byte[]> copy(new (std::nothrow) std::byte[total - from]);
+    bool ok = copy != nullptr;
+    at = frame_header::wire_size;
+    for (const seg& s : segs) {
+        if (!ok)
+            break;
+        if (s.len > 0 && at + s.len > from) {
+            if (at + s.len > total) { // cannot happen: the header's length is the pieces' sum
+                ok = false;
+                break;
+            }
+            std::uint64_t skip = from > at ? from - at : 0;
+            // This region's memory is still the caller's until deregister() returns; any
+            // other region's must be pinned like a socket call's (it may be going too).
+            bool other = s.st != nullptr && (s.st != st || s.tag != tag);
+            if (other && !pin(s.st, s.tag)) {
+                ok = false;
+                break;
+            }
+            std::memcpy(copy.get() + (at + skip - from), s.ptr + skip, s.len - skip);
+            if (other)
+                unpin(s.st);
+        }
+        at += s.len;
+    }
+    if (!ok) {
+        revoked_frame(frame_kind::none, 0);
+        return;
+    }
+    wire_copy_ = std::move(copy);
+    wire_copy_from_ = from;
+    // A pump may have stopped at this frame meanwhile (its pin failed): go on.
+    arm_write(false);
 }
 
 void connection_engine::arm_write(bool would_block) noexcept
