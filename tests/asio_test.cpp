@@ -633,6 +633,121 @@ TEST_P(asio_test, timeouts)
     EXPECT_TRUE(finished);
 }
 
+TEST_P(asio_test, listener_requests_through_the_io_context)
+{
+    if (listener_->fd() < 0)
+        GTEST_SKIP() << "listener::fd() is not built yet (issue 17)";
+    constexpr int n = 3;
+    net::io_context io; // the server's one thread: this one
+    std::vector<std::string> pdata;
+    std::vector<std::unique_ptr<connection>> accepted, clients(n);
+    // Nothing pending: the awaitable with a timeout returns nullptr.
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            EXPECT_EQ(co_await rdmx::asio::async_get_request(*listener_, 50ms), nullptr);
+        },
+        report);
+    io.run_for(10s);
+
+    std::thread connector([&] {
+        for (int k = 0; k < n; ++k)
+            clients[k] = client_dom_->connect(server_address(), {}, as_bytes("client " + std::to_string(k)));
+    });
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            for (int k = 0; k < n - 1; ++k) {
+                auto req = co_await rdmx::asio::async_get_request(*listener_, 20s);
+                if (!req) {
+                    ADD_FAILURE() << "no request within 20 s";
+                    co_return;
+                }
+                pdata.push_back(as_string(req->private_data()));
+                accepted.push_back(req->accept());
+            }
+            // The token form, with a watch that stays registered.
+            rdmx::asio::listener_watch w(co_await net::this_coro::executor, *listener_);
+            auto req = co_await w.async_get_request(net::use_awaitable);
+            pdata.push_back(as_string(req->private_data()));
+            accepted.push_back(req->accept());
+        },
+        report);
+    io.restart();
+    io.run_for(60s);
+    connector.join();
+    EXPECT_EQ(pdata, (std::vector<std::string>{"client 0", "client 1", "client 2"}));
+    ASSERT_EQ(accepted.size(), std::size_t{n});
+    for (int k = 0; k < n; ++k) {
+        EXPECT_EQ(accepted[k]->state(), connection_state::established);
+        ASSERT_TRUE(clients[k]);
+        EXPECT_EQ(clients[k]->state(), connection_state::established);
+    }
+}
+
+TEST_P(asio_test, shared_completion_queue_through_the_io_context)
+{
+    std::shared_ptr<completion_queue> cq;
+    try {
+        cq = server_dom_->create_completion_queue({});
+    } catch (const rdmx::error& e) {
+        if (e.code() == errc::not_supported)
+            GTEST_SKIP() << "shared completion queues are not built yet (issue 17): " << e.what();
+        throw;
+    }
+    constexpr int n = 3;
+    std::vector<std::unique_ptr<side_memory>> smem, cmem;
+    std::vector<std::unique_ptr<connection>> servers, clients;
+    for (int i = 0; i < n; ++i) {
+        smem.push_back(std::make_unique<side_memory>(*server_dom_));
+        cmem.push_back(std::make_unique<side_memory>(*client_dom_));
+        connection_options o;
+        o.send_cq = cq;
+        o.recv_cq = cq;
+        o.context = 100 + static_cast<std::uint64_t>(i);
+        auto accepted = std::async(std::launch::async, [&] {
+            auto req = listener_->get_request(10s);
+            if (!req)
+                throw std::runtime_error("no connection request within 10 s");
+            return req->accept(o);
+        });
+        clients.push_back(client_dom_->connect(server_address()));
+        servers.push_back(accepted.get());
+        post_slot(*servers[i], *smem[i], 0);
+    }
+    auto len = [](int i) { return static_cast<std::uint32_t>(500 + 1000 * i); };
+    for (int i = 0; i < n; ++i)
+        send_pattern(*clients[i], *cmem[i], len(i), 20 + static_cast<std::uint32_t>(i));
+
+    net::io_context io;
+    int received = 0;
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            completion out[8];
+            while (received < n) {
+                auto got = co_await async_poll(*cq, out, 10s);
+                if (got == 0) {
+                    ADD_FAILURE() << "no completion within 10 s";
+                    co_return;
+                }
+                for (const completion& x : std::span(out, got)) {
+                    if (x.context < 100 || x.context >= 100 + n) {
+                        ADD_FAILURE() << "completion of an unknown connection, context " << x.context;
+                        co_return;
+                    }
+                    int i = static_cast<int>(x.context - 100);
+                    EXPECT_EQ(x.conn, servers[i].get());
+                    expect_pattern(x, *smem[i], len(i), 20 + static_cast<std::uint32_t>(i));
+                    ++received;
+                }
+            }
+        },
+        report);
+    io.run_for(60s);
+    EXPECT_EQ(received, n);
+}
+
 // The events of an event_queue through an io_context. The backends' events (connection
 // established, disconnected, ...) come from the connection management; here they are
 // pushed as a backend pushes them.
