@@ -109,8 +109,9 @@ public:
 
     fd_watch(const executor_type& ex, int fd, const char* what) : sd_(ex)
     {
-        if (fd < 0)
-            throw rdmx::error(rdmx::errc::not_supported, std::string(what) + ": no file descriptor");
+        if (fd < 0) // a connection whose completions all go to shared queues: watch those
+            throw rdmx::error(rdmx::errc::invalid_argument,
+                              std::string(what) + ": no file descriptor to wait on");
         sd_.assign(fd);
     }
     ~fd_watch()
@@ -160,7 +161,8 @@ private:
 
 /// Waits for the completions of a connection (its completion_fd()) or of a completion_queue
 /// (its fd()) through an io_context: the event-mode sequence of connection::wait() without
-/// a blocked thread.
+/// a blocked thread. A connection whose sides both report to shared completion queues has
+/// no completion_fd(): watch the queues (the constructor throws errc::invalid_argument).
 class completion_watch
 {
 public:
