@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks that every #include runs the way the layers do (README.md, "Architecture"):
 #
-#   include/rdmx/   the public API: includes only itself (and the standard library)
+#   include/rdmx/   the public API: includes only itself (and the standard library);
+#                   rdmx/asio.hpp alone, the header-only Asio glue, includes Boost.Asio too
 #        ^
 #   lib/ core       backend-neutral code (*.hpp, *.cpp directly in lib/): the public API
 #        ^          and its own headers; it reaches the backends only through the
@@ -13,6 +14,7 @@
 #                   event loop, built on verbs/
 #   gpu/            librdmx-gpu: the public API only (it builds on librdmx)
 #   samples/        programs a user would copy: the public API and their own shared header
+#                   (and Boost.Asio in samples/asio_*, which use rdmx/asio.hpp)
 #
 # So: verbs/ <- cm/ <- lib/ core (domain::open, by declaration), never the other way;
 # tests/ may include anything (white-box tests). Standard and other system headers are
@@ -25,22 +27,26 @@ set -euo pipefail
 # What each layer may include, besides the standard library.
 declare -A allowed=(
     [api]="api"
+    [api_asio]="api asio"
     [core]="api core"
     [tcp]="api core tcp asio"
     [verbs]="api core verbs ibverbs"
     [cm]="api core verbs cm ibverbs rdma_cm"
     [gpu]="api gpu cuda"
     [samples]="api samples"
+    [samples_asio]="api samples asio"
 )
 
 layer_of() { # PATH (relative to the root) -> layer, or nothing for unchecked files
     case $1 in
+    include/rdmx/asio.hpp) echo api_asio ;;
     include/rdmx/*) echo api ;;
     lib/tcp/*) echo tcp ;;
     lib/*) echo core ;;
     verbs/*) echo verbs ;;
     cm/*) echo cm ;;
     gpu/*) echo gpu ;;
+    samples/asio_*) echo samples_asio ;;
     samples/*) echo samples ;;
     esac
 }
@@ -115,6 +121,8 @@ self_test() {
         'verbs/bad.cpp|#include "cm/flow.cpp"'
         'verbs/bad.cpp|#include <rdma/rdma_cma.h>'
         'include/rdmx/bad.hpp|#include "core.hpp"'
+        'include/rdmx/bad.hpp|#include <boost/asio/post.hpp>'
+        'include/rdmx/asio.hpp|#include "core.hpp"'
         'lib/bad.cpp|#include "tcp/tcp.hpp"'
         'lib/bad.cpp|#include "verbs/qp.hpp"'
         'lib/tcp/bad.cpp|#include "cm/flow.cpp"'
