@@ -14,6 +14,6 @@ else
     addr="tcp://127.0.0.1:0"
 fi
 for queues in own shared; do
-    timeout 600 "$build/tests/scale/conn_scale" "$addr" -n "$n" --queues $queues || {
+    timeout 600 "$build/tests/conn_scale" "$addr" -n "$n" --queues $queues || {
         echo "conn_scale: FAIL: $kind $queues (exit $?)"; exit 1; }
 done
