@@ -10,8 +10,8 @@
 namespace rdmx::cm
 {
 
-cm_connection::cm_connection(cm_domain& dom, const connection_options& opts)
-    : verbs_connection(dom.pd(), dom.shared_from_this(), opts), domain_(dom), opts_(opts)
+cm_connection::cm_connection(cm_domain& dom, const connection_options& opts, std::string_view verb)
+    : verbs_connection(dom.pd(), dom.shared_from_this(), opts, verb), domain_(dom), opts_(opts)
 {
 }
 
@@ -21,7 +21,7 @@ cm_connection::~cm_connection()
         domain_.events().detach(id_.get());
     if (qp())
         unregister_qp(qp()); // waits for a router using it; then destroy waits for its acks
-    destroy_queues();        // QP, CQ, completion channel
+    destroy_queues();        // QP (off its shared CQs), CQ, completion channel
     id_.reset();             // waits until every event of the id was acknowledged
 }
 
@@ -32,7 +32,7 @@ void cm_connection::setup_qp()
         std::lock_guard lock(cm_.mutex);
         cm_.qp = qp();
     }
-    register_qp(qp(), cq(), id_.get(), &cm_);
+    register_qp(qp(), send_cq(), recv_cq(), id_.get(), &cm_);
     modify_qp(IBV_QPS_INIT);
 }
 
@@ -153,7 +153,7 @@ void cm_connection::disconnect() noexcept
 
 native_handles cm_connection::native() const noexcept
 {
-    return {id_.get(), qp(), domain_.native_pd(), cq()};
+    return {id_.get(), qp(), domain_.native_pd(), cq() ? cq() : send_cq()};
 }
 
 } // namespace rdmx::cm

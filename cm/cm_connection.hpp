@@ -21,7 +21,9 @@ class cm_domain;
 class cm_connection final : public verbs::verbs_connection
 {
 public:
-    cm_connection(cm_domain& dom, const connection_options& opts);
+    /// Takes its room on the shared completion queues of `opts` at once: throws
+    /// errc::no_resources (naming `verb`) before anything is set up.
+    cm_connection(cm_domain& dom, const connection_options& opts, std::string_view verb = "connect");
     ~cm_connection() override;
 
     /// Client side: resolve, route, QP, rdma_connect; waits for ESTABLISHED.

@@ -11,6 +11,7 @@
 #include "backends.hpp"
 #include "resolve.hpp"
 #include "cm/cm_connection.hpp"
+#include "verbs/completion_queue.hpp"
 #include "validate.hpp"
 
 namespace rdmx::cm
@@ -31,14 +32,15 @@ std::unique_ptr<connection> cm_domain::start_connect(std::string_view, const con
 {
     throw_error(errc::not_supported, "start_connect: not built yet");
 }
-std::shared_ptr<completion_queue> cm_domain::create_completion_queue(const completion_queue_options&)
-{
-    throw_error(errc::not_supported, "create_completion_queue: not built yet");
-}
 std::shared_ptr<shared_receive_queue>
 cm_domain::create_shared_receive_queue(const shared_receive_queue_options&)
 {
     throw_error(errc::not_supported, "create_shared_receive_queue: not built yet");
+}
+
+std::shared_ptr<completion_queue> cm_domain::create_completion_queue(const completion_queue_options& opts)
+{
+    return std::make_shared<verbs::completion_queue>(pd_, shared_from_this(), opts.depth);
 }
 
 std::unique_ptr<connection> cm_domain::connect(std::string_view address, const connection_options& opts,

@@ -197,7 +197,7 @@ public:
         if (!id_)
             throw_error(errc::invalid_argument, "rdma_accept: request already answered");
         detail::check_private_data(detail::private_data_use::accept, private_data, "rdma_accept");
-        auto c = std::make_unique<cm_connection>(domain_, opts);
+        auto c = std::make_unique<cm_connection>(domain_, opts, "accept");
         domain_.events().detach(id_.get()); // the connection attaches its own state
         c->accept(std::move(id_), param_, private_data, std::move(private_));
         return c;

@@ -214,7 +214,8 @@ namespace
 
 struct qp_route {
     cm_state* st;
-    ibv_cq* cq;
+    ibv_cq* send_cq;
+    ibv_cq* recv_cq;
     rdma_cm_id* id;
 };
 // Lock order: routes_mutex, then a cm_state's mutex.
@@ -265,9 +266,10 @@ void route_async(ibv_async_event& ev, ibv_context* ctx) noexcept
             rdma_notify(r->id, IBV_EVENT_COMM_EST);
         break;
     case IBV_EVENT_CQ_ERR:
-        // A CQ overrun (rdmx sizes CQs for both queues and counts them, so a provider bug).
+        // A CQ overrun (rdmx sizes CQs for both queues and counts them, so a provider bug):
+        // every connection reporting to it, many on a shared CQ.
         for (auto& [qp, r] : routes)
-            if (r.cq == ev.element.cq)
+            if (r.send_cq == ev.element.cq || r.recv_cq == ev.element.cq)
                 async_fail(*r.st, errc::completion_error, "IBV_EVENT_CQ_ERR: completion queue overrun");
         break;
     case IBV_EVENT_DEVICE_FATAL:
@@ -303,10 +305,10 @@ void route_async(ibv_async_event& ev, ibv_context* ctx) noexcept
 
 } // namespace
 
-void register_qp(ibv_qp* qp, ibv_cq* cq, rdma_cm_id* id, cm_state* st)
+void register_qp(ibv_qp* qp, ibv_cq* send_cq, ibv_cq* recv_cq, rdma_cm_id* id, cm_state* st)
 {
     std::lock_guard lock(routes_mutex);
-    routes[qp] = {st, cq, id};
+    routes[qp] = {st, send_cq, recv_cq, id};
 }
 
 void unregister_qp(ibv_qp* qp) noexcept

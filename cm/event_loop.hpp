@@ -44,11 +44,12 @@ struct cm_state {
 };
 
 /// Routes the device's asynchronous events (ibv_get_async_event) of `qp` to `st`, and
-/// those of `cq` too. One process-wide table: librdmacm opens each device once per
+/// those of its CQs too (`send_cq`, `recv_cq`: the same one, or a shared one that many
+/// QPs report to). One process-wide table: librdmacm opens each device once per
 /// process, so every domain on a device shares its context and its async event queue,
 /// and whichever domain's event loop reads an event finds the QP it names here.
 /// `id` gets rdma_notify(COMM_EST). Call unregister_qp before destroying the QP.
-void register_qp(ibv_qp* qp, ibv_cq* cq, rdma_cm_id* id, cm_state* st);
+void register_qp(ibv_qp* qp, ibv_cq* send_cq, ibv_cq* recv_cq, rdma_cm_id* id, cm_state* st);
 void unregister_qp(ibv_qp* qp) noexcept;
 
 /// Tests only: `hook` runs on every event loop thread each time poll() has found its

@@ -280,6 +280,108 @@ TEST_P(allocation, steady_state_data_path_allocates_nothing)
         << last_size.load() << " B)";
 }
 
+/// drain() for a shared completion queue: `n` completions, each of one of `conns`.
+bool drain(completion_queue& q, std::size_t n, bool event_mode, connection* const* conns, std::size_t nconns)
+{
+    completion wc[32];
+    auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (n > 0) {
+        std::span<completion> out{wc, std::min<std::size_t>(32, n)};
+        std::size_t got = event_mode ? q.wait(out, 100ms) : q.poll(out);
+        for (std::size_t i = 0; i < got; ++i) {
+            bool known = false;
+            for (std::size_t k = 0; k < nconns; ++k)
+                known = known || (wc[i].conn == conns[k] && wc[i].context == k + 1);
+            if (wc[i].status || !known) {
+                first_error = wc[i].status ? wc[i].status : make_error_code(errc::invalid_argument);
+                first_error_wr_id = wc[i].wr_id;
+                return false;
+            }
+        }
+        n -= got;
+        if (got == 0 && std::chrono::steady_clock::now() > deadline) {
+            first_error = errc::timed_out;
+            return false;
+        }
+    }
+    return true;
+}
+
+// Polling a shared completion queue (and routing each completion to its connection's
+// accounting) allocates nothing either, busy or in event mode.
+TEST_P(allocation, polling_a_shared_completion_queue_allocates_nothing)
+{
+    constexpr std::size_t nconn = 2, msgs = 8, size = 256;
+    auto cq = server_dom_->create_completion_queue({.depth = 256});
+    std::unique_ptr<connection> client[nconn], server[nconn];
+    for (std::size_t i = 0; i < nconn; ++i) {
+        connection_options sopts;
+        sopts.send_queue_depth = sopts.recv_queue_depth = 32;
+        sopts.send_cq = sopts.recv_cq = cq;
+        sopts.context = i + 1;
+        connection_options copts;
+        copts.send_queue_depth = copts.recv_queue_depth = 32;
+        auto accepted = std::async(std::launch::async, [&] {
+            auto req = listener_->get_request(10s);
+            return req ? req->accept(sopts) : nullptr;
+        });
+        client[i] = client_dom_->connect(server_address(), copts);
+        server[i] = accepted.get();
+        ASSERT_NE(server[i], nullptr);
+    }
+    connection* conns[nconn] = {server[0].get(), server[1].get()};
+    std::vector<std::byte> a(msgs * size), b(nconn * msgs * size), c(nconn * size);
+    auto amr = client_dom_->register_memory(a.data(), a.size(), access::local_write);
+    auto bmr = server_dom_->register_memory(b.data(), b.size(), access::local_write);
+    auto cmr = client_dom_->register_memory(c.data(), c.size(), access::local_write | access::remote_write);
+
+    auto round = [&](bool event_mode) {
+        for (std::size_t i = 0; i < nconn; ++i) {
+            sge rs[msgs];
+            recv_request rr[msgs];
+            for (std::size_t k = 0; k < msgs; ++k) {
+                rs[k] = {bmr.get(), (i * msgs + k) * size, size};
+                rr[k] = {.wr_id = k, .local = {&rs[k], 1}};
+            }
+            if (failed(server[i]->post_recv(rr)))
+                return false;
+        }
+        for (std::size_t i = 0; i < nconn; ++i)
+            for (std::size_t k = 0; k < msgs; ++k) {
+                sge ss{amr.get(), k * size, size};
+                if (failed(client[i]->post_send({&ss, 1}, k)))
+                    return false;
+            }
+        if (!drain(*cq, nconn * msgs, event_mode, conns, nconn))
+            return false;
+        for (std::size_t i = 0; i < nconn; ++i) {
+            sge ws{bmr.get(), 0, size};
+            if (failed(server[i]->post_write({&ws, 1}, *cmr->remote().slice(i * size, size), 100)))
+                return false;
+        }
+        if (!drain(*cq, nconn, event_mode, conns, nconn))
+            return false;
+        for (std::size_t i = 0; i < nconn; ++i)
+            if (!drain(*client[i], msgs, event_mode))
+                return false;
+        return true;
+    };
+    for (int i = 0; i < 4; ++i)
+        ASSERT_TRUE(round(i % 2 == 1)) << "warm-up round " << i << " failed: " << first_error.message()
+                                       << " (wr_id " << first_error_wr_id << ")";
+    allocations = 0;
+    counting = true;
+    bool ok = true;
+    int done = 0;
+    for (; done < 20 && ok; ++done)
+        ok = round(done % 2 == 1);
+    counting = false;
+    ASSERT_TRUE(ok) << "round " << done << " failed: " << first_error.message() << " (wr_id "
+                    << first_error_wr_id << ")";
+    EXPECT_EQ(allocations.load(), 0u)
+        << "heap allocations polling a shared queue (last size " << last_size.load() << " B)";
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, allocation, testing::ValuesIn(selected_backends()), param_name);
 
 } // namespace

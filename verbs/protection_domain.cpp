@@ -1,5 +1,6 @@
 #include "verbs/protection_domain.hpp"
 
+#include <algorithm>
 #include <cerrno>
 
 namespace rdmx::verbs
@@ -45,6 +46,7 @@ protection_domain::protection_domain(ibv_context* ctx, std::uint8_t port_num)
     limits_.max_mr_size = attr.max_mr_size;
     limits_.max_msg_size = port.max_msg_sz;
     limits_.max_sge_rd = static_cast<std::uint32_t>(attr.max_sge_rd);
+    max_cqe_ = static_cast<std::uint32_t>(std::max(attr.max_cqe, 0));
     // iWARP (RFC 5040) has no write with immediate data.
     iwarp_ = ctx_->device->transport_type == IBV_TRANSPORT_IWARP;
     limits_.write_with_imm = !iwarp_;

@@ -29,6 +29,8 @@ public:
     ibv_pd* native_pd() const noexcept { return pd_.get(); }
     /// An iWARP device: its CM drives the QP to RTS itself and it has no write with immediate.
     bool iwarp() const noexcept { return iwarp_; }
+    /// Entries a completion queue of this device may have (ibv_device_attr::max_cqe).
+    std::uint32_t max_cqe() const noexcept { return max_cqe_; }
 
 private:
     void probe_max_inline();
@@ -37,6 +39,7 @@ private:
     pd_ptr pd_;
     device_limits limits_;
     bool iwarp_ = false;
+    std::uint32_t max_cqe_ = 0;
 };
 
 } // namespace rdmx::verbs

@@ -1,10 +1,11 @@
-// Set-up and tear-down of a verbs connection's CQ and QP.
+// Set-up and tear-down of a verbs connection's CQ and QP, and its place on shared CQs.
 #include "verbs/verbs_connection.hpp"
 
 #include <fcntl.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <string>
 
 #include "validate.hpp"
 
@@ -21,13 +22,27 @@ void flush_qp(ibv_qp* qp) noexcept
 }
 
 verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<const void> keepalive,
-                                   const connection_options& opts)
+                                   const connection_options& opts, std::string_view verb)
     : keepalive_(std::move(keepalive)), pd_(pd),
-      limits_(detail::clamp_limits(opts, pd.limits(), max_sge_per_wr)), send_wrs_(limits_.max_send_sge),
+      limits_(detail::clamp_limits(opts, pd.limits(), max_sge_per_wr)), context_(opts.context),
+      shared_(opts, limits_, backend::verbs, verb), send_wrs_(limits_.max_send_sge),
       recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
 {
     const std::uint32_t sge_rd = pd.limits().max_sge_rd;
     max_read_sge_ = sge_rd ? std::min(limits_.max_send_sge, sge_rd) : limits_.max_send_sge;
+    // Every completion_queue_base of the verbs backend is a verbs::completion_queue.
+    send_shared_ = static_cast<completion_queue*>(shared_.send_cq());
+    recv_shared_ = static_cast<completion_queue*>(shared_.recv_cq());
+    for (completion_queue* q : {send_shared_, recv_shared_})
+        if (q && q->context() != pd.native_context())
+            throw_error(errc::invalid_argument,
+                        std::string(verb) + ": the shared completion queue belongs to another device");
+    // Own CQ: deep enough for every request of the sides that report to it to complete
+    // unpolled. None if both sides are shared.
+    const std::uint32_t own =
+        (send_shared_ ? 0 : limits_.send_queue_depth) + (recv_shared_ ? 0 : limits_.recv_queue_depth);
+    if (own == 0)
+        return;
     channel_.reset(ibv_create_comp_channel(pd.native_context()));
     if (!channel_)
         throw_errno(errno, "ibv_create_comp_channel");
@@ -35,8 +50,7 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
     int fl = fcntl(channel_->fd, F_GETFL);
     if (fl < 0 || fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK) < 0)
         throw_errno(errno, "fcntl(completion channel, O_NONBLOCK)");
-    // One CQ for both queues, deep enough for every request of both to complete unpolled.
-    int cqe = static_cast<int>(limits_.send_queue_depth + limits_.recv_queue_depth);
+    int cqe = static_cast<int>(own);
     cq_.reset(ibv_create_cq(pd.native_context(), cqe, this, channel_.get(), 0));
     if (!cq_)
         throw_errno(errno, "ibv_create_cq");
@@ -49,7 +63,21 @@ verbs_connection::~verbs_connection()
 
 void verbs_connection::destroy_queues() noexcept
 {
+    const std::uint32_t qp_num = qp_ ? qp_->qp_num : 0;
+    const bool had_qp = static_cast<bool>(qp_);
+    // No completion reaches this connection once its destruction began...
+    for (completion_queue* q : {send_shared_, recv_shared_})
+        if (q && had_qp)
+            q->detach(qp_num);
     qp_.reset(); // QP before its CQ
+    // ...and none of the QP's stays on a shared queue, where a later QP with its number
+    // would be handed it.
+    if (had_qp) {
+        if (send_shared_)
+            send_shared_->purge(qp_num);
+        if (recv_shared_ && recv_shared_ != send_shared_)
+            recv_shared_->purge(qp_num);
+    }
     cq_.reset(); // CQ before its completion channel
     channel_.reset();
 }
@@ -57,7 +85,8 @@ void verbs_connection::destroy_queues() noexcept
 void verbs_connection::create_qp()
 {
     ibv_qp_init_attr init{};
-    init.send_cq = init.recv_cq = cq_.get();
+    init.send_cq = send_cq();
+    init.recv_cq = recv_cq();
     init.qp_type = IBV_QPT_RC;
     init.sq_sig_all = 0; // selective signalling: send_flags::signaled decides per request
     init.cap.max_send_wr = limits_.send_queue_depth;
@@ -70,10 +99,20 @@ void verbs_connection::create_qp()
         throw_errno(errno, "ibv_create_qp");
     // Drivers may grant more than asked; report what is in effect.
     limits_.max_inline = init.cap.max_inline_data;
+    if (send_shared_)
+        send_shared_->attach(qp_->qp_num, *this);
+    if (recv_shared_ && recv_shared_ != send_shared_)
+        recv_shared_->attach(qp_->qp_num, *this);
 }
 
 void verbs_connection::note_error(std::error_code status) noexcept
 {
+    if (counting_) {
+        // Everything still counted may yet complete, on the CQ of its side.
+        const bool same = send_shared_ && send_shared_ == recv_shared_;
+        owed_send_cq_ = sq_outstanding_ + (same ? rq_outstanding_ : 0);
+        owed_recv_cq_ = same ? 0 : rq_outstanding_;
+    }
     counting_ = false;
     on_error_completion(status);
 }

@@ -1,5 +1,6 @@
-// The verbs half of an RC connection: CQ with its completion channel, QP, and the data path
-// (verbs_datapath.cpp) over them. It knows nothing of how the QP gets connected: cm/
+// The verbs half of an RC connection: CQ with its completion channel (for the sides that
+// do not report to a shared completion queue, verbs/completion_queue.hpp), QP, and the
+// data path (verbs_datapath.cpp) over them. It knows nothing of how the QP gets connected: cm/
 // derives the connection that rdma_cm sets up (cm/cm_connection.hpp) and adds the state,
 // the cm_id and disconnect. Set-up (this file's .cpp) is separate from the data path, as
 // in eRPC.
@@ -9,6 +10,8 @@
 
 #include <vector>
 
+#include "cq_reservation.hpp"
+#include "verbs/completion_queue.hpp"
 #include "verbs/handles.hpp"
 #include "verbs/protection_domain.hpp"
 
@@ -35,28 +38,42 @@ public:
 
     std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept override;
     std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept override;
+    /// The completions of this connection's own CQ: those of the sides without a shared
+    /// one (none if both sides are shared).
     std::size_t poll(std::span<completion> out) noexcept override;
-    int completion_fd() const noexcept override { return channel_->fd; }
+    int completion_fd() const noexcept override { return channel_ ? channel_->fd : -1; }
     std::error_code request_notify(bool solicited_only) noexcept override;
     std::error_code ack_notify() noexcept override;
 
-protected:
-    /// Creates the completion channel and the CQ; the QP comes with create_qp().
-    /// `keepalive` holds what owns `pd` (the domain), so that the PD outlives the queues
-    /// whatever the order in which the application destroys domain and connection.
-    verbs_connection(const protection_domain& pd, std::shared_ptr<const void> keepalive,
-                     const connection_options& opts);
+    /// Turns `wc`, a work completion of this QP polled from `from` (null: the own CQ), into
+    /// `out` and frees the queue slots it stands for. Data-path thread (verbs_datapath.cpp).
+    void complete(const ibv_wc& wc, completion& out, const completion_queue* from) noexcept;
 
-    /// Creates the QP (RESET state) with this connection's limits, and records the inline
-    /// size the driver granted.
+protected:
+    /// Reserves room on the shared completion queues of `opts` (throws errc::no_resources
+    /// naming `verb` and the queue without room) and creates the completion channel and
+    /// the CQ of the sides without one; the QP comes with create_qp(). `keepalive` holds
+    /// what owns `pd` (the domain), so that the PD outlives the queues whatever the order
+    /// in which the application destroys domain and connection.
+    verbs_connection(const protection_domain& pd, std::shared_ptr<const void> keepalive,
+                     const connection_options& opts, std::string_view verb);
+
+    /// Creates the QP (RESET state) with this connection's limits, records the inline size
+    /// the driver granted, and attaches it to its shared completion queues.
     void create_qp();
-    /// Destroys QP, CQ and completion channel, in that order (QP before its CQ, CQ before
-    /// its channel). The derived class calls it when its own order requires; idempotent.
+    /// Detaches the QP from its shared completion queues and destroys QP, CQ and
+    /// completion channel, in that order (QP before its CQ, CQ before its channel; the
+    /// shared queues drop what the QP left in them). The derived class calls it when its
+    /// own order requires; idempotent.
     void destroy_queues() noexcept;
 
     const protection_domain& pd() const noexcept { return pd_; }
     ibv_qp* qp() const noexcept { return qp_.get(); }
+    /// Its own CQ (null when both sides report to shared ones).
     ibv_cq* cq() const noexcept { return cq_.get(); }
+    /// The CQs its QP reports to, shared or its own.
+    ibv_cq* send_cq() const noexcept { return send_shared_ ? send_shared_->native() : cq_.get(); }
+    ibv_cq* recv_cq() const noexcept { return recv_shared_ ? recv_shared_->native() : cq_.get(); }
 
     /// An error completion (`status`) showed the QP in the error state: the connection
     /// says so in its state (as the TCP backend does). Called from poll(), on the
@@ -80,9 +97,22 @@ private:
         }
     }
 
+    /// After an error: the completions its sides on shared queues may still produce there,
+    /// by queue (see post_room); the first counts the send CQ's, the second the receive
+    /// CQ's when that is another queue.
+    std::uint32_t& owed(const completion_queue* q) noexcept
+    {
+        return q == send_shared_ ? owed_send_cq_ : owed_recv_cq_;
+    }
+
     std::shared_ptr<const void> keepalive_; ///< owner of pd_; declared first, destroyed last
     const protection_domain& pd_;
     connection_limits limits_;
+    const std::uint64_t context_; ///< connection_options::context, in every completion
+    /// Room on the shared completion queues (it holds them: they outlive the QP).
+    detail::cq_reservation shared_;
+    completion_queue* send_shared_ = nullptr; ///< shared_.send_cq(), typed; null: own CQ
+    completion_queue* recv_shared_ = nullptr;
     // Destroyed by destroy_queues() in the order the device requires (see there).
     comp_channel_ptr channel_;
     cq_ptr cq_;
@@ -125,6 +155,12 @@ private:
     /// False once an error completion was polled: the QP is in the error state and flushes
     /// both queues, and a flushed completion does not say which queue it came from.
     bool counting_ = true;
+    /// From then on a side on a shared CQ posts only what its reservation there still
+    /// holds: each request counts until a completion of this QP is polled from that CQ
+    /// (outstanding requests count from the error on), so that a failed connection cannot
+    /// overrun a queue others use.
+    std::uint32_t owed_send_cq_ = 0;
+    std::uint32_t owed_recv_cq_ = 0;
 };
 
 } // namespace rdmx::verbs

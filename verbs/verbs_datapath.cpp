@@ -1,4 +1,5 @@
-// The verbs data path: post lists, polling, notification. noexcept, no allocation: work
+// The verbs data path: post lists, polling (a connection's own CQ, and the shared CQs that
+// route each completion to its connection), notification. noexcept, no allocation: work
 // requests are filled into arrays each connection builds once, and handed to the provider
 // in batches.
 #include <arpa/inet.h>
@@ -6,6 +7,7 @@
 #include <cerrno>
 
 #include "validate.hpp"
+#include "verbs/completion_queue.hpp"
 #include "verbs/verbs_connection.hpp"
 
 namespace rdmx::verbs
@@ -192,7 +194,10 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
         if (wr.opcode == opcode::write_with_imm && !pd_.limits().write_with_imm) [[unlikely]]
             return errc::not_supported;
     }
-    const std::size_t room = counting_ ? limits_.send_queue_depth - sq_outstanding_ : wrs.size();
+    const std::size_t room = counting_ ? limits_.send_queue_depth - sq_outstanding_
+                             : send_shared_
+                                 ? shared_.send_entries() - std::min(owed_send_cq_, shared_.send_entries())
+                                 : wrs.size();
     return post_within(wrs, room, posted, [this](std::span<const work_request> some, std::size_t* done) {
         std::error_code ec = post_in_batches<ibv_send_wr>(
             some, done, send_wrs_,
@@ -205,6 +210,8 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
                 w.wr.rdma.rkey = one_sided ? static_cast<std::uint32_t>(wr.remote.key) : 0;
             },
             [qp = qp_.get()](ibv_send_wr* w, ibv_send_wr** bad) { return ibv_post_send(qp, w, bad); });
+        if (!counting_ && send_shared_)
+            owed_send_cq_ += static_cast<std::uint32_t>(*done);
         for (std::size_t i = 0; counting_ && i < *done; ++i) {
             // A signalled request's completion frees its slot and those of the unsignalled
             // ones posted before it (ibv_post_send(3)).
@@ -231,19 +238,58 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
         if (errc ec = detail::check_recv(wr, &pd_, limits_, total); ec != errc{})
             return ec;
     }
-    const std::size_t room = counting_ ? limits_.recv_queue_depth - rq_outstanding_ : wrs.size();
+    std::size_t room = counting_ ? limits_.recv_queue_depth - rq_outstanding_ : wrs.size();
+    if (!counting_ && recv_shared_) {
+        // After an error: what the receive CQ's reservation still holds (shared with the
+        // send side when both use one queue).
+        const bool same = recv_shared_ == send_shared_;
+        const std::uint32_t cap = shared_.recv_entries() + (same ? shared_.send_entries() : 0);
+        room = cap - std::min(owed(recv_shared_), cap);
+    }
     return post_within(wrs, room, posted, [this](std::span<const recv_request> some, std::size_t* done) {
         std::error_code ec = post_in_batches<ibv_recv_wr>(
             some, done, recv_wrs_, [](ibv_recv_wr&, const recv_request&) {},
             [qp = qp_.get()](ibv_recv_wr* w, ibv_recv_wr** bad) { return ibv_post_recv(qp, w, bad); });
         if (counting_)
             rq_outstanding_ += static_cast<std::uint32_t>(*done);
+        else if (recv_shared_)
+            owed(recv_shared_) += static_cast<std::uint32_t>(*done);
         return ec;
     });
 }
 
+void verbs_connection::complete(const ibv_wc& wc, completion& c, const completion_queue* from) noexcept
+{
+    c.wr_id = wc.wr_id;
+    c.byte_len = wc.byte_len;
+    c.context = context_;
+    c.conn = this;
+    if (wc.status == IBV_WC_SUCCESS) [[likely]] {
+        c.status = detail::no_error;
+        c.opcode = from_ibv(wc.opcode);
+        retire(c.opcode);
+        c.with_imm = wc.wc_flags & IBV_WC_WITH_IMM;
+        c.imm = c.with_imm ? ntohl(wc.imm_data) : 0;
+    } else {
+        c.status = to_error(wc.status);
+        // The opcode is undefined in error completions (ibv_poll_cq(3)).
+        c.opcode = opcode::unknown;
+        c.with_imm = false;
+        c.imm = 0;
+        // The QP is in the error state: say so in state() before the user sees
+        // the completion (a flush can come before DISCONNECTED, as on siw).
+        note_error(c.status);
+    }
+    if (!counting_ && from) [[unlikely]] {
+        std::uint32_t& o = owed(from);
+        o -= o ? 1 : 0;
+    }
+}
+
 std::size_t verbs_connection::poll(std::span<completion> out) noexcept
 {
+    if (!cq_)
+        return 0; // both sides report to shared queues
     ibv_wc wc[poll_batch];
     std::size_t n = 0;
     while (n < out.size()) {
@@ -251,27 +297,8 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
         int got = ibv_poll_cq(cq_.get(), want, wc);
         if (got <= 0)
             break;
-        for (int i = 0; i < got; ++i) {
-            completion& c = out[n++];
-            c.wr_id = wc[i].wr_id;
-            c.byte_len = wc[i].byte_len;
-            if (wc[i].status == IBV_WC_SUCCESS) [[likely]] {
-                c.status = detail::no_error;
-                c.opcode = from_ibv(wc[i].opcode);
-                retire(c.opcode);
-                c.with_imm = wc[i].wc_flags & IBV_WC_WITH_IMM;
-                c.imm = c.with_imm ? ntohl(wc[i].imm_data) : 0;
-            } else {
-                c.status = to_error(wc[i].status);
-                // The opcode is undefined in error completions (ibv_poll_cq(3)).
-                c.opcode = opcode::unknown;
-                c.with_imm = false;
-                c.imm = 0;
-                // The QP is in the error state: say so in state() before the user sees
-                // the completion (a flush can come before DISCONNECTED, as on siw).
-                note_error(c.status);
-            }
-        }
+        for (int i = 0; i < got; ++i)
+            complete(wc[i], out[n++], nullptr);
         if (got < want)
             break;
     }
@@ -280,12 +307,73 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
 
 std::error_code verbs_connection::request_notify(bool solicited_only) noexcept
 {
+    if (!cq_)
+        return errc::invalid_argument; // no CQ of its own: wait on the shared ones
     if (int rc = ibv_req_notify_cq(cq_.get(), solicited_only ? 1 : 0))
         return {rc, std::system_category()};
     return {};
 }
 
 std::error_code verbs_connection::ack_notify() noexcept
+{
+    if (!channel_)
+        return {};
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    // The channel fd is non-blocking: EAGAIN simply means no event is pending.
+    if (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0)
+        ibv_ack_cq_events(cq, 1);
+    else if (errno != EAGAIN)
+        return {errno, std::system_category()};
+    return {};
+}
+
+// --- shared completion queues (verbs/completion_queue.hpp) ---
+
+bool completion_queue::route(const ibv_wc& wc, completion& out) noexcept
+{
+    auto it = routes_.find(wc.qp_num);
+    if (it == routes_.end()) [[unlikely]]
+        return false; // its connection is gone (detach): dropped
+    it->second->complete(wc, out, this);
+    return true;
+}
+
+std::size_t completion_queue::poll(std::span<completion> out) noexcept
+{
+    // Held throughout: a connection being destroyed waits in detach() until its last
+    // completion is handed over here, and never gets one afterwards.
+    std::lock_guard lk(mu_);
+    std::size_t n = 0;
+    while (stash_count_ && n < out.size())
+        [[unlikely]]
+        {
+            n += route(stash_[stash_head_], out[n]) ? 1 : 0;
+            stash_head_ = stash_head_ + 1 == stash_.size() ? 0 : stash_head_ + 1;
+            --stash_count_;
+        }
+    ibv_wc wc[poll_batch];
+    while (n < out.size()) {
+        int want = static_cast<int>(std::min<std::size_t>(poll_batch, out.size() - n));
+        int got = ibv_poll_cq(cq_.get(), want, wc);
+        if (got <= 0)
+            break;
+        for (int i = 0; i < got; ++i)
+            n += route(wc[i], out[n]) ? 1 : 0;
+        if (got < want)
+            break;
+    }
+    return n;
+}
+
+std::error_code completion_queue::request_notify(bool solicited_only) noexcept
+{
+    if (int rc = ibv_req_notify_cq(cq_.get(), solicited_only ? 1 : 0))
+        return {rc, std::system_category()};
+    return {};
+}
+
+std::error_code completion_queue::ack_notify() noexcept
 {
     ibv_cq* cq = nullptr;
     void* ctx = nullptr;

@@ -286,10 +286,14 @@ public:
     }
 
     /// Moves up to out.size() completions into `out`; returns how many (never allocates).
+    /// Only those of the sides without a shared completion queue (connection_options::
+    /// send_cq / recv_cq): a shared side's completions are polled from its queue.
     virtual std::size_t poll(std::span<completion> out) noexcept = 0;
 
     // Event mode: wait for completion_fd() to become readable, then ack_notify().
-    /// A file descriptor that becomes readable after request_notify() when a completion arrives.
+    /// A file descriptor that becomes readable after request_notify() when a completion arrives;
+    /// -1 when both sides report to shared completion queues (request_notify() then fails
+    /// with errc::invalid_argument: wait on the queues).
     virtual int completion_fd() const noexcept = 0;
     /// Arms the notification (ibv_req_notify_cq). Poll again after arming to close the race.
     virtual std::error_code request_notify(bool solicited_only = false) noexcept = 0;

@@ -23,7 +23,7 @@ bool connection_engine::coalesce_post() noexcept
     // post() just set it) and enough is in flight (16 requests or 64 KiB) that the link does
     // not idle meanwhile; latency (one request at a time) never waits. The transmit check
     // (arm_tx_check) bounds the wait if the application stops calling.
-    if (on_engine() || state() != connection_state::established || !ownership_.app_busy())
+    if (engine_only_ || on_engine() || state() != connection_state::established || !ownership_.app_busy())
         return false;
     std::uint64_t bytes = 0;
     int n = 0;
@@ -49,7 +49,7 @@ bool connection_engine::app_keeps_tx() noexcept
     // every MiB. If it stops calling, the engine takes over: at once when it arms a
     // notification, at the stand-down check when stood down, else at a check armed here
     // (tx_check), at most about two checks late.
-    if (on_engine())
+    if (on_engine() || engine_only_)
         return false;
     if (ownership_.app_owns())
         return true;
@@ -105,7 +105,9 @@ bool connection_engine::app_may_read() const noexcept
 {
     // What rx_poll needs to read on its own; otherwise (a drain after an error, a stall
     // that only the engine resumes, a sleeping application) the engine reads.
-    return !notify_.armed() && !closed_ && !rx_done_ && !rx_stalled_ &&
+    // Not on a shared completion queue (engine_only_): that application polls the queue,
+    // not this connection, and would leave a socket it owned unread.
+    return !engine_only_ && !notify_.armed() && !closed_ && !rx_done_ && !rx_stalled_ &&
            state() == connection_state::established;
 }
 
@@ -185,7 +187,7 @@ bool connection_engine::rx_poll() noexcept
 bool connection_engine::rx_read() noexcept
 {
     // rx_poll without sending: reads what has arrived, on the application thread.
-    if (!(read_armed_ || ownership_.app_owns()) || closed_ || rx_done_ || rx_stalled_ ||
+    if (engine_only_ || !(read_armed_ || ownership_.app_owns()) || closed_ || rx_done_ || rx_stalled_ ||
         state() != connection_state::established)
         return false;
     rx_short_ = false;

@@ -1,5 +1,6 @@
-// Completions and the flush: the completion ring, the notification eventfd, and moving the
-// connection out of `established` with everything outstanding completed as flushed.
+// Completions and the flush: the completion ring (or the shared completion queue of a
+// side), the notification eventfd, and moving the connection out of `established` with
+// everything outstanding completed as flushed.
 #include "tcp/tcp_engine.hpp"
 
 #include <unistd.h>
@@ -19,8 +20,14 @@ rdmx::opcode completion_opcode(rdmx::opcode op) noexcept
 
 } // namespace
 
-void connection_engine::push_cq(const completion& c, bool solicited) noexcept
+void connection_engine::push_cq(cq_side side, completion c, bool solicited) noexcept
 {
+    c.context = context_;
+    c.conn = conn_;
+    if (tcp_completion_queue* shared = side == cq_side::send ? send_cq_ : recv_cq_) {
+        push_shared(*shared, side, c, solicited);
+        return;
+    }
     if (!cq_.push(c)) {
         // CQ overrun is fatal on verbs too. The completion that did not fit is lost; the
         // flush that follows cannot add more (the ring is full), which is what verbs does.
@@ -37,6 +44,38 @@ void connection_engine::push_cq(const completion& c, bool solicited) noexcept
     }
 }
 
+void connection_engine::push_shared(tcp_completion_queue& q, cq_side side, const completion& c,
+                                    bool solicited) noexcept
+{
+    if (shared_detached_)
+        return; // the connection object is gone (close())
+    auto& held = side == cq_side::send ? sq_in_cq_ : rq_in_cq_;
+    held.fetch_add(1, std::memory_order_relaxed); // before a poll can count it down
+    if (q.push(c, *this, side, solicited))
+        return;
+    held.fetch_sub(1, std::memory_order_relaxed);
+    // The reservations and shared_room() make this impossible; should it happen all the
+    // same, it is an overrun, fatal as on the own ring.
+    if (state() == connection_state::established) {
+        log_limited("shared completion queue overrun; connection to error");
+        fail(connection_state::error);
+    }
+}
+
+std::uint64_t connection_engine::shared_room(cq_side side) const noexcept
+{
+    if (side == cq_side::send) {
+        if (!send_cq_)
+            return UINT64_MAX;
+        const std::uint64_t used = sq_tail_ - sq_head_ + held_in_cq(side);
+        return used < lim_.send_queue_depth ? lim_.send_queue_depth - used : 0;
+    }
+    if (!recv_cq_)
+        return UINT64_MAX;
+    const std::uint64_t used = rq_tail_ - rq_head_ + held_in_cq(side);
+    return used < lim_.recv_queue_depth ? lim_.recv_queue_depth - used : 0;
+}
+
 void connection_engine::complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept
 {
     sq_entry e = sq_at(sq_head_);
@@ -44,16 +83,16 @@ void connection_engine::complete_sq_head(std::error_code status, std::uint32_t b
     if (e.op == opcode::read && reads_in_flight_ > 0)
         --reads_in_flight_;
     if (status || e.signaled)
-        push_cq({.wr_id = e.wr_id,
-                 .opcode = status ? opcode::unknown : completion_opcode(e.op),
-                 .status = status,
-                 .byte_len = byte_len});
+        push_cq(cq_side::send, {.wr_id = e.wr_id,
+                                .opcode = status ? opcode::unknown : completion_opcode(e.op),
+                                .status = status,
+                                .byte_len = byte_len});
 }
 
 void connection_engine::complete_rq_head(const completion& c, bool solicited) noexcept
 {
     ++rq_head_;
-    push_cq(c, solicited);
+    push_cq(cq_side::recv, c, solicited);
 }
 
 void connection_engine::fail(connection_state to, std::error_code cause) noexcept
@@ -69,13 +108,13 @@ void connection_engine::fail(connection_state to, std::error_code cause) noexcep
     // drains, and the transmit side finishes at most the frame already on the wire.
     while (sq_head_ < sq_tail_) {
         sq_entry& e = sq_at(sq_head_++);
-        push_cq({.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+        push_cq(cq_side::send, {.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
     }
     tx_next_ = sq_tail_;
     reads_in_flight_ = 0;
     while (rq_head_ < rq_tail_) {
         rq_entry& e = rq_at(rq_head_++);
-        push_cq({.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+        push_cq(cq_side::recv, {.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
     }
 }
 

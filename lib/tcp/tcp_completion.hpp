@@ -12,6 +12,9 @@
 namespace rdmx::tcp
 {
 
+/// Which of a connection's queues a completion belongs to.
+enum class cq_side : std::uint8_t { send, recv };
+
 /// A bounded FIFO of completions. Full is the caller's error (a CQ overrun, fatal as on verbs).
 class completion_ring
 {

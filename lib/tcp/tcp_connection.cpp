@@ -9,6 +9,7 @@ tcp_connection::tcp_connection(std::shared_ptr<tcp_domain> dom, std::shared_ptr<
                                std::vector<std::byte> peer_private_data)
     : dom_(std::move(dom)), engine_(std::move(engine)), peer_pdata_(std::move(peer_private_data))
 {
+    engine_->set_owner(this);
 }
 
 tcp_connection::~tcp_connection()
@@ -18,9 +19,11 @@ tcp_connection::~tcp_connection()
 
 std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
                                             const connection_options& opts, std::uint32_t peer_max_rd,
-                                            std::vector<std::byte> peer_private_data)
+                                            std::vector<std::byte> peer_private_data,
+                                            detail::cq_reservation shared)
 {
-    auto st = std::make_shared<connection_engine>(dom, std::move(fd), lim, opts, peer_max_rd);
+    auto st =
+        std::make_shared<connection_engine>(dom, std::move(fd), lim, opts, peer_max_rd, std::move(shared));
     auto conn = std::make_unique<tcp_connection>(dom.shared_from_this(), st, std::move(peer_private_data));
     st->start();
     return conn;

@@ -50,8 +50,10 @@ private:
 };
 
 /// Builds the rings (all allocation happens here), then starts the engine on `fd`.
+/// `shared`: the room taken on the shared completion queues of `opts`.
 std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
                                             const connection_options& opts, std::uint32_t peer_max_rd,
-                                            std::vector<std::byte> peer_private_data);
+                                            std::vector<std::byte> peer_private_data,
+                                            detail::cq_reservation shared);
 
 } // namespace rdmx::tcp

@@ -8,6 +8,7 @@
 
 #include "backends.hpp"
 #include "log.hpp"
+#include "tcp/tcp_completion_queue.hpp"
 #include "tcp/tcp_connection.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -201,14 +202,15 @@ std::unique_ptr<connection> tcp_domain::start_connect(std::string_view, const co
 {
     throw_error(errc::not_supported, "start_connect: not built yet");
 }
-std::shared_ptr<completion_queue> tcp_domain::create_completion_queue(const completion_queue_options&)
-{
-    throw_error(errc::not_supported, "create_completion_queue: not built yet");
-}
 std::shared_ptr<shared_receive_queue>
 tcp_domain::create_shared_receive_queue(const shared_receive_queue_options&)
 {
     throw_error(errc::not_supported, "create_shared_receive_queue: not built yet");
+}
+
+std::shared_ptr<completion_queue> tcp_domain::create_completion_queue(const completion_queue_options& opts)
+{
+    return std::make_shared<tcp_completion_queue>(opts.depth);
 }
 
 std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const connection_options& opts,
@@ -222,6 +224,8 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     if (u.scheme == scheme::rdma)
         throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
     connection_limits lim = detail::clamp_limits(opts, limits_);
+    // Room on the shared completion queues before the peer hears of us.
+    detail::cq_reservation shared(opts, lim, backend::tcp, "connect");
     std::byte buf[handshake::reply_size];
     auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
 
@@ -241,7 +245,7 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     }
     auto d = reply->data();
     auto conn = make_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
-                                std::vector<std::byte>(d.begin(), d.end()));
+                                std::vector<std::byte>(d.begin(), d.end()), std::move(shared));
     return conn;
 }
 

@@ -17,16 +17,32 @@
 namespace rdmx::tcp
 {
 
+namespace
+{
+
+// Every completion_queue_base of the TCP backend is a tcp_completion_queue.
+tcp_completion_queue* typed(detail::completion_queue_base* q) noexcept
+{
+    return static_cast<tcp_completion_queue*>(q);
+}
+
+} // namespace
+
 connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
-                                     const connection_options& opts, std::uint32_t peer_max_rd)
+                                     const connection_options& opts, std::uint32_t peer_max_rd,
+                                     detail::cq_reservation shared)
     : dom_(dom), lim_(lim), rnr_limit_(opts.rnr_retry_count > 7 ? 7 : opts.rnr_retry_count),
       rnr_delay_(detail::rnr_delay(opts.min_rnr_timer)),
-      max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))), fd_(fd.get()),
+      max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))),
+      shared_(std::move(shared)), send_cq_(typed(shared_.send_cq())), recv_cq_(typed(shared_.recv_cq())),
+      engine_only_(send_cq_ || recv_cq_), context_(opts.context), fd_(fd.get()),
       efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
       sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
       sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), rq_(lim.recv_queue_depth),
       rq_segs_(std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
-      cq_(std::size_t{lim.send_queue_depth} + lim.recv_queue_depth),
+      // The own ring holds both depths of the sides that complete into it.
+      cq_(std::max<std::size_t>(1, (send_cq_ ? 0 : std::size_t{lim.send_queue_depth}) +
+                                       (recv_cq_ ? 0 : lim.recv_queue_depth))),
       // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
       resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
@@ -86,9 +102,18 @@ void connection_engine::close() noexcept
     {
         engine_lock lk(mu_);
         ownership_.on_app_idle(); // no call will come again: what is left to send is the engine's
+        // Nothing of a connection the application destroyed is polled from a shared queue
+        // (it would name a connection that is gone): its flush goes nowhere, what it left
+        // there is dropped, and its room there is free for the next connection.
+        shared_detached_ = true;
         fail(connection_state::disconnected);
         pump();
         lingering_ = true;
+        if (send_cq_)
+            send_cq_->purge(*this);
+        if (recv_cq_ && recv_cq_ != send_cq_)
+            recv_cq_->purge(*this);
+        shared_ = {};
     }
     // The descriptor belongs to the engine thread, and so does what is still owed.
     asio::post(dom_.io(), [self = shared_from_this()] {

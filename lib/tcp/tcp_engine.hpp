@@ -16,7 +16,9 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "cq_reservation.hpp"
 #include "tcp/tcp_completion.hpp"
+#include "tcp/tcp_completion_queue.hpp"
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
@@ -39,8 +41,12 @@ std::error_code nak_status(nak_code c) noexcept;
 class connection_engine : public std::enable_shared_from_this<connection_engine>
 {
 public:
+    /// `shared`: the room this connection took on the shared completion queues of `opts`
+    /// (taken before connecting, so that a connection without room is refused before the
+    /// peer hears of it).
     connection_engine(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
-                      const connection_options& opts, std::uint32_t peer_max_rd);
+                      const connection_options& opts, std::uint32_t peer_max_rd,
+                      detail::cq_reservation shared);
     ~connection_engine();
     connection_engine(const connection_engine&) = delete;
     connection_engine& operator=(const connection_engine&) = delete;
@@ -55,7 +61,21 @@ public:
         return cause_;
     }
     const connection_limits& limits() const noexcept { return lim_; }
-    int event_fd() const noexcept { return efd_.get(); }
+    /// The eventfd of its own completions; -1 when both sides report to shared queues.
+    int event_fd() const noexcept { return send_cq_ && recv_cq_ ? -1 : efd_.get(); }
+    /// The connection object the application holds, named in each completion. Set once,
+    /// before the engine starts.
+    void set_owner(connection* c) noexcept RDMX_EXCLUDES(mu_)
+    {
+        engine_lock lk(mu_);
+        conn_ = c;
+    }
+    /// A completion of `side` was polled from its shared queue (tcp_completion_queue::poll,
+    /// any thread, under that queue's lock): the queue slot it held is free.
+    void shared_polled(cq_side side) noexcept
+    {
+        (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).fetch_sub(1, std::memory_order_relaxed);
+    }
 
     // The application's calls (tcp_post.cpp): any application thread. Each takes mu_
     // itself, so no engine code (which holds it) may call them.
@@ -172,11 +192,25 @@ private:
     /// left `established` completes them all as flushed. A value is what the call returns;
     /// nullopt: the caller queues the requests.
     template <class Request, class Check>
-    std::optional<std::error_code> validate_or_flush(std::span<const Request> wrs, std::size_t* posted,
-                                                     Check check) noexcept RDMX_REQUIRES(mu_);
+    std::optional<std::error_code> validate_or_flush(cq_side side, std::span<const Request> wrs,
+                                                     std::size_t* posted, Check check) noexcept
+        RDMX_REQUIRES(mu_);
 
     // --- completions and the flush (tcp_completion.cpp; any thread, mu_ held) ---
-    void push_cq(const completion& c, bool solicited = false) noexcept RDMX_REQUIRES(mu_);
+    /// Completes `c` of `side`: into the connection's own ring, or into the shared queue
+    /// of that side.
+    void push_cq(cq_side side, completion c, bool solicited = false) noexcept RDMX_REQUIRES(mu_);
+    void push_shared(tcp_completion_queue& q, cq_side side, const completion& c, bool solicited) noexcept
+        RDMX_REQUIRES(mu_);
+    /// Requests of `side` that may still complete without overrunning its queue: on a
+    /// shared queue, its slots that neither a queued request nor an unpolled completion
+    /// holds; unbounded on the own ring (which holds both depths).
+    std::uint64_t shared_room(cq_side side) const noexcept RDMX_REQUIRES(mu_);
+    /// Its queues' completions that wait, unpolled, on a shared queue (0 for the own ring).
+    std::uint32_t held_in_cq(cq_side side) const noexcept
+    {
+        return (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).load(std::memory_order_relaxed);
+    }
     void complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept RDMX_REQUIRES(mu_);
     void complete_rq_head(const completion& c, bool solicited) noexcept RDMX_REQUIRES(mu_);
     /// Leaves `established` for `to`; `cause` (default: errc::disconnected or, for error,
@@ -283,6 +317,16 @@ private:
     const std::uint8_t rnr_limit_;
     const std::chrono::microseconds rnr_delay_;
     const std::uint32_t max_rd_out_; ///< reads this side may have outstanding at the peer
+    /// Room on the shared completion queues (it holds them); given back by close().
+    detail::cq_reservation shared_ RDMX_GUARDED_BY(mu_);
+    // The shared queues, typed (null: that side completes into cq_). Dereferenced only
+    // under mu_ and until close() (shared_detached_).
+    tcp_completion_queue* const send_cq_;
+    tcp_completion_queue* const recv_cq_;
+    /// A side reports to a shared queue: the engine thread alone reads and sends (the
+    /// application polls the shared queue, not this connection: no busy-poll ownership).
+    const bool engine_only_;
+    const std::uint64_t context_; ///< connection_options::context, in every completion
     const int fd_;
     unique_fd efd_;
     std::atomic<connection_state> state_{connection_state::established};
@@ -310,6 +354,14 @@ private:
 
     completion_ring cq_ RDMX_GUARDED_BY(mu_);
     notify_arm notify_ RDMX_GUARDED_BY(mu_);
+    connection* conn_ RDMX_GUARDED_BY(mu_) = nullptr; ///< set_owner()
+    /// close() ran: nothing of this connection goes to a shared queue any more.
+    bool shared_detached_ RDMX_GUARDED_BY(mu_) = false;
+    // Completions of each side waiting on its shared queue: they hold queue slots until
+    // polled (as on verbs), so that a shared queue never holds more of this connection's
+    // than it reserved. Counted up under mu_, down by the polling thread.
+    std::atomic<std::uint32_t> sq_in_cq_{0};
+    std::atomic<std::uint32_t> rq_in_cq_{0};
 
     // Responses owed to the peer: bounded; when full, reading stops (TCP backpressure).
     response_queue resp_ RDMX_GUARDED_BY(mu_);

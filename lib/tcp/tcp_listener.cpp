@@ -77,6 +77,8 @@ public:
         if (!fd_)
             throw_error(errc::invalid_argument, "accept: request already answered");
         connection_limits lim = detail::clamp_limits(opts, dom_->limits());
+        // Room on the shared completion queues first: without it the client is rejected.
+        detail::cq_reservation shared(opts, lim, backend::tcp, "accept");
         std::byte buf[handshake::reply_size];
         auto reply = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
         // A failure leaves the request unanswered: the client is rejected.
@@ -84,7 +86,8 @@ public:
         // Build the rings before answering, so that an allocation failure rejects (by
         // closing) rather than leaving the client with a connection nobody serves.
         int fd = fd_.get();
-        auto st = std::make_shared<connection_engine>(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic);
+        auto st = std::make_shared<connection_engine>(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic,
+                                                      std::move(shared));
         auto conn = std::make_unique<tcp_connection>(
             dom_, st, std::vector<std::byte>(hello_.data().begin(), hello_.data().end()));
         send_exact(fd, reply, clock::now() + opts.timeout, "accept (reply)");

@@ -18,7 +18,8 @@ namespace rdmx::tcp
 {
 
 template <class Request, class Check>
-std::optional<std::error_code> connection_engine::validate_or_flush(std::span<const Request> wrs,
+std::optional<std::error_code> connection_engine::validate_or_flush(cq_side side,
+                                                                    std::span<const Request> wrs,
                                                                     std::size_t* posted, Check check) noexcept
 {
     // All or nothing: an invalid request rejects the whole list before any is taken.
@@ -29,12 +30,14 @@ std::optional<std::error_code> connection_engine::validate_or_flush(std::span<co
     }
     if (state() == connection_state::established)
         return std::nullopt;
-    // As on an errored QP: the requests are accepted and complete as flushed.
-    for (const auto& wr : wrs)
-        push_cq({.wr_id = wr.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+    // As on an errored QP: the requests are accepted and complete as flushed; on a shared
+    // queue only as many as this side's room there holds (the rest: would_block).
+    const std::size_t n = std::min<std::uint64_t>(wrs.size(), shared_room(side));
+    for (std::size_t i = 0; i < n; ++i)
+        push_cq(side, {.wr_id = wrs[i].wr_id, .opcode = opcode::unknown, .status = errc::flushed});
     if (posted)
-        *posted = wrs.size();
-    return std::error_code{};
+        *posted = n;
+    return n < wrs.size() ? make_error_code(errc::would_block) : std::error_code{};
 }
 
 std::error_code connection_engine::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
@@ -45,14 +48,18 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
     // a tight loop look idle.
     const auto entry = std::chrono::steady_clock::now();
     engine_lock lk(mu_);
-    if (auto done = validate_or_flush(wrs, posted, [&](const work_request& wr, std::uint64_t& total) {
-            return detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total);
-        }))
+    if (auto done =
+            validate_or_flush(cq_side::send, wrs, posted, [&](const work_request& wr, std::uint64_t& total) {
+                return detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total);
+            }))
         return *done;
     ownership_.on_post(entry);
+    // Slots whose completions wait on a shared queue are still taken (0 on the own ring).
+    const std::uint64_t depth =
+        lim_.send_queue_depth - std::min(held_in_cq(cq_side::send), lim_.send_queue_depth);
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
-        if (sq_tail_ - sq_head_ == lim_.send_queue_depth)
+        if (sq_tail_ - sq_head_ >= depth)
             break;
         const work_request& wr = wrs[i];
         sq_entry& e = sq_at(sq_tail_);
@@ -108,13 +115,16 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
     if (posted)
         *posted = 0;
     engine_lock lk(mu_);
-    if (auto done = validate_or_flush(wrs, posted, [&](const recv_request& wr, std::uint64_t& total) {
-            return detail::check_recv(wr, dom_.owner(), lim_, total);
-        }))
+    if (auto done =
+            validate_or_flush(cq_side::recv, wrs, posted, [&](const recv_request& wr, std::uint64_t& total) {
+                return detail::check_recv(wr, dom_.owner(), lim_, total);
+            }))
         return *done;
+    const std::uint64_t depth =
+        lim_.recv_queue_depth - std::min(held_in_cq(cq_side::recv), lim_.recv_queue_depth);
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
-        if (rq_tail_ - rq_head_ == lim_.recv_queue_depth)
+        if (rq_tail_ - rq_head_ >= depth)
             break;
         rq_entry& e = rq_at(rq_tail_);
         seg* segs = rq_segs(rq_tail_);
@@ -148,6 +158,8 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
 
 std::error_code connection_engine::request_notify(bool solicited_only) noexcept
 {
+    if (send_cq_ && recv_cq_)
+        return errc::invalid_argument; // no completions of its own: wait on the shared queues
     engine_lock lk(mu_);
     notify_.arm(solicited_only);
     ownership_.on_app_idle(); // about to sleep: what is left to send is the engine's

@@ -221,7 +221,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     connection_options opts;
     auto conn = tcp::make_connection(*fx.dom, tcp::unique_fd(engine_fd),
                                      detail::clamp_limits(opts, fx.dom->limits()), opts,
-                                     /*peer_max_rd=*/16, {});
+                                     /*peer_max_rd=*/16, {}, {});
     fx.post_work(*conn);
 
     // Send as much as the socket takes, then EOF; drain what the engine sends back (so

@@ -1,0 +1,722 @@
+// Shared completion queues (rdmx/queues.hpp): many connections report to one queue, each
+// completion names its connection and context, the reservations make overrun impossible,
+// and a destroyed connection's completions are never returned. On every backend.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "common/test_util.hpp"
+#include "lib/cq_reservation.hpp"
+
+namespace rdmx::test
+{
+namespace
+{
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed)
+{
+    std::vector<std::byte> v(n);
+    for (std::size_t i = 0; i < n; ++i)
+        v[i] = static_cast<std::byte>((i * 131 + seed * 17 + (i >> 8)) & 0xff);
+    return v;
+}
+
+/// Polls `q` until `n` completions arrived or `timeout` passed.
+std::vector<completion> poll_n(completion_queue& q, std::size_t n, std::chrono::milliseconds timeout = 20s)
+{
+    std::vector<completion> out;
+    completion buf[16];
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+        std::size_t got = q.poll({buf, std::min<std::size_t>(16, n - out.size())});
+        out.insert(out.end(), buf, buf + got);
+        if (got == 0)
+            std::this_thread::yield();
+    }
+    return out;
+}
+
+/// Polls `q` for `for_how_long` and returns everything that came.
+std::vector<completion> poll_for(completion_queue& q, std::chrono::milliseconds for_how_long)
+{
+    std::vector<completion> out;
+    completion buf[16];
+    auto until = std::chrono::steady_clock::now() + for_how_long;
+    while (std::chrono::steady_clock::now() < until) {
+        std::size_t got = q.poll(buf);
+        out.insert(out.end(), buf, buf + got);
+        if (got == 0)
+            std::this_thread::sleep_for(1ms);
+    }
+    return out;
+}
+
+class shared_cq : public pair_fixture
+{
+protected:
+    bool iwarp() const { return server_dom_->limits().iwarp; }
+
+    /// A client connection with `copts` and the server's end of it with `sopts`.
+    pair connect_with(const connection_options& copts, const connection_options& sopts)
+    {
+        auto accepted = std::async(std::launch::async, [&] {
+            auto req = listener_->get_request(10s);
+            if (!req)
+                throw std::runtime_error("no connection request within 10 s");
+            return req->accept(sopts);
+        });
+        pair p;
+        p.client = client_dom_->connect(server_address(), copts);
+        p.server = accepted.get();
+        return p;
+    }
+
+    // On iWARP a write completes at the initiator once sent, not once placed: give it up to
+    // 5 s to land.
+    template <class Ok> bool placed_eventually(Ok ok) const
+    {
+        auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (!ok() && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        return ok();
+    }
+
+    static connection_options small(std::uint32_t depth = 16)
+    {
+        connection_options o;
+        o.send_queue_depth = depth;
+        o.recv_queue_depth = depth;
+        return o;
+    }
+};
+
+// The case of the issue: 8 clients, one server thread, one CQ for all receive and send
+// completions of the server's connections. Sends, writes and reads in both directions of
+// one connection's traffic, each completion checked for its connection and context, and
+// every byte of every transfer.
+TEST_P(shared_cq, eight_connections_report_to_one_queue)
+{
+    constexpr int nconn = 8;
+    constexpr int msgs = 6; // client -> server sends per connection
+    constexpr std::size_t msg_size = 1000;
+    constexpr std::size_t chunk = 4096; // server -> client write / read size
+    auto cq = server_dom_->create_completion_queue({.depth = 1024});
+    ASSERT_EQ(cq->backend(), b_);
+    EXPECT_EQ(cq->depth(), 1024u);
+    EXPECT_EQ(cq->reserved(), 0u);
+    if (b_ == backend::verbs)
+        EXPECT_NE(cq->native(), nullptr);
+    else
+        EXPECT_EQ(cq->native(), nullptr);
+
+    struct side {
+        pair p;
+        std::vector<std::byte> srv_recv, srv_src, srv_sink, cli_buf, cli_recv;
+        std::unique_ptr<memory_region> srv_recv_mr, srv_src_mr, srv_sink_mr, cli_buf_mr, cli_recv_mr;
+    };
+    std::vector<side> s(nconn);
+    for (int i = 0; i < nconn; ++i) {
+        connection_options sopts = small(32);
+        sopts.send_cq = sopts.recv_cq = cq;
+        sopts.context = 100 + i;
+        connection_options copts = small(32);
+        copts.context = 200 + i;
+        s[i].p = connect_with(copts, sopts);
+        EXPECT_EQ(cq->reserved(), 64u * (i + 1));
+        EXPECT_EQ(s[i].p.server->completion_fd(), -1) << "both sides shared: no fd of its own";
+        s[i].srv_recv.resize(msgs * msg_size);
+        s[i].srv_src = pattern(chunk, 1000 + i);
+        s[i].srv_sink.resize(chunk);
+        s[i].cli_buf =
+            pattern(2 * chunk, 2000 + i); // [0, chunk): write target; [chunk, 2 chunk): read source
+        std::fill(s[i].cli_buf.begin(), s[i].cli_buf.begin() + chunk, std::byte{0});
+        s[i].cli_recv.resize(64);
+        s[i].srv_recv_mr =
+            server_dom_->register_memory(s[i].srv_recv.data(), s[i].srv_recv.size(), access::local_write);
+        s[i].srv_src_mr =
+            server_dom_->register_memory(s[i].srv_src.data(), s[i].srv_src.size(), access::local_write);
+        s[i].srv_sink_mr =
+            server_dom_->register_memory(s[i].srv_sink.data(), s[i].srv_sink.size(), access::local_write);
+        s[i].cli_buf_mr =
+            client_dom_->register_memory(s[i].cli_buf.data(), s[i].cli_buf.size(),
+                                         access::local_write | access::remote_write | access::remote_read);
+        s[i].cli_recv_mr =
+            client_dom_->register_memory(s[i].cli_recv.data(), s[i].cli_recv.size(), access::local_write);
+        for (int k = 0; k < msgs; ++k) {
+            sge rs{s[i].srv_recv_mr.get(), k * msg_size, msg_size};
+            ASSERT_FALSE(s[i].p.server->post_recv({&rs, 1}, std::uint64_t(i) << 8 | k));
+        }
+        sge cr{s[i].cli_recv_mr.get(), 0, 64};
+        ASSERT_FALSE(s[i].p.client->post_recv({&cr, 1}, 77));
+    }
+
+    // Clients send; the server sees every receive on the one queue.
+    std::vector<std::vector<std::byte>> sent(nconn);
+    std::vector<std::unique_ptr<memory_region>> sent_mr(nconn);
+    for (int i = 0; i < nconn; ++i) {
+        sent[i].resize(msgs * msg_size);
+        for (int k = 0; k < msgs; ++k) {
+            auto pat = pattern(msg_size, 31 * i + k);
+            std::memcpy(sent[i].data() + k * msg_size, pat.data(), msg_size);
+        }
+        sent_mr[i] = client_dom_->register_memory(sent[i].data(), sent[i].size(), access::local_write);
+        for (int k = 0; k < msgs; ++k) {
+            sge ss{sent_mr[i].get(), k * msg_size, msg_size};
+            ASSERT_FALSE(s[i].p.client->post_send({&ss, 1}, 500 + k));
+        }
+    }
+    auto recvs = poll_n(*cq, nconn * msgs);
+    ASSERT_EQ(recvs.size(), std::size_t(nconn * msgs));
+    std::map<int, int> per_conn;
+    for (const completion& c : recvs) {
+        ASSERT_FALSE(c.status) << c.status.message();
+        EXPECT_EQ(c.opcode, opcode::recv);
+        const int i = static_cast<int>(c.wr_id >> 8), k = static_cast<int>(c.wr_id & 0xff);
+        ASSERT_LT(i, nconn);
+        EXPECT_EQ(c.conn, s[i].p.server.get()) << "wr_id " << c.wr_id;
+        EXPECT_EQ(c.context, std::uint64_t(100 + i));
+        EXPECT_EQ(c.byte_len, msg_size);
+        EXPECT_EQ(std::memcmp(s[i].srv_recv.data() + k * msg_size, sent[i].data() + k * msg_size, msg_size),
+                  0)
+            << "connection " << i << " message " << k;
+        ++per_conn[i];
+    }
+    for (int i = 0; i < nconn; ++i)
+        EXPECT_EQ(per_conn[i], msgs) << "connection " << i;
+
+    // The clients' own queues: their sends completed, naming them and their context.
+    for (int i = 0; i < nconn; ++i) {
+        auto cs = expect_ok(*s[i].p.client, msgs);
+        for (auto& c : cs) {
+            EXPECT_EQ(c.conn, s[i].p.client.get());
+            EXPECT_EQ(c.context, std::uint64_t(200 + i));
+            EXPECT_EQ(c.opcode, opcode::send);
+        }
+    }
+
+    // The server answers each: a write into the client, a read from it, then a send (after
+    // the write: its arrival proves the write placed). Completions of all three on the queue.
+    for (int i = 0; i < nconn; ++i) {
+        remote_buffer rb = s[i].cli_buf_mr->remote();
+        sge ws{s[i].srv_src_mr.get(), 0, chunk};
+        sge rs{s[i].srv_sink_mr.get(), 0, chunk};
+        sge ss{s[i].srv_src_mr.get(), 0, 64};
+        ASSERT_FALSE(s[i].p.server->post_write({&ws, 1}, *rb.slice(0, chunk), std::uint64_t(i) << 8 | 1));
+        ASSERT_FALSE(s[i].p.server->post_read({&rs, 1}, *rb.slice(chunk, chunk), std::uint64_t(i) << 8 | 2));
+        ASSERT_FALSE(s[i].p.server->post_send({&ss, 1}, std::uint64_t(i) << 8 | 3));
+    }
+    auto sends = poll_n(*cq, 3 * nconn);
+    ASSERT_EQ(sends.size(), std::size_t(3 * nconn));
+    std::set<std::uint64_t> seen;
+    for (const completion& c : sends) {
+        ASSERT_FALSE(c.status) << c.status.message();
+        const int i = static_cast<int>(c.wr_id >> 8);
+        ASSERT_LT(i, nconn);
+        EXPECT_EQ(c.conn, s[i].p.server.get());
+        EXPECT_EQ(c.context, std::uint64_t(100 + i));
+        // siw completes a read after the writes and sends behind it: matched by wr_id.
+        const opcode want[] = {opcode::unknown, opcode::write, opcode::read, opcode::send};
+        EXPECT_EQ(c.opcode, want[c.wr_id & 0xff]) << "wr_id " << c.wr_id;
+        EXPECT_TRUE(seen.insert(c.wr_id).second) << "wr_id " << c.wr_id << " twice";
+    }
+    for (int i = 0; i < nconn; ++i) {
+        auto cs = expect_ok(*s[i].p.client, 1);
+        ASSERT_EQ(cs.size(), 1u);
+        EXPECT_EQ(cs[0].wr_id, 77u);
+        EXPECT_EQ(cs[0].conn, s[i].p.client.get());
+        EXPECT_EQ(std::memcmp(s[i].cli_recv.data(), s[i].srv_src.data(), 64), 0);
+        EXPECT_EQ(std::memcmp(s[i].cli_buf.data(), s[i].srv_src.data(), chunk), 0) << "write " << i;
+        EXPECT_EQ(std::memcmp(s[i].srv_sink.data(), s[i].cli_buf.data() + chunk, chunk), 0) << "read " << i;
+        auto expect_read = pattern(2 * chunk, 2000 + i);
+        EXPECT_EQ(std::memcmp(s[i].srv_sink.data(), expect_read.data() + chunk, chunk), 0) << "read " << i;
+    }
+    // Nothing more: no duplicates, nothing of the connections' own.
+    EXPECT_TRUE(poll_for(*cq, 50ms).empty());
+    for (auto& x : s) {
+        completion c[4];
+        EXPECT_EQ(x.p.server->poll(c), 0u) << "connection::poll() of shared sides returns nothing";
+    }
+    s.clear();
+    EXPECT_EQ(cq->reserved(), 0u) << "destroying the connections frees their reservations";
+}
+
+// Send and receive sides on two queues; a side without a queue keeps its own.
+TEST_P(shared_cq, send_and_receive_sides_report_to_separate_queues)
+{
+    auto scq = server_dom_->create_completion_queue({.depth = 64});
+    auto rcq = server_dom_->create_completion_queue({.depth = 64});
+    connection_options sopts = small(8);
+    sopts.send_cq = scq;
+    sopts.recv_cq = rcq;
+    sopts.context = 42;
+    auto p = connect_with(small(8), sopts);
+    EXPECT_EQ(scq->reserved(), 8u);
+    EXPECT_EQ(rcq->reserved(), 8u);
+    EXPECT_EQ(p.server->completion_fd(), -1);
+    EXPECT_TRUE(p.server->request_notify()) << "nothing of its own to arm";
+
+    std::vector<std::byte> a = pattern(256, 5), b(256);
+    auto amr = client_dom_->register_memory(a.data(), a.size(), access::local_write);
+    auto bmr = server_dom_->register_memory(b.data(), b.size(), access::local_write);
+    sge rs{bmr.get(), 0, 256};
+    ASSERT_FALSE(p.server->post_recv({&rs, 1}, 1));
+    sge ss{amr.get(), 0, 256};
+    ASSERT_FALSE(p.client->post_send({&ss, 1}, 2));
+    auto rc = poll_n(*rcq, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_FALSE(rc[0].status);
+    EXPECT_EQ(rc[0].opcode, opcode::recv);
+    EXPECT_EQ(rc[0].wr_id, 1u);
+    EXPECT_EQ(rc[0].conn, p.server.get());
+    EXPECT_EQ(rc[0].context, 42u);
+    EXPECT_EQ(b, a);
+    expect_ok(*p.client, 1);
+
+    // The answer: its completion on the send queue only.
+    sge back{bmr.get(), 0, 128};
+    std::vector<std::byte> c(128);
+    auto cmr = client_dom_->register_memory(c.data(), c.size(), access::local_write);
+    sge cr{cmr.get(), 0, 128};
+    ASSERT_FALSE(p.client->post_recv({&cr, 1}, 3));
+    ASSERT_FALSE(p.server->post_send({&back, 1}, 4));
+    auto sc = poll_n(*scq, 1);
+    ASSERT_EQ(sc.size(), 1u);
+    EXPECT_FALSE(sc[0].status);
+    EXPECT_EQ(sc[0].opcode, opcode::send);
+    EXPECT_EQ(sc[0].wr_id, 4u);
+    EXPECT_EQ(sc[0].conn, p.server.get());
+    EXPECT_EQ(sc[0].context, 42u);
+    expect_ok(*p.client, 1);
+    EXPECT_EQ(std::memcmp(c.data(), a.data(), 128), 0);
+    EXPECT_TRUE(poll_for(*rcq, 20ms).empty());
+    EXPECT_TRUE(poll_for(*scq, 20ms).empty());
+    completion none[4];
+    EXPECT_EQ(p.server->poll(none), 0u);
+}
+
+// Only the receive side shared: the connection's own poll() and fd serve its send side.
+TEST_P(shared_cq, a_side_without_a_shared_queue_keeps_its_own)
+{
+    auto rcq = server_dom_->create_completion_queue({.depth = 64});
+    connection_options sopts = small(8);
+    sopts.recv_cq = rcq;
+    sopts.context = 9;
+    auto p = connect_with(small(8), sopts);
+    EXPECT_EQ(rcq->reserved(), 8u);
+    EXPECT_GE(p.server->completion_fd(), 0);
+
+    std::vector<std::byte> a = pattern(64, 1), b(64);
+    auto amr = client_dom_->register_memory(a.data(), a.size(), access::local_write);
+    auto bmr = server_dom_->register_memory(b.data(), b.size(),
+                                            access::local_write | access::remote_write | access::remote_read);
+    sge rs{bmr.get(), 0, 64};
+    ASSERT_FALSE(p.server->post_recv({&rs, 1}, 1));
+    sge ss{amr.get(), 0, 64};
+    ASSERT_FALSE(p.client->post_send({&ss, 1}, 2));
+    // The receive shows on the shared queue, never on the connection.
+    auto rc = poll_n(*rcq, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].conn, p.server.get());
+    EXPECT_EQ(rc[0].context, 9u);
+    EXPECT_EQ(b, a);
+    // The send side: the connection's own queue, in event mode too.
+    std::vector<std::byte> c(64);
+    auto cmr = client_dom_->register_memory(c.data(), c.size(), access::local_write);
+    sge cr{cmr.get(), 0, 64};
+    ASSERT_FALSE(p.client->post_recv({&cr, 1}, 3));
+    ASSERT_FALSE(p.server->post_send({&rs, 1}, 4));
+    completion out[4];
+    std::size_t n = p.server->wait(out, 10s);
+    ASSERT_EQ(n, 1u);
+    EXPECT_FALSE(out[0].status);
+    EXPECT_EQ(out[0].wr_id, 4u);
+    EXPECT_EQ(out[0].conn, p.server.get());
+    EXPECT_EQ(out[0].context, 9u);
+    EXPECT_TRUE(poll_for(*rcq, 20ms).empty());
+    expect_ok(*p.client, 2);
+    EXPECT_EQ(c, a);
+}
+
+// Event mode: a server thread asleep in epoll on the queue's fd wakes for each message.
+TEST_P(shared_cq, event_mode_wakes_a_thread_sleeping_on_the_fd)
+{
+    constexpr int nconn = 3, rounds = 5;
+    auto cq = server_dom_->create_completion_queue({.depth = 256});
+    std::vector<pair> ps;
+    std::vector<std::vector<std::byte>> rbuf(nconn, std::vector<std::byte>(64));
+    std::vector<std::unique_ptr<memory_region>> rmr;
+    for (int i = 0; i < nconn; ++i) {
+        connection_options sopts = small(16);
+        sopts.send_cq = sopts.recv_cq = cq;
+        sopts.context = i + 1;
+        ps.push_back(connect_with(small(16), sopts));
+        rmr.push_back(server_dom_->register_memory(rbuf[i].data(), 64, access::local_write));
+        for (int r = 0; r < rounds; ++r) {
+            sge rs{rmr[i].get(), 0, 64};
+            ASSERT_FALSE(ps[i].server->post_recv({&rs, 1}, r));
+        }
+    }
+    std::vector<std::byte> msg = pattern(64, 3);
+    auto mmr = client_dom_->register_memory(msg.data(), msg.size(), access::local_write);
+
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    ASSERT_GE(ep, 0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, cq->fd(), &ev), 0);
+
+    std::atomic<int> received{0}, wakes{0};
+    std::atomic<bool> asleep{false};
+    std::vector<completion> got;
+    std::thread server([&] {
+        completion buf[8];
+        auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (received < nconn * rounds && std::chrono::steady_clock::now() < deadline) {
+            std::size_t n = cq->poll(buf);
+            if (n == 0) {
+                ASSERT_FALSE(cq->request_notify());
+                n = cq->poll(buf); // what came before arming raises no event
+                if (n == 0) {
+                    asleep = true;
+                    epoll_event out;
+                    int rc = epoll_wait(ep, &out, 1, 10000);
+                    asleep = false;
+                    if (rc == 1) {
+                        ++wakes;
+                        ASSERT_FALSE(cq->ack_notify());
+                    }
+                    continue;
+                }
+            }
+            got.insert(got.end(), buf, buf + n);
+            received += static_cast<int>(n);
+        }
+    });
+    for (int r = 0; r < rounds; ++r) {
+        for (int i = 0; i < nconn; ++i) {
+            // Send only once the server sleeps: each message must wake it.
+            auto until = std::chrono::steady_clock::now() + 5s;
+            while (!asleep && std::chrono::steady_clock::now() < until)
+                std::this_thread::sleep_for(1ms);
+            std::this_thread::sleep_for(2ms);
+            int before = received;
+            sge ss{mmr.get(), 0, 64};
+            ASSERT_FALSE(ps[i].client->post_send({&ss, 1}, r));
+            until = std::chrono::steady_clock::now() + 10s;
+            while (received == before && std::chrono::steady_clock::now() < until)
+                std::this_thread::sleep_for(1ms);
+            ASSERT_GT(received, before) << "round " << r << " connection " << i << ": no wake-up";
+        }
+    }
+    server.join();
+    ::close(ep);
+    ASSERT_EQ(got.size(), std::size_t(nconn * rounds));
+    EXPECT_GE(wakes, nconn * rounds / 2) << "the server should have slept for most messages";
+    std::map<std::uint64_t, int> per_ctx;
+    for (auto& c : got) {
+        EXPECT_FALSE(c.status);
+        ASSERT_GE(c.context, 1u);
+        ASSERT_LE(c.context, std::uint64_t(nconn));
+        EXPECT_EQ(c.conn, ps[c.context - 1].server.get());
+        EXPECT_EQ(c.wr_id, std::uint64_t(per_ctx[c.context]++))
+            << "receives complete in order per connection";
+    }
+    for (int i = 0; i < nconn; ++i)
+        EXPECT_EQ(rbuf[i], msg);
+
+    // completion_queue::wait, the helper over the same steps.
+    completion out[4];
+    EXPECT_EQ(cq->wait(out, 50ms), 0u);
+    std::thread late([&] {
+        std::this_thread::sleep_for(50ms);
+        sge rs{rmr[0].get(), 0, 64};
+        (void)ps[0].server->post_recv({&rs, 1}, 99);
+        sge ss{mmr.get(), 0, 64};
+        (void)ps[0].client->post_send({&ss, 1}, 99);
+    });
+    std::size_t n = cq->wait(out, 10s);
+    late.join();
+    ASSERT_EQ(n, 1u);
+    EXPECT_EQ(out[0].wr_id, 99u);
+    EXPECT_EQ(out[0].conn, ps[0].server.get());
+}
+
+// Overrun is impossible: a connection whose depth does not fit is refused with
+// no_resources naming the queue, and its reservation is free again once it goes.
+TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are_freed)
+{
+    auto cq = server_dom_->create_completion_queue({.depth = 24});
+    EXPECT_EQ(cq->depth(), 24u);
+    connection_options sopts = small(8);
+    sopts.send_cq = sopts.recv_cq = cq;
+    auto first = connect_with(small(8), sopts);
+    EXPECT_EQ(cq->reserved(), 16u);
+
+    // The server side: the send side (8) would fit, the receive side (8 more) not: accept
+    // refuses, the client's connect fails, and nothing stays reserved.
+    {
+        auto accepted = std::async(std::launch::async, [&]() -> std::error_code {
+            auto req = listener_->get_request(10s);
+            if (!req)
+                return errc::timed_out;
+            try {
+                req->accept(sopts);
+            } catch (const error& e) {
+                EXPECT_NE(std::string(e.what()).find("recv_cq"), std::string::npos) << e.what();
+                EXPECT_NE(std::string(e.what()).find("accept"), std::string::npos) << e.what();
+                return e.code();
+            }
+            return {};
+        });
+        EXPECT_THROW(client_dom_->connect(server_address(), small(8)), error);
+        EXPECT_EQ(accepted.get(), errc::no_resources);
+        EXPECT_EQ(cq->reserved(), 16u) << "a refused connection keeps nothing reserved";
+    }
+    // The client side refuses before the peer hears of it.
+    {
+        auto ccq = client_dom_->create_completion_queue({.depth = 12});
+        connection_options copts = small(8);
+        copts.send_cq = ccq;
+        auto c1 = connect_with(copts, small(8));
+        EXPECT_EQ(ccq->reserved(), 8u);
+        try {
+            client_dom_->connect(server_address(), copts);
+            ADD_FAILURE() << "connect should have been refused";
+        } catch (const error& e) {
+            EXPECT_EQ(e.code(), errc::no_resources) << e.what();
+            EXPECT_NE(std::string(e.what()).find("connect"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("send_cq"), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(listener_->get_request(200ms), nullptr) << "the refused connect reached the listener";
+        EXPECT_EQ(ccq->reserved(), 8u);
+        c1.client.reset();
+        EXPECT_EQ(ccq->reserved(), 0u);
+        auto c2 = connect_with(copts, small(8));
+        EXPECT_EQ(ccq->reserved(), 8u);
+    }
+    // The first connection goes: its room is free, and a new one fits.
+    first.client.reset();
+    first.server.reset();
+    EXPECT_EQ(cq->reserved(), 0u);
+    auto again = connect_with(small(8), sopts);
+    EXPECT_EQ(cq->reserved(), 16u);
+    EXPECT_EQ(again.server->state(), connection_state::established);
+}
+
+// The send queue's slots are freed when the completion is polled from the shared queue,
+// as from the connection's own: rdmx's own accounting keeps working.
+TEST_P(shared_cq, send_slots_are_freed_when_the_shared_queue_is_polled)
+{
+    auto cq = server_dom_->create_completion_queue({.depth = 64});
+    connection_options sopts = small(4);
+    sopts.send_cq = cq;
+    auto p = connect_with(small(4), sopts);
+    std::vector<std::byte> src = pattern(4 * 256, 8), dst(4 * 256);
+    auto smr = server_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto dmr =
+        client_dom_->register_memory(dst.data(), dst.size(), access::local_write | access::remote_write);
+    for (int round = 0; round < 3; ++round) {
+        for (int k = 0; k < 4; ++k) {
+            sge ws{smr.get(), std::size_t(k) * 256, 256};
+            ASSERT_FALSE(p.server->post_write({&ws, 1}, *dmr->remote().slice(k * 256, 256), k)) << k;
+        }
+        // All four complete, but until they are polled their slots stay taken.
+        std::this_thread::sleep_for(50ms);
+        sge one{smr.get(), 0, 8};
+        EXPECT_EQ(p.server->post_write({&one, 1}, *dmr->remote().slice(0, 8), 9), errc::would_block);
+        auto cs = poll_n(*cq, 4);
+        ASSERT_EQ(cs.size(), 4u);
+        for (auto& c : cs) {
+            EXPECT_FALSE(c.status);
+            EXPECT_EQ(c.conn, p.server.get());
+        }
+    }
+    EXPECT_TRUE(placed_eventually([&] { return dst == src; }));
+}
+
+// A connection destroyed with completions still queued: they are never returned (nor
+// handed to a later connection), and the others' are.
+TEST_P(shared_cq, completions_of_a_destroyed_connection_are_not_returned)
+{
+    auto cq = server_dom_->create_completion_queue({.depth = 256});
+    auto make = [&](std::uint64_t ctx) {
+        connection_options sopts = small(16);
+        sopts.send_cq = sopts.recv_cq = cq;
+        sopts.context = ctx;
+        return connect_with(small(16), sopts);
+    };
+    pair a = make(1), b = make(2);
+    std::vector<std::byte> msg = pattern(128, 4);
+    auto mmr = client_dom_->register_memory(msg.data(), msg.size(), access::local_write);
+    std::vector<std::byte> rb(16 * 128);
+    auto rmr = server_dom_->register_memory(rb.data(), rb.size(), access::local_write);
+    auto exchange = [&](pair& p, int n) {
+        for (int k = 0; k < n; ++k) {
+            sge rs{rmr.get(), std::size_t(k) * 128, 128};
+            ASSERT_FALSE(p.server->post_recv({&rs, 1}, k));
+        }
+        for (int k = 0; k < n; ++k) {
+            sge ss{mmr.get(), 0, 128};
+            ASSERT_FALSE(p.client->post_send({&ss, 1}, k));
+        }
+        expect_ok(*p.client, n);
+    };
+    exchange(a, 8);
+    exchange(b, 5);
+    // a's completions (8 receives) are queued, unpolled; destroy it.
+    connection* gone = a.server.get();
+    a.server.reset();
+    a.client.reset();
+    EXPECT_EQ(cq->reserved(), 32u);
+    // A new connection, perhaps with the QP number of the one that went.
+    pair c = make(3);
+    exchange(c, 3);
+    auto cs = poll_for(*cq, 300ms);
+    std::map<std::uint64_t, int> per_ctx;
+    for (auto& x : cs) {
+        EXPECT_FALSE(x.status) << x.status.message();
+        EXPECT_NE(x.context, 1u) << "a completion of the destroyed connection";
+        if (x.context == 2) {
+            EXPECT_EQ(x.conn, b.server.get());
+        } else if (x.context == 3) {
+            EXPECT_EQ(x.conn, c.server.get());
+        }
+        if (x.conn == gone && x.context != 3)
+            ADD_FAILURE() << "a completion names the destroyed connection";
+        ++per_ctx[x.context];
+    }
+    EXPECT_EQ(per_ctx[2], 5);
+    EXPECT_EQ(per_ctx[3], 3);
+    EXPECT_EQ(per_ctx.count(1), 0u);
+}
+
+// An error completion polled from a shared queue fails its connection as the own queue
+// does, and only that one.
+TEST_P(shared_cq, an_error_completion_fails_only_its_connection)
+{
+    if (iwarp())
+        GTEST_SKIP() << "iWARP: a bad key tears the connection down instead of completing with an error";
+    auto cq = server_dom_->create_completion_queue({.depth = 64});
+    auto make = [&](std::uint64_t ctx) {
+        connection_options sopts = small(8);
+        sopts.send_cq = sopts.recv_cq = cq;
+        sopts.context = ctx;
+        return connect_with(small(8), sopts);
+    };
+    pair bad = make(1), good = make(2);
+    std::vector<std::byte> src = pattern(64, 2), dst(64);
+    auto smr = server_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto dmr =
+        client_dom_->register_memory(dst.data(), dst.size(), access::local_write | access::remote_write);
+    remote_buffer wrong = dmr->remote();
+    wrong.key ^= 0x5a5a;
+    sge ws{smr.get(), 0, 64};
+    ASSERT_FALSE(bad.server->post_write({&ws, 1}, wrong, 1));
+    ASSERT_FALSE(bad.server->post_write({&ws, 1}, dmr->remote(), 2));
+    auto cs = poll_n(*cq, 2);
+    ASSERT_EQ(cs.size(), 2u);
+    EXPECT_EQ(cs[0].status, errc::remote_access) << cs[0].status.message();
+    EXPECT_EQ(cs[0].conn, bad.server.get());
+    EXPECT_EQ(cs[0].context, 1u);
+    EXPECT_EQ(cs[1].status, errc::flushed);
+    EXPECT_EQ(bad.server->state(), connection_state::error);
+    EXPECT_EQ(bad.server->last_error(), errc::remote_access);
+    // Posting on the failed connection completes as flushed, within its room on the queue.
+    std::size_t flushed = 0;
+    for (int k = 0; k < 100; ++k) {
+        std::error_code ec = bad.server->post_write({&ws, 1}, dmr->remote(), 10 + k);
+        if (ec == errc::would_block)
+            break;
+        ASSERT_FALSE(ec) << ec.message();
+        ++flushed;
+    }
+    EXPECT_LE(flushed, 8u) << "a failed connection must not fill the queue beyond its reservation";
+    EXPECT_GE(flushed, 1u);
+    auto fl = poll_n(*cq, flushed);
+    ASSERT_EQ(fl.size(), flushed);
+    for (auto& c : fl) {
+        EXPECT_EQ(c.status, errc::flushed);
+        EXPECT_EQ(c.conn, bad.server.get());
+    }
+    // The other connection on the queue is unharmed.
+    EXPECT_EQ(good.server->state(), connection_state::established);
+    ASSERT_FALSE(good.server->post_write({&ws, 1}, dmr->remote(), 3));
+    auto ok = poll_n(*cq, 1);
+    ASSERT_EQ(ok.size(), 1u);
+    EXPECT_FALSE(ok[0].status) << ok[0].status.message();
+    EXPECT_EQ(ok[0].conn, good.server.get());
+    EXPECT_TRUE(placed_eventually([&] { return dst == src; }));
+}
+
+// A connection with a shared receive queue reserves that queue's depth once per completion
+// queue, however many connections use it (the ledger, with a stand-in SRQ: only its public
+// interface counts).
+class fake_srq final : public shared_receive_queue
+{
+public:
+    explicit fake_srq(std::uint32_t depth) : depth_(depth) {}
+    rdmx::backend backend() const noexcept override { return backend::tcp; }
+    std::uint32_t depth() const noexcept override { return depth_; }
+    std::uint32_t max_sge() const noexcept override { return 1; }
+    std::error_code post_recv(std::span<const recv_request>, std::size_t*) noexcept override
+    {
+        return errc::not_supported;
+    }
+    std::error_code arm_limit(std::uint32_t) noexcept override { return errc::not_supported; }
+
+private:
+    std::uint32_t depth_;
+};
+
+TEST_P(shared_cq, a_shared_receive_queue_is_reserved_once_per_completion_queue)
+{
+    auto cq = server_dom_->create_completion_queue({.depth = 100});
+    auto srq1 = std::make_shared<fake_srq>(40);
+    auto srq2 = std::make_shared<fake_srq>(30);
+    connection_options o;
+    o.recv_cq = cq;
+    o.srq = srq1;
+    connection_limits lim{.send_queue_depth = 8, .recv_queue_depth = 8};
+    {
+        detail::cq_reservation r1(o, lim, b_, "accept");
+        EXPECT_EQ(cq->reserved(), 40u);
+        detail::cq_reservation r2(o, lim, b_, "accept");
+        EXPECT_EQ(cq->reserved(), 40u) << "the same SRQ: reserved once";
+        o.srq = srq2;
+        detail::cq_reservation r3(o, lim, b_, "accept");
+        EXPECT_EQ(cq->reserved(), 70u);
+        o.send_cq = cq; // 8 more for a send side
+        detail::cq_reservation r4(o, lim, b_, "accept");
+        EXPECT_EQ(cq->reserved(), 78u);
+        o.srq = std::make_shared<fake_srq>(30); // a third SRQ does not fit
+        try {
+            detail::cq_reservation r5(o, lim, b_, "accept");
+            ADD_FAILURE() << "no room: should be refused";
+        } catch (const error& e) {
+            EXPECT_EQ(e.code(), errc::no_resources);
+            EXPECT_NE(std::string(e.what()).find("recv_cq"), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(cq->reserved(), 78u) << "the refused one's send side was given back";
+        r1 = {};
+        EXPECT_EQ(cq->reserved(), 78u) << "srq1 still used by r2";
+        r2 = {};
+        EXPECT_EQ(cq->reserved(), 38u);
+    }
+    EXPECT_EQ(cq->reserved(), 0u);
+    // A queue of another backend is refused.
+    o.srq = nullptr;
+    o.send_cq = nullptr;
+    const backend other = b_ == backend::tcp ? backend::verbs : backend::tcp;
+    EXPECT_THROW(detail::cq_reservation(o, lim, other, "connect"), error);
+}
+
+INSTANTIATE_TEST_SUITE_P(backends, shared_cq, testing::ValuesIn(selected_backends()), param_name);
+
+} // namespace
+} // namespace rdmx::test
