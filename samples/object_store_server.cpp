@@ -10,7 +10,8 @@
 //     connection; each completion names its connection (completion::context).
 //   - One shared receive queue holds the receives for every client's requests: the server
 //     posts them once and reposts each as soon as its request is read, instead of carving
-//     a receive pool per connection.
+//     a receive pool per connection (--no-srq does that instead, for comparison: two
+//     receives per client, posted with start_accept before the client may send).
 //   - Connections are accepted with start_accept (never blocking the thread) and report
 //     established / disconnected / error on one event queue.
 //   - The thread sleeps in epoll_wait on four fds: the listener's (a pending request),
@@ -52,6 +53,8 @@ namespace
 /// Send-queue requests a connection may have outstanding: one RDMA read or write and the
 /// reply (the client has one request at a time), with room to spare.
 constexpr std::uint32_t send_depth = 4;
+/// --no-srq: receives per connection (one request outstanding, one to spare).
+constexpr std::uint32_t recv_depth = 2;
 /// Retired connections whose flushed completions never came are destroyed after this.
 constexpr auto retire_bound = 10s;
 
@@ -76,6 +79,8 @@ struct client {
     // this memory until the connection is gone.
     std::shared_ptr<object> op_object; ///< the object the RDMA in flight reads into / writes from
     std::uint64_t op_key = 0;
+    std::array<std::byte, os::message_size * recv_depth> recv_buf{}; ///< --no-srq only
+    std::unique_ptr<rdmx::memory_region> recv_mr;
     std::array<std::byte, os::message_size> reply_buf{};
     std::unique_ptr<rdmx::memory_region> reply_mr;
     bool reply_busy = false;          ///< reply_buf is in flight
@@ -88,20 +93,24 @@ struct client {
 class server
 {
 public:
-    server(const std::string& address, std::uint32_t max_clients, std::uint32_t srq_depth)
+    server(const std::string& address, std::uint32_t max_clients, std::uint32_t srq_depth, bool use_srq)
         : dom_(rdmx::domain::open(address)), events_(rdmx::event_queue::create())
     {
-        // The CQ holds every connection's send depth and the SRQ's depth once: with that
-        // size it cannot overrun, and the library refuses a connection beyond it.
-        cq_ = dom_->create_completion_queue({.depth = srq_depth + max_clients * send_depth});
-        rdmx::shared_receive_queue_options sopts;
-        sopts.depth = srq_depth;
-        sopts.max_sge = 1;
-        srq_ = dom_->create_shared_receive_queue(sopts);
-        recv_bufs_.resize(std::size_t{srq_depth} * os::message_size);
-        recv_mr_ = dom_->register_memory(recv_bufs_.data(), recv_bufs_.size(), rdmx::access::local_write);
-        for (std::uint32_t i = 0; i < srq_depth; ++i)
-            repost(i);
+        // The CQ holds every connection's send depth and the SRQ's depth once (or each
+        // connection's receive depth): with that size it cannot overrun, and the library
+        // refuses a connection beyond it.
+        cq_ = dom_->create_completion_queue({.depth = use_srq ? srq_depth + max_clients * send_depth
+                                                              : max_clients * (send_depth + recv_depth)});
+        if (use_srq) {
+            rdmx::shared_receive_queue_options sopts;
+            sopts.depth = srq_depth;
+            sopts.max_sge = 1;
+            srq_ = dom_->create_shared_receive_queue(sopts);
+            recv_bufs_.resize(std::size_t{srq_depth} * os::message_size);
+            recv_mr_ = dom_->register_memory(recv_bufs_.data(), recv_bufs_.size(), rdmx::access::local_write);
+            for (std::uint32_t i = 0; i < srq_depth; ++i)
+                repost(i);
+        }
         listener_ = dom_->listen(address);
         std::printf("object_store_server: listening on %s (backend %s, device %s, port %u)\n",
                     address.c_str(), rdmx::to_string(dom_->backend()), dom_->limits().device_name.c_str(),
@@ -177,11 +186,25 @@ private:
             opts.max_send_sge = 1;
             opts.send_cq = cq_;
             opts.recv_cq = cq_;
-            opts.srq = srq_;
             opts.events = events_;
             opts.context = c->id;
+            std::array<rdmx::sge, recv_depth> sges;
+            std::array<rdmx::recv_request, recv_depth> recvs;
+            if (srq_)
+                opts.srq = srq_;
+            else {
+                opts.recv_queue_depth = recv_depth;
+                opts.max_recv_sge = 1;
+                c->recv_mr =
+                    dom_->register_memory(c->recv_buf.data(), c->recv_buf.size(), rdmx::access::local_write);
+                for (std::uint32_t k = 0; k < recv_depth; ++k) {
+                    sges[k] = {c->recv_mr.get(), k * os::message_size, os::message_size};
+                    recvs[k] = {.wr_id = wr_recv | k, .local = {&sges[k], 1}};
+                }
+            }
             try {
-                c->conn = req->start_accept(opts);
+                // Without an SRQ the receives go up before the client hears it may send.
+                c->conn = req->start_accept(opts, {}, srq_ ? std::span<const rdmx::recv_request>{} : recvs);
             } catch (const rdmx::error& e) {
                 // errc::no_resources: the shared queues are full (--max-clients).
                 std::fprintf(stderr, "object_store_server: refusing a client: %s\n", e.what());
@@ -290,15 +313,26 @@ private:
     {
         client* c = find(wc.context); // null: a client destroyed meanwhile
         if (wc.wr_id & wr_recv) {
-            // A receive of the SRQ (an error completion has no opcode: the wr_id tells).
-            // Read the request out and give the slot back at once.
+            // A receive (an error completion has no opcode: the wr_id tells). Read the
+            // request out and give the slot back at once.
             std::uint64_t slot = wc.wr_id & ~wr_recv;
             os::request req{};
-            std::memcpy(&req, recv_bufs_.data() + slot * os::message_size,
-                        std::min<std::size_t>(sizeof req, wc.byte_len));
-            repost(slot);
+            if (srq_) {
+                std::memcpy(&req, recv_bufs_.data() + slot * os::message_size,
+                            std::min<std::size_t>(sizeof req, wc.byte_len));
+                repost(slot);
+            }
             if (!c || c->state == client_state::retired)
                 return;
+            if (!srq_ && !wc.status) {
+                std::memcpy(&req, c->recv_buf.data() + slot * os::message_size,
+                            std::min<std::size_t>(sizeof req, wc.byte_len));
+                rdmx::sge sg{c->recv_mr.get(), slot * os::message_size, os::message_size};
+                if (auto ec = c->conn->post_recv({&sg, 1}, wc.wr_id)) {
+                    ++stats_.lost;
+                    return retire(*c, ec.message().c_str());
+                }
+            }
             if (wc.status) {
                 ++stats_.lost;
                 return retire(*c, wc.status.message().c_str());
@@ -439,6 +473,7 @@ int main(int argc, char** argv)
     std::string address = "auto://0.0.0.0:7480";
     std::uint32_t max_clients = 64;
     std::uint32_t srq_depth = 256;
+    bool no_srq = false;
     app.add_option("address", address, "listen address: rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT")
         ->capture_default_str();
     app.add_option("--max-clients", max_clients, "connections the shared completion queue has room for")
@@ -447,10 +482,11 @@ int main(int argc, char** argv)
     app.add_option("--srq-depth", srq_depth, "receives in the shared receive queue")
         ->capture_default_str()
         ->check(CLI::Range(16u, 65536u));
+    app.add_flag("--no-srq", no_srq, "receives per connection instead of one shared receive queue");
     CLI11_PARSE(app, argc, argv);
 
     try {
-        server s(address, max_clients, srq_depth);
+        server s(address, max_clients, srq_depth, !no_srq);
         auto st = s.run();
         std::printf("object_store_server: done: accepted %llu, closed %llu, lost %llu, puts %llu, gets %llu, "
                     "failed operations %llu, still open %llu\n",

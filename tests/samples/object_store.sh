@@ -4,7 +4,7 @@
 # killed with SIGKILL in the middle of their transfers, and afterwards new clients that
 # still PUT, GET and verify, and verifiers that read back what the first 8 stored. Then a
 # SHUTDOWN RPC: the server must exit 0 and its counters must add up.
-# Usage: object_store.sh BUILD_DIR tcp|rdma
+# Usage: object_store.sh BUILD_DIR tcp|rdma   (OBJECT_STORE_SERVER_ARGS: more server options, e.g. --no-srq)
 #   tcp:  on this host, over tcp://127.0.0.1
 #   rdma: inside the test guest, over rdma://$RDMX_GUEST_IP (rxe0 or siw0)
 set -u
@@ -31,7 +31,7 @@ else
     addr="tcp://127.0.0.1:0"
 fi
 
-"$server" "$addr" --max-clients 32 >"$out/server.log" 2>&1 &
+"$server" "$addr" --max-clients 32 ${OBJECT_STORE_SERVER_ARGS:-} >"$out/server.log" 2>&1 &
 spid=$!
 i=0
 until grep -q listening "$out/server.log"; do
