@@ -175,14 +175,13 @@ int run_server(const options& o, int to_client, int done_fd)
     // Pings: answer each with its pong; done when every pong's send completed.
     std::size_t answered = 0, sent = 0;
     std::array<rdmx::completion, 64> wcs;
-    auto handle = [&](const rdmx::completion& wc) {
+    auto handle = [&](const rdmx::completion& wc, std::size_t i) { // i: its connection
         if (wc.status)
             throw std::runtime_error("server: completion error: " + wc.status.message());
         if (wc.opcode != rdmx::opcode::recv) {
             ++sent;
             return;
         }
-        std::size_t i = wc.context;
         const std::byte* p = recv_bufs.data() + wc.wr_id * o.recv_size;
         if (wc.byte_len != ping_size)
             throw std::runtime_error("server: ping of the wrong size");
@@ -210,12 +209,12 @@ int run_server(const options& o, int to_client, int done_fd)
         if (o.shared) {
             std::size_t k = cq->wait(wcs, 1000ms);
             for (const auto& wc : std::span(wcs).first(k))
-                handle(wc);
+                handle(wc, wc.context);
         } else {
-            for (auto& c : conns) { // N per-connection queues: poll them all
-                std::size_t k = c->poll(wcs);
+            for (std::size_t i = 0; i < conns.size(); ++i) { // N per-connection queues: poll them all
+                std::size_t k = conns[i]->poll(wcs);
                 for (auto& wc : std::span(wcs).first(k))
-                    handle(wc);
+                    handle(wc, i);
             }
         }
     }
