@@ -23,6 +23,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -44,14 +45,11 @@ constexpr std::size_t ping_size = 64;
 long proc_kb(const char* file, const char* field)
 {
     std::ifstream in(file);
-    std::string name;
-    long value = 0;
-    std::string unit;
-    while (in >> name >> value) {
-        std::getline(in, unit);
-        if (name == field)
-            return value;
-    }
+    std::string line;
+    const std::size_t n = std::strlen(field);
+    while (std::getline(in, line))
+        if (line.compare(0, n, field) == 0)
+            return std::atol(line.c_str() + n);
     return 0;
 }
 long rss_kb()
