@@ -84,10 +84,11 @@ pair() { # seconds 'server command' 'client command'
     return "$rc"
 }
 
-rdmx_run() { # backend-address test size iters [extra args]; AS=name records under another test name
+rdmx_run() { # backend-address test size iters [extra args]; AS=name records under another test name,
+    # SRV="args" gives the server arguments too (-q N, --shared-cq: both sides need them)
     local addr=$1 test=$2 size=$3 iters=$4 out as=${AS:-}
     shift 4
-    if ! out=$(pair 60 "$PERF --server $addr" "$PERF $addr -t $test -s $size -n $iters --json $*"); then
+    if ! out=$(pair 60 "$PERF --server $addr ${SRV:-}" "$PERF $addr -t $test -s $size -n $iters --json $*"); then
         fail_note rdmx "$test" "$out"
         return
     fi
@@ -95,7 +96,11 @@ rdmx_run() { # backend-address test size iters [extra args]; AS=name records und
 import json, sys
 doc = json.loads(sys.argv[1][sys.argv[1].index('{'):])
 for r in doc["results"]:
-    if "median_us" in r:
+    if "connections" in r:  # -q N: the message rate and each side's CPU per message
+        print(r["test"], r["size"], "msg_s", r["msg_per_s"])
+        print(r["test"], r["size"], "cpu_us_per_msg", r["cpu_us_per_msg"])
+        print(r["test"], r["size"], "server_cpu_us_per_msg", r["server_cpu_us_per_msg"])
+    elif "median_us" in r:
         print(r["test"], r["size"], "lat_us", r["median_us"])
     else:
         print(r["test"], r["size"], "mb_s", r["mb_per_s"])
@@ -136,11 +141,11 @@ fi_run() { # name provider endpoint size
 
 iperf_run() { # size
     local out
-    if ! out=$(pair 30 "iperf3 -s -1 -p 5299" "iperf3 -c 127.0.0.1 -p 5299 -l $1 -O 1 -t 2 -J"); then
-        fail_note iperf3 stream "$out"
+    if ! out=$(pair 30 "iperf3 -s -1 -p 5299" "iperf3 -c 127.0.0.1 -p 5299 -l $1 -O 1 -t 2 -J ${IPERF_ARGS:-}"); then
+        fail_note iperf3 "${AS:-stream}" "$out"
         return
     fi
-    record iperf3 stream "$1" mb_s "$(python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("%.2f" % (d["end"]["sum_received"]["bits_per_second"] / 8e6))' <<<"$out")"
+    record iperf3 "${AS:-stream}" "$1" mb_s "$(python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("%.2f" % (d["end"]["sum_received"]["bits_per_second"] / 8e6))' <<<"$out")"
 }
 
 qperf_run() { # test size
@@ -181,6 +186,10 @@ tcp_rep() {
         local n=$((s == 65536 ? 40000 : s == 1048576 ? 6000 : 1500)) # 2.6-6.3 GB per run
         for t in write_bw send_bw read_bw; do rdmx_run $a $t $s $n; done
     done
+    echo "  rdmx_perf -q 8 (one server thread, 8 connections: per-connection CQs vs one shared CQ)"
+    SRV="-q 8" AS=send_bw_q8 rdmx_run $a send_bw 64 20000 -q 8
+    SRV="-q 8 --shared-cq" AS=send_bw_q8_shared rdmx_run $a send_bw 64 20000 -q 8 --shared-cq
+    SRV="-q 8 --shared-cq" AS=send_bw_q8_shared_event rdmx_run $a send_bw 64 20000 -q 8 --shared-cq -e
     echo "  ucx_perftest"
     for s in 4096 65536; do ucx_run tag_lat $s 5000; done
     ucx_run ucp_put_lat 8 5000
@@ -196,6 +205,7 @@ tcp_rep() {
     fi_run fi_tcp_rxm_rdm 'tcp;ofi_rxm' rdm 8
     echo "  iperf3, qperf"
     for s in 65536 1048576; do iperf_run $s; done # iperf3 writes at most 1 MiB per call
+    AS=stream_p8 IPERF_ARGS="-P 8" iperf_run 65536     # 8 streams, against rdmx_perf -q 8
     for s in 8 4096 65536; do qperf_run tcp_lat $s; done
     for s in 65536 1048576 4194304; do qperf_run tcp_bw $s; done
 }
@@ -203,12 +213,12 @@ tcp_rep() {
 # ---------------------------------------------------------------------------------------
 # verbs on soft-RoCE: runs inside the guest (compare.sh guest-verbs RAW BW_REPS LAT_REPS [BW_ITERS])
 
-perftest_run() { # tool size iters
-    local out line
+perftest_run() { # tool size iters; PT_ARGS="-q 8" for both sides, AS=name records under another name
+    local out line x=${PT_ARGS:-}
     # One retry: perftest's rdma_cm connect is now and then rejected when its server is
     # not listening yet in the slow guest.
-    if ! out=$(pair 120 "$1 -d rxe0 -R -s $2 -n $3" "$1 -d rxe0 -R -s $2 -n $3 $RDMX_GUEST_IP") &&
-        ! out=$(PAIR_DELAY=1.5 pair 120 "$1 -d rxe0 -R -s $2 -n $3" "$1 -d rxe0 -R -s $2 -n $3 $RDMX_GUEST_IP"); then
+    if ! out=$(pair 120 "$1 -d rxe0 -R -s $2 -n $3 $x" "$1 -d rxe0 -R -s $2 -n $3 $x $RDMX_GUEST_IP") &&
+        ! out=$(PAIR_DELAY=1.5 pair 120 "$1 -d rxe0 -R -s $2 -n $3 $x" "$1 -d rxe0 -R -s $2 -n $3 $x $RDMX_GUEST_IP"); then
         fail_note perftest "$1" "$out"
         return
     fi
@@ -216,7 +226,8 @@ perftest_run() { # tool size iters
     [ -n "$line" ] || { fail_note perftest "$1" "$out"; return; }
     case $1 in
     *lat) record perftest "${1#ib_}" "$2" lat_us "$(awk '{ print $5 }' <<<"$line")" ;; # t_typical
-    *) record perftest "${1#ib_}" "$2" mb_s "$(awk '{ printf "%.2f", $4 * 1.048576 }' <<<"$line")" ;; # MiB/s
+    *) record perftest "${AS:-${1#ib_}}" "$2" mb_s "$(awk '{ printf "%.2f", $4 * 1.048576 }' <<<"$line")" # MiB/s
+        [ -z "$x" ] || record perftest "${AS:-${1#ib_}}" "$2" msg_s "$(awk '{ printf "%.0f", $5 * 1e6 }' <<<"$line")" ;; # Mpps
     esac
 }
 
@@ -265,6 +276,10 @@ guest_verbs() { # RAW BW_REPS LAT_REPS [BW_ITERS]; env GUEST_LAT_SIZES, GUEST_LA
                 guest_run $tool $t 65536 "$bw_iters" -w 0
             done
         done
+        # Many connections: 8 of them, 64 B sends (message rate), ib_send_bw -q 8 alongside.
+        PT_ARGS="-q 8" AS=send_bw_q8 perftest_run ib_send_bw 64 2000
+        SRV="-q 8" AS=send_bw_q8 guest_run rdmx send_bw 64 2000 -w 0 -q 8
+        SRV="-q 8 --shared-cq" AS=send_bw_q8_shared guest_run rdmx send_bw 64 2000 -w 0 -q 8 --shared-cq
     done
 }
 

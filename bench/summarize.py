@@ -89,7 +89,17 @@ others = [("write 8 B latency vs UCX ucp_put_lat", "tcp", ("rdmx", "write_lat", 
           ("send 4 MiB bw vs UCX tag_bw", "tcp", ("rdmx", "send_bw", 4 << 20, "mb_s"),
            ("ucx", "tag_bw", 4 << 20, "mb_s"), None, True),
           ("read 4 MiB bw vs UCX ucp_get", "tcp", ("rdmx", "read_bw", 4 << 20, "mb_s"),
-           ("ucx", "ucp_get", 4 << 20, "mb_s"), None, True)]
+           ("ucx", "ucp_get", 4 << 20, "mb_s"), None, True),
+          # Many connections (issue 17): 8 connections served by one thread, 64 B sends.
+          ("send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate)", "tcp",
+           ("rdmx", "send_bw_q8_shared", 64, "msg_s"), ("rdmx", "send_bw_q8", 64, "msg_s"), None, True),
+          ("send 64 B x 8 connections, shared CQ, event mode vs polling (message rate)", "tcp",
+           ("rdmx", "send_bw_q8_shared_event", 64, "msg_s"), ("rdmx", "send_bw_q8_shared", 64, "msg_s"), None, True),
+          ("send 64 B x 8 connections, server CPU per message, one shared CQ vs 8 CQs", "tcp",
+           ("rdmx", "send_bw_q8_shared", 64, "server_cpu_us_per_msg"),
+           ("rdmx", "send_bw_q8", 64, "server_cpu_us_per_msg"), None, False),
+          ("send 64 B x 8 connections, shared CQ vs ib_send_bw -q 8 (message rate)", "verbs",
+           ("rdmx", "send_bw_q8_shared", 64, "msg_s"), ("perftest", "send_bw_q8", 64, "msg_s"), None, True)]
 
 
 def ratio_range(mine, peer, draws=10000):
@@ -119,7 +129,7 @@ for desc, backend, mine, peer, goal, higher in targets + others:
     checked.append({"target": desc, "backend": backend, "rdmx": x, "peer": y, "ratio": ratio,
                     "goal": "-" if goal is None else (">= " if higher else "<= ") + f"{goal}x", "met": ok,
                     "ratio_90": ratio_range(mine_runs, peer_runs),
-                    "unit": "MB/s" if mine[3] == "mb_s" else "us",
+                    "unit": {"mb_s": "MB/s", "msg_s": "msg/s"}.get(mine[3], "us"),
                     "rdmx_runs": mine_runs, "peer_runs": peer_runs})
 
 # rxe under TCG: a run whose median sits at one 4 ms host tick stalled as a whole (a vCPU
@@ -132,6 +142,8 @@ doc = {"machine": a.machine, "reps": a.reps, "tcp_lat_pairs": a.tcp_lat_pairs, "
                  "verbs: rdma_rxe in a 2-vCPU QEMU (TCG) guest, server vCPU 0, client vCPU 1",
        "units": {"lat_us": "microseconds, one way (read: round trip), median of the tool's samples",
                  "mb_s": "1e6 bytes per second", "cpu_s_per_gb": "CPU seconds per 1e9 bytes, whole process",
+                 "msg_s": "messages per second, all connections", "cpu_us_per_msg": "CPU microseconds per message, whole process",
+                 "server_cpu_us_per_msg": "the server's CPU microseconds per message, whole process",
                  "ratio_90": "5th-95th percentile of the ratio of medians, each tool's runs resampled "
                              "(bootstrap, 10000 draws)"},
        "load_at_rep_start": loads, "targets": checked,

@@ -23,6 +23,12 @@
 //   write_bw      a window of RDMA writes to the server's buffer
 //   read_bw       a window of RDMA reads from the server's buffer
 //   write_imm_bw  a window of RDMA writes with immediate (each consumes a server receive)
+//
+// Many connections (as perftest's -q N, fabtests' fi_multi_ep): -q N on both sides opens N
+// measured connections; the bandwidth tests keep a window of --depth on each, -n
+// iterations each, served on each side by one thread that polls either N per-connection
+// completion queues in turn or, with --shared-cq (both sides), one completion queue they
+// all report to. The report adds each side's CPU time per message (getrusage).
 #include <CLI/CLI.hpp>
 
 #include <sched.h>
@@ -110,6 +116,7 @@ struct control {
     std::uint32_t event = 0;             ///< the server waits in event mode too
     std::uint32_t spin_only = 0;         ///< write_lat: the server spins on memory without polling
     std::uint32_t signal_every = 1;      ///< latency: the server's sends / writes, as the client's
+    std::uint64_t cpu_ns = 0;            ///< -q N, the server's ready after a test: its CPU time in it
     rdmx::remote_buffer::bytes region{}; ///< hello / ready: the sender's data buffer
 };
 
@@ -133,6 +140,8 @@ struct options {
     int timeout_ms = 10000;
     std::uint32_t takeover_check_us = 1000; ///< connection_options::tcp.takeover_check
     std::string congestion;                 ///< connection_options::tcp.congestion
+    std::uint32_t qps = 1;                  ///< measured connections (-q)
+    bool shared_cq = false;                 ///< -q N: one completion queue for all of them
 };
 
 std::size_t parse_size(const std::string& s)
@@ -251,6 +260,10 @@ void check(std::error_code ec, const char* what)
 struct session {
     std::unique_ptr<rdmx::domain> dom;
     std::unique_ptr<rdmx::connection> data, ctl;
+    /// -q N: the measured connections (`data` stays empty), and their shared completion
+    /// queue with --shared-cq. Declared before `conns`: the queue outlives them anyway.
+    std::shared_ptr<rdmx::completion_queue> cq;
+    std::vector<std::unique_ptr<rdmx::connection>> conns;
     /// Page-aligned and page-padded, as perftest's buffers: what the peer writes shares no
     /// page with the heap objects this process touches on every operation.
     struct page_buffer {
@@ -539,6 +552,164 @@ void run_bw_receiver(session& s, test t, std::size_t size, std::uint64_t total, 
 }
 
 // ---------------------------------------------------------------------------------------
+// Many connections (-q N): N measured connections, one thread per side.
+
+/// The completions of N connections: one shared completion queue (each completion names
+/// its connection in `context`), or the N connections' own queues polled in turn.
+class multi_poller
+{
+public:
+    multi_poller(std::vector<std::unique_ptr<rdmx::connection>>& conns, rdmx::completion_queue* cq,
+                 bool event, std::chrono::milliseconds timeout)
+        : conns_(conns), cq_(cq), event_(event), timeout_(timeout)
+    {
+    }
+    std::size_t get(std::span<rdmx::completion> out)
+    {
+        clock_type::time_point deadline{};
+        for (std::uint32_t spins = 1;; ++spins) {
+            if (std::size_t n = try_get(out))
+                return n;
+            if (event_ || spins % 1024 == 0) {
+                auto now = clock_type::now();
+                if (deadline == clock_type::time_point{})
+                    deadline = now + timeout_;
+                else if (now > deadline)
+                    throw std::runtime_error("no completion within the timeout (peer gone?)");
+            }
+        }
+    }
+
+private:
+    std::size_t try_get(std::span<rdmx::completion> out)
+    {
+        std::size_t n = 0;
+        if (cq_) {
+            n = event_ ? cq_->wait(out, 100ms) : cq_->poll(out);
+        } else {
+            // One look at each connection, starting after the last that had something.
+            for (std::size_t k = 0; k < conns_.size() && n == 0; ++k) {
+                std::size_t i = next_;
+                next_ = (next_ + 1) % conns_.size();
+                n = conns_[i]->poll(out);
+                for (std::size_t j = 0; j < n; ++j)
+                    out[j].context = i;
+            }
+        }
+        for (std::size_t i = 0; i < n; ++i)
+            if (out[i].status)
+                throw std::runtime_error("completion of wr_id " + std::to_string(out[i].wr_id) +
+                                         " (connection " + std::to_string(out[i].context) +
+                                         "): " + out[i].status.message());
+        return n;
+    }
+
+    std::vector<std::unique_ptr<rdmx::connection>>& conns_;
+    rdmx::completion_queue* cq_;
+    bool event_;
+    std::chrono::milliseconds timeout_;
+    std::size_t next_ = 0;
+};
+
+/// The client's side of a bandwidth test on N connections: a window of `depth` on each,
+/// `warmup + iters` requests each; the measurement starts once every connection is past
+/// its warm-up.
+bw_result run_multi_bw_client(session& s, test t, std::size_t size, std::uint64_t warmup, std::uint64_t iters,
+                              const options& o)
+{
+    multi_poller p(s.conns, s.cq.get(), o.event, s.timeout);
+    const std::size_t n_conns = s.conns.size();
+    const std::uint64_t total = warmup + iters;
+    const rdmx::opcode op = t == test::send_bw    ? rdmx::opcode::send
+                            : t == test::read_bw  ? rdmx::opcode::read
+                            : t == test::write_bw ? rdmx::opcode::write
+                                                  : rdmx::opcode::write_with_imm;
+    const bool use_inline = size <= o.inline_max && op != rdmx::opcode::read;
+    rdmx::sge src{s.mr.get(), s.half, size};
+    rdmx::remote_buffer remote = *s.peer.slice(0, size);
+    std::vector<rdmx::work_request> list(o.post_list);
+    std::vector<rdmx::completion> wc(64);
+    std::vector<std::uint64_t> posted(n_conns, 0), completed(n_conns, 0);
+    std::uint64_t done_all = 0, warm = 0, measured_from = 0;
+
+    clock_type::time_point t0 = clock_type::now();
+    double cpu0 = cpu_seconds();
+    bool measuring = warmup == 0;
+    while (done_all < total * n_conns) {
+        for (std::size_t c = 0; c < n_conns; ++c) {
+            while (posted[c] < total && posted[c] - completed[c] + o.post_list <= o.depth) {
+                std::size_t n = std::min<std::uint64_t>(o.post_list, total - posted[c]);
+                for (std::size_t j = 0; j < n; ++j) {
+                    std::uint64_t k = posted[c] + j;
+                    list[j] = {.opcode = op,
+                               .wr_id = k,
+                               .local = {&src, 1},
+                               .remote = remote,
+                               .flags = signal_at(k, total, o.signal_every) ? rdmx::send_flags::signaled
+                                                                            : rdmx::send_flags::none,
+                               .imm = static_cast<std::uint32_t>(k)};
+                    if (use_inline)
+                        list[j].flags = list[j].flags | rdmx::send_flags::inline_data;
+                }
+                std::size_t done = 0;
+                auto ec = s.conns[c]->post({list.data(), n}, &done);
+                posted[c] += done;
+                if (ec == rdmx::errc::would_block)
+                    break;
+                check(ec, "post");
+            }
+        }
+        std::size_t got = p.get(wc);
+        for (std::size_t i = 0; i < got; ++i) {
+            std::size_t c = wc[i].context;
+            std::uint64_t now_done = std::max(completed[c], wc[i].wr_id + 1);
+            done_all += now_done - completed[c];
+            if (completed[c] < warmup && now_done >= warmup)
+                ++warm;
+            completed[c] = now_done;
+        }
+        if (!measuring && warm == n_conns) {
+            measuring = true;
+            measured_from = done_all;
+            t0 = clock_type::now();
+            cpu0 = cpu_seconds();
+        }
+    }
+    std::chrono::duration<double> dt = clock_type::now() - t0;
+    return {dt.count(), cpu_seconds() - cpu0, total * n_conns - measured_from};
+}
+
+/// The server's side of send_bw / write_imm_bw on N connections: keeps receives posted on
+/// each until `total` arrived on each; returns its CPU seconds.
+double run_multi_receiver(session& s, test t, std::size_t size, std::uint64_t total, const options& o)
+{
+    multi_poller p(s.conns, s.cq.get(), o.event, s.timeout);
+    const std::size_t n_conns = s.conns.size();
+    const std::uint64_t depth = s.conns[0]->limits().recv_queue_depth;
+    rdmx::sge dst{s.mr.get(), 0, t == test::send_bw ? size : 0};
+    std::vector<rdmx::recv_request> rr(depth, rdmx::recv_request{.wr_id = 0, .local = {&dst, 1}});
+    std::vector<std::uint64_t> posted(n_conns, std::min(depth, total));
+    for (auto& c : s.conns)
+        check(c->post_recv({rr.data(), posted[0]}), "post_recv");
+    double cpu0 = cpu_seconds();
+    s.send_control({.kind = control::ready});
+    std::vector<rdmx::completion> wc(64);
+    std::uint64_t received = 0;
+    while (received < total * n_conns) {
+        std::size_t got = p.get(wc);
+        received += got;
+        for (std::size_t i = 0; i < got; ++i) {
+            std::size_t c = wc[i].context;
+            if (posted[c] < total) {
+                check(s.conns[c]->post_recv({rr.data(), 1}), "post_recv");
+                ++posted[c];
+            }
+        }
+    }
+    return cpu_seconds() - cpu0;
+}
+
+// ---------------------------------------------------------------------------------------
 // Reporting
 
 struct result {
@@ -547,7 +718,14 @@ struct result {
     std::uint64_t iters;
     std::vector<double> lat; ///< latency tests: microseconds, sorted
     bw_result bw;
+    double server_cpu = 0; ///< -q N: the server's CPU seconds in the test (0: it had nothing to do)
 };
+
+/// -q N: the report gains the connections, the queues and each side's CPU per message.
+bool multi(const options& o)
+{
+    return o.qps > 1 || o.shared_cq;
+}
 
 double percentile(const std::vector<double>& v, double q)
 {
@@ -565,8 +743,14 @@ void print_header(test t, const session& s, const options& o)
                 o.event ? "event" : "polling");
     std::printf(" depth %u   post list %u   signal every %u   inline up to %u B   cpus %s\n", o.depth,
                 o.post_list, o.signal_every, o.inline_max, o.cpus.empty() ? "any" : o.cpus.c_str());
+    if (multi(o))
+        std::printf(" connections %u   completion queues %s\n", o.qps,
+                    o.shared_cq ? "one shared" : "one per connection");
     std::printf("---------------------------------------------------------------------------------------\n");
-    if (is_latency(t))
+    if (multi(o))
+        std::printf(" %10s %12s %14s %14s %16s %14s %14s\n", "#bytes", "#iterations", "BW[MB/s]",
+                    "MsgRate[Mpps]", "CPU[s/GB]", "CPU[us/msg]", "srvCPU[us/msg]");
+    else if (is_latency(t))
         std::printf(" %10s %12s %12s %14s %12s %12s\n", "#bytes", "#iterations", "t_min[us]", "t_median[us]",
                     "t_p99[us]", "t_max[us]");
     else
@@ -574,9 +758,16 @@ void print_header(test t, const session& s, const options& o)
                     "CPU[s/GB]");
 }
 
-void print_row(const result& r)
+void print_row(const result& r, const options& o)
 {
-    if (is_latency(r.t)) {
+    if (multi(o)) {
+        double bytes = static_cast<double>(r.bw.messages) * static_cast<double>(r.size);
+        double msgs = static_cast<double>(r.bw.messages);
+        std::printf(" %10zu %12llu %14.2f %14.4f %16.3f %14.3f %14.3f\n", r.size,
+                    static_cast<unsigned long long>(r.iters), bytes / r.bw.seconds / 1e6,
+                    msgs / r.bw.seconds / 1e6, r.bw.cpu / (bytes / 1e9), r.bw.cpu / msgs * 1e6,
+                    r.server_cpu / msgs * 1e6);
+    } else if (is_latency(r.t)) {
         std::printf(" %10zu %12llu %12.2f %14.2f %12.2f %12.2f\n", r.size,
                     static_cast<unsigned long long>(r.iters), r.lat.front(), percentile(r.lat, 0.5),
                     percentile(r.lat, 0.99), r.lat.back());
@@ -603,7 +794,16 @@ void print_json(const std::vector<result>& rs, const session& s, const options& 
         const result& r = rs[i];
         std::printf("  {\"test\": \"%s\", \"size\": %zu, \"iterations\": %llu, ", name_of(r.t), r.size,
                     static_cast<unsigned long long>(r.iters));
-        if (is_latency(r.t)) {
+        if (multi(o)) {
+            double bytes = static_cast<double>(r.bw.messages) * static_cast<double>(r.size);
+            double msgs = static_cast<double>(r.bw.messages);
+            std::printf("\"connections\": %u, \"shared_cq\": %s, \"mb_per_s\": %.2f, \"msg_per_s\": %.0f, "
+                        "\"cpu_s_per_gb\": %.4f, \"cpu_us_per_msg\": %.4f, \"server_cpu_us_per_msg\": %.4f, "
+                        "\"seconds\": %.6f}",
+                        o.qps, o.shared_cq ? "true" : "false", bytes / r.bw.seconds / 1e6,
+                        msgs / r.bw.seconds, r.bw.cpu / (bytes / 1e9), r.bw.cpu / msgs * 1e6,
+                        r.server_cpu / msgs * 1e6, r.bw.seconds);
+        } else if (is_latency(r.t)) {
             std::printf("\"min_us\": %.3f, \"median_us\": %.3f, \"p99_us\": %.3f, \"max_us\": %.3f}",
                         r.lat.front(), percentile(r.lat, 0.5), percentile(r.lat, 0.99), r.lat.back());
         } else {
@@ -631,6 +831,18 @@ rdmx::connection_options connection_opts(const options& o)
     return c;
 }
 
+/// -q N: the options of measured connection i, on the shared completion queue if there is one.
+rdmx::connection_options multi_opts(const options& o, session& s, std::size_t i)
+{
+    rdmx::connection_options c = connection_opts(o);
+    if (o.shared_cq && !s.cq)
+        s.cq = s.dom->create_completion_queue({.depth = o.qps * (c.send_queue_depth + c.recv_queue_depth)});
+    c.send_cq = s.cq;
+    c.recv_cq = s.cq;
+    c.context = i;
+    return c;
+}
+
 // ---------------------------------------------------------------------------------------
 
 int run_server(const options& o)
@@ -647,7 +859,11 @@ int run_server(const options& o)
             if (auto req = lst->get_request(1s))
                 return req->accept(co);
     };
-    s.data = accept(connection_opts(o));
+    if (multi(o))
+        for (std::uint32_t i = 0; i < o.qps; ++i)
+            s.conns.push_back(accept(multi_opts(o, s, i)));
+    else
+        s.data = accept(connection_opts(o));
     s.ctl = accept(connection_opts(o));
     s.setup_control();
     bool event = false, spin_only = false;
@@ -668,7 +884,16 @@ int run_server(const options& o)
             // Receives must be posted before the client starts: the test functions say
             // ready once they are.
             const std::uint64_t total = m.warmup + m.iters;
-            if (m.t == test::send_lat || m.t == test::write_lat)
+            if (multi(o)) {
+                // Receives first (the test says ready); then the CPU it took, for the report.
+                double cpu = m.t == test::send_bw || m.t == test::write_imm_bw
+                                 ? run_multi_receiver(s, m.t, m.size, total, o)
+                                 : (s.send_control({.kind = control::ready}), 0.0);
+                control done{.kind = control::ready};
+                done.cpu_ns = static_cast<std::uint64_t>(cpu * 1e9);
+                s.recv_control(s.timeout); // the client is done: its "start" of the report
+                s.send_control(done);
+            } else if (m.t == test::send_lat || m.t == test::write_lat)
                 run_latency(s, m.t, m.size, m.warmup, m.iters, false, event, spin_only, m.inline_max,
                             std::max(1u, m.signal_every));
             else if (m.t == test::send_bw || m.t == test::write_imm_bw)
@@ -701,7 +926,11 @@ int run_client(const options& o)
     s.timeout = std::chrono::milliseconds(o.timeout_ms);
     s.dom = rdmx::domain::open(o.address);
     auto co = connection_opts(o);
-    s.data = s.dom->connect(o.address, co);
+    if (multi(o))
+        for (std::uint32_t i = 0; i < o.qps; ++i)
+            s.conns.push_back(s.dom->connect(o.address, multi_opts(o, s, i)));
+    else
+        s.data = s.dom->connect(o.address, co);
     s.ctl = s.dom->connect(o.address, co);
     s.setup_control();
     s.register_buffers(largest);
@@ -728,7 +957,12 @@ int run_client(const options& o)
                         .signal_every = o.signal_every});
         s.recv_control(s.timeout); // ready: the server's receives are posted
         result res{.t = o.t, .size = size, .iters = o.iters, .lat = {}, .bw = {}};
-        if (is_latency(o.t)) {
+        if (multi(o)) {
+            res.bw = run_multi_bw_client(s, o.t, size, o.warmup, o.iters, o);
+            // Tell the server the test is over; it answers with its CPU time.
+            s.send_control({.kind = control::start, .t = o.t, .size = size});
+            res.server_cpu = static_cast<double>(s.recv_control(s.timeout).cpu_ns) * 1e-9;
+        } else if (is_latency(o.t)) {
             res.lat = run_latency(s, o.t, size, o.warmup, o.iters, true, o.event, o.spin_only, o.inline_max,
                                   o.signal_every);
             std::sort(res.lat.begin(), res.lat.end());
@@ -737,7 +971,7 @@ int run_client(const options& o)
                                    o.inline_max, o.event);
         }
         if (!o.json)
-            print_row(res);
+            print_row(res, o);
         results.push_back(std::move(res));
     }
     s.send_control({.kind = control::bye});
@@ -800,11 +1034,24 @@ int main(int argc, char** argv)
     app.add_option("--tcp-congestion", o.congestion,
                    "TCP: this side's congestion control (cubic, reno, bbr, ...; default: the "
                    "system's net.ipv4.tcp_congestion_control)");
+    app.add_option("-q,--connections", o.qps,
+                   "measured connections, both sides (as perftest -q); bandwidth tests only")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 65536u));
+    app.add_flag("--shared-cq", o.shared_cq, "-q N: one completion queue for all of them (both sides)");
     CLI11_PARSE(app, argc, argv);
     for (auto& [n, v] : test_names)
         if (n == test_name)
             o.t = v;
     o.signal_every = std::min(o.signal_every, o.depth); // a full window must hold a signalled one
+    if (multi(o) && is_latency(o.t)) {
+        std::fprintf(stderr, "rdmx_perf: -q and --shared-cq are for the bandwidth tests\n");
+        return 2;
+    }
+    if (multi(o) && o.event && !o.shared_cq) {
+        std::fprintf(stderr, "rdmx_perf: -q N with -e needs --shared-cq (one fd to sleep on)\n");
+        return 2;
+    }
     if (o.post_list > o.depth) {
         std::fprintf(stderr, "rdmx_perf: --post-list must not exceed --depth\n");
         return 2;

@@ -300,6 +300,57 @@ TEST_P(shared_cq, send_and_receive_sides_report_to_separate_queues)
     EXPECT_EQ(p.server->poll(none), 0u);
 }
 
+// The connecting side shares a queue just as well.
+TEST_P(shared_cq, connecting_sides_share_a_queue_too)
+{
+    constexpr int nconn = 3;
+    auto ccq = client_dom_->create_completion_queue({.depth = 64});
+    std::vector<pair> ps;
+    std::vector<std::byte> out = pattern(512, 6), back(nconn * 512), in(nconn * 512);
+    auto omr = client_dom_->register_memory(out.data(), out.size(), access::local_write);
+    auto bmr = client_dom_->register_memory(back.data(), back.size(), access::local_write);
+    auto imr = server_dom_->register_memory(in.data(), in.size(), access::local_write);
+    for (int i = 0; i < nconn; ++i) {
+        connection_options copts = small(8);
+        copts.send_cq = copts.recv_cq = ccq;
+        copts.context = 10 + i;
+        ps.push_back(connect_with(copts, small(8)));
+        EXPECT_EQ(ps[i].client->completion_fd(), -1);
+        sge rs{imr.get(), std::size_t(i) * 512, 512};
+        ASSERT_FALSE(ps[i].server->post_recv({&rs, 1}, 1));
+        sge br{bmr.get(), std::size_t(i) * 512, 512};
+        ASSERT_FALSE(ps[i].client->post_recv({&br, 1}, 2));
+        sge ss{omr.get(), 0, 512};
+        ASSERT_FALSE(ps[i].client->post_send({&ss, 1}, 3));
+    }
+    EXPECT_EQ(ccq->reserved(), 16u * nconn);
+    // The server echoes each message back.
+    for (int i = 0; i < nconn; ++i) {
+        auto cs = expect_ok(*ps[i].server, 1);
+        ASSERT_EQ(cs.size(), 1u);
+        EXPECT_EQ(cs[0].conn, ps[i].server.get());
+        sge es{imr.get(), std::size_t(i) * 512, 512};
+        ASSERT_FALSE(ps[i].server->post_send({&es, 1}, 4));
+    }
+    auto cs = poll_n(*ccq, 2 * nconn);
+    ASSERT_EQ(cs.size(), std::size_t(2 * nconn));
+    std::map<std::uint64_t, std::set<std::uint64_t>> per_ctx;
+    for (auto& c : cs) {
+        ASSERT_FALSE(c.status) << c.status.message();
+        ASSERT_GE(c.context, 10u);
+        ASSERT_LT(c.context, std::uint64_t(10 + nconn));
+        EXPECT_EQ(c.conn, ps[c.context - 10].client.get());
+        EXPECT_EQ(c.opcode, c.wr_id == 2 ? opcode::recv : opcode::send);
+        per_ctx[c.context].insert(c.wr_id);
+    }
+    for (int i = 0; i < nconn; ++i) {
+        EXPECT_EQ(per_ctx[10 + i], (std::set<std::uint64_t>{2, 3})) << "connection " << i;
+        EXPECT_EQ(std::memcmp(back.data() + i * 512, out.data(), 512), 0) << "connection " << i;
+    }
+    for (auto& p : ps)
+        expect_ok(*p.server, 1);
+}
+
 // Only the receive side shared: the connection's own poll() and fd serve its send side.
 TEST_P(shared_cq, a_side_without_a_shared_queue_keeps_its_own)
 {

@@ -8,6 +8,7 @@
 
 #include <rdmx/connection.hpp>
 
+#include <string_view>
 #include <vector>
 
 #include "cq_reservation.hpp"
@@ -107,8 +108,8 @@ private:
     }
 
     /// After an error: the completions its sides on shared queues may still produce there,
-    /// by queue (see post_room); the first counts the send CQ's, the second the receive
-    /// CQ's when that is another queue.
+    /// by queue (post() and post_recv() stay within the reservation): owed_send_cq_ counts
+    /// the send CQ's, owed_recv_cq_ the receive CQ's when that is another queue.
     std::uint32_t& owed(const completion_queue* q) noexcept
     {
         return q == send_shared_ ? owed_send_cq_ : owed_recv_cq_;
