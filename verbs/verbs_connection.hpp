@@ -5,6 +5,8 @@
 // in eRPC.
 #pragma once
 
+#include <atomic>
+
 #include <rdmx/connection.hpp>
 
 #include <vector>
@@ -56,6 +58,9 @@ protected:
 
     const protection_domain& pd() const noexcept { return pd_; }
     ibv_qp* qp() const noexcept { return qp_.get(); }
+    /// False while a connection started without waiting is still connecting: post() then
+    /// returns errc::not_connected (post_recv works once the QP exists). Set by the flow.
+    std::atomic<bool> sendable_{true};
     ibv_cq* cq() const noexcept { return cq_.get(); }
 
     /// An error completion (`status`) showed the QP in the error state: the connection

@@ -3,6 +3,7 @@
 #include <rdmx/queues.hpp>
 
 #include <sys/random.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 
@@ -194,12 +195,34 @@ std::unique_ptr<listener> tcp_domain::listen(std::string_view address, const lis
     return make_listener(shared_from_this(), address, opts.backlog);
 }
 
-// TODO(issue 17): the helpers of issue 17 replace these.
-std::unique_ptr<connection> tcp_domain::start_connect(std::string_view, const connection_options&,
-                                                      std::span<const std::byte>,
-                                                      std::span<const recv_request>)
+std::unique_ptr<connection> tcp_domain::start_connect(std::string_view address,
+                                                      const connection_options& opts,
+                                                      std::span<const std::byte> private_data,
+                                                      std::span<const recv_request> initial_recvs)
 {
-    throw_error(errc::not_supported, "start_connect: not built yet");
+    uri u = uri::parse(address);
+    std::string what = "start_connect " + std::string(address);
+    if (u.scheme == scheme::rdma)
+        throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
+    connection_limits lim = detail::clamp_limits(opts, limits_);
+    std::byte buf[handshake::reply_size];
+    auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
+    // The first address the name resolves to (a numeric address resolves at once); the
+    // connect() itself completes on the engine.
+    auto addrs = resolve(u, false, what);
+    const socket_address& a = addrs.front();
+    unique_fd fd(::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd)
+        throw_errno(errno, "socket");
+    set_socket_options(fd.get());
+    set_congestion_control(fd.get(), opts.tcp.congestion);
+    int err = 0;
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) < 0 && errno != EINPROGRESS)
+        err = errno;
+    // The peer's read depth comes with its reply (start_client sets it).
+    auto conn = prepare_connection(*this, std::move(fd), lim, opts, 1, {}, initial_recvs, true);
+    conn->engine().start_client(hello, clock::now() + opts.timeout, err);
+    return conn;
 }
 std::shared_ptr<completion_queue> tcp_domain::create_completion_queue(const completion_queue_options&)
 {
@@ -215,8 +238,6 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
                                                 std::span<const std::byte> private_data,
                                                 std::span<const recv_request> initial_recvs)
 {
-    if (!initial_recvs.empty())
-        throw_error(errc::not_supported, "connect: initial_recvs not built yet");
     uri u = uri::parse(address);
     std::string what = "connect " + std::string(address);
     if (u.scheme == scheme::rdma)
@@ -241,7 +262,7 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     }
     auto d = reply->data();
     auto conn = make_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
-                                std::vector<std::byte>(d.begin(), d.end()));
+                                std::vector<std::byte>(d.begin(), d.end()), initial_recvs);
     return conn;
 }
 
