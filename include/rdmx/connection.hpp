@@ -431,7 +431,10 @@ public:
     /// connection_refused, rejected with the peer's private data in peer_private_data(),
     /// unreachable, timed_out) later, bounded by opts.timeout per step. No thread blocks
     /// for it. Throws only for what fails at once (bad address or options, no room on a
-    /// shared queue).
+    /// shared queue). Tries the first address a name resolves to. While connecting, post()
+    /// returns errc::not_connected; post_recv() works once the QP exists (TCP: at once;
+    /// verbs: after route resolution; `initial_recvs` are always in time) and
+    /// peer_private_data() is valid once the state left `connecting`.
     virtual std::unique_ptr<connection> start_connect(std::string_view address,
                                                       const connection_options& opts,
                                                       std::span<const std::byte> private_data = {},
