@@ -4,6 +4,9 @@
 // failures of a start as error events, and receives posted before the peer may send.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <map>
 #include <vector>
@@ -289,6 +292,67 @@ TEST_P(server_cm, started_accept_and_connect_take_initial_recvs_too)
     EXPECT_EQ(sc[0].byte_len, len);
     EXPECT_EQ(srv_buf, src);
     expect_ok(*c, 1);
+}
+
+TEST_P(server_cm, a_clean_disconnect_and_a_dead_peer_process_are_told_apart)
+{
+    if (b_ == backend::verbs)
+        GTEST_SKIP() << "verbs cannot tell them apart: the peer's kernel sends the same DREQ for "
+                        "rdma_disconnect and for a dying process (docs/servers.md); and rdma_cm "
+                        "state does not survive fork()";
+    enum class how { disconnect, exit, sigkill };
+    for (how h : {how::disconnect, how::exit, how::sigkill}) {
+        SCOPED_TRACE(static_cast<int>(h));
+        int ready[2];
+        ASSERT_EQ(::pipe(ready), 0);
+        pid_t pid = ::fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            // The child: its own domain, one connection, then the way it ends.
+            ::close(ready[0]);
+            try {
+                auto d = domain::open(server_address());
+                auto c = d->connect(server_address());
+                if (h == how::disconnect)
+                    c->disconnect();
+                char one = 1;
+                [[maybe_unused]] auto n = ::write(ready[1], &one, 1);
+                if (h == how::sigkill)
+                    ::pause();
+                _exit(0); // no destructor runs: the kernel closes the socket
+            } catch (...) {
+                _exit(1);
+            }
+        }
+        ::close(ready[1]);
+        auto q = event_queue::create();
+        connection_options o;
+        o.events = q;
+        auto req = listener_->get_request(10s);
+        ASSERT_NE(req, nullptr);
+        auto s = req->accept(o);
+        char one = 0;
+        ASSERT_EQ(::read(ready[0], &one, 1), 1);
+        ::close(ready[0]);
+        if (h == how::sigkill)
+            ::kill(pid, SIGKILL);
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        event ev;
+        ASSERT_EQ(q->wait({&ev, 1}, 10s), 1u) << "no event";
+        EXPECT_EQ(ev.conn, s.get());
+        if (h == how::disconnect) {
+            EXPECT_EQ(ev.type, event_type::disconnected) << ev.cause.message();
+            EXPECT_TRUE(ev.by_peer);
+            EXPECT_EQ(s->state(), connection_state::disconnected);
+        } else {
+            EXPECT_EQ(ev.type, event_type::error);
+            EXPECT_EQ(ev.cause, errc::peer_lost) << ev.cause.message();
+            EXPECT_EQ(s->state(), connection_state::error);
+            EXPECT_EQ(s->last_error(), errc::peer_lost);
+        }
+        EXPECT_EQ(q->wait({&ev, 1}, 200ms), 0u) << "a second terminal event";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, server_cm, testing::ValuesIn(selected_backends()), param_name);

@@ -83,6 +83,8 @@ std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t m
     h.type = type;
     h.max_rd_atomic = max_rd_atomic;
     h.private_data_len = static_cast<std::uint8_t>(private_data.size());
+    if (type != handshake_type::reject)
+        h.flags = handshake_flag_goodbye; // this side always says goodbye (docs/wire-format.md)
     std::copy(private_data.begin(), private_data.end(), h.private_data.begin());
     h.encode(out.data());
     return out.first(h.wire_size());
@@ -261,8 +263,10 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
         throw error(make_error_code(errc::rejected), what, std::vector<std::byte>(d.begin(), d.end()));
     }
     auto d = reply->data();
-    auto conn = make_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
-                                std::vector<std::byte>(d.begin(), d.end()), initial_recvs);
+    auto conn = prepare_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
+                                   std::vector<std::byte>(d.begin(), d.end()), initial_recvs, false);
+    conn->engine().set_peer_says_goodbye((reply->flags & handshake_flag_goodbye) != 0);
+    conn->engine().start();
     return conn;
 }
 

@@ -59,6 +59,13 @@ public:
         return state() == connection_state::connecting ? std::span<const std::byte>{} : peer_pdata_;
     }
     void set_peer_private_data(std::vector<std::byte> d) noexcept { peer_pdata_ = std::move(d); }
+    /// The peer's handshake carried handshake_flag_goodbye: it ends connections with a
+    /// GOODBYE frame, so EOF without one means errc::peer_lost. Before start().
+    void set_peer_says_goodbye(bool yes) noexcept RDMX_EXCLUDES(mu_)
+    {
+        engine_lock lk(mu_);
+        peer_goodbye_ = yes;
+    }
 
     // --- start_connect (tcp_handshake.cpp): the client's handshake on the engine thread ---
     /// The socket's connect() is in progress: in state `connecting`, waits for it on the
@@ -328,6 +335,9 @@ private:
     std::error_code cause_ RDMX_GUARDED_BY(mu_); ///< why state_ left established (under mu_)
     detail::connection_events events_ RDMX_GUARDED_BY(mu_);
     bool local_disconnect_ RDMX_GUARDED_BY(mu_) = false; ///< this side disconnected (events' by_peer)
+    bool peer_goodbye_ RDMX_GUARDED_BY(mu_) = false;     ///< the peer says goodbye (set_peer_says_goodbye)
+    bool goodbye_heard_ RDMX_GUARDED_BY(mu_) = false;    ///< its GOODBYE frame arrived
+    std::size_t goodbye_sent_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes of ours on the wire (maybe_shutdown)
     std::vector<std::byte> peer_pdata_;                  ///< see peer_private_data()
     // The client's handshake (start_client), engine thread.
     std::array<std::byte, handshake::reply_size> hs_buf_ RDMX_GUARDED_BY(mu_){};

@@ -156,6 +156,7 @@ void connection_engine::handshake_step() noexcept
             return;
         }
         max_rd_out_ = std::max<std::uint32_t>(1, std::min(lim_.max_rd_atomic, reply->max_rd_atomic));
+        peer_goodbye_ = (reply->flags & handshake_flag_goodbye) != 0;
         begin_established();
         return;
     }

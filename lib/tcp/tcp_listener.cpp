@@ -126,9 +126,11 @@ private:
         reply_ = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
         set_congestion_control(fd_.get(), opts.tcp.congestion);
         fd_raw_ = fd_.get();
-        return prepare_connection(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic,
-                                  std::vector<std::byte>(hello_.data().begin(), hello_.data().end()),
-                                  initial_recvs, started);
+        auto conn = prepare_connection(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic,
+                                       std::vector<std::byte>(hello_.data().begin(), hello_.data().end()),
+                                       initial_recvs, started);
+        conn->engine().set_peer_says_goodbye((hello_.flags & handshake_flag_goodbye) != 0);
+        return conn;
     }
     int fd_of(connection_engine&) const noexcept { return fd_raw_; }
 

@@ -244,6 +244,28 @@ void connection_engine::maybe_shutdown() noexcept
     if (state() == connection_state::established || tx_done_ || cur_.kind != frame_kind::none ||
         !resp_.empty())
         return;
+    if (peer_goodbye_) {
+        // The last frame before FIN says this end is on purpose (docs/wire-format.md
+        // section 6). 40 bytes: a full socket buffer makes us wait for room, as any frame.
+        frame_header::bytes g{};
+        frame_header{.op = frame_op::goodbye}.encode(g.data());
+        while (goodbye_sent_ < g.size()) {
+            ssize_t n =
+                ::send(fd_, g.data() + goodbye_sent_, g.size() - goodbye_sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) {
+                goodbye_sent_ += static_cast<std::size_t>(n);
+                tx_bytes_ += static_cast<std::uint64_t>(n);
+                continue;
+            }
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                arm_write(true);
+                return;
+            }
+            break; // the peer is gone: FIN (or nothing) is all that is left
+        }
+    }
     tx_done_ = true;
     ::shutdown(fd_, SHUT_WR);
     linger_check();
