@@ -17,6 +17,9 @@ namespace rdmx::cm
 cm_connection::cm_connection(cm_domain& dom, const connection_options& opts, std::string_view verb)
     : verbs_connection(dom.pd(), dom.shared_from_this(), opts, verb), domain_(dom), opts_(opts)
 {
+    // Terminal events for every connection with a queue; `established` only for the
+    // started ones (begin_started binds again with that).
+    cm_.events.bind(opts.events, this, opts.context, false);
 }
 
 cm_connection::~cm_connection()
@@ -27,6 +30,11 @@ cm_connection::~cm_connection()
         if (srq())
             await_last_wqe();
         unregister_qp(qp()); // waits for a router using it; then destroy waits for its acks
+    }
+    {
+        // No event loop or async handler reaches cm_ any more; poll() is the caller's.
+        std::lock_guard lock(cm_.mutex);
+        cm_.events.close();
     }
     drop_completions(); // with a shared receive queue: frees the slots nobody will poll
     destroy_queues();   // QP (off its shared CQs), CQ, completion channel
@@ -184,6 +192,7 @@ void cm_connection::on_error_completion(std::error_code status) noexcept
             cm_.state = connection_state::error;
             cm_.error = status;
             cm_.what = "error completion: the QP is in the error state";
+            cm_.report();
         }
         return;
     }
@@ -195,6 +204,7 @@ void cm_connection::on_error_completion(std::error_code status) noexcept
         cm_.state = connection_state::disconnected;
         cm_.error = errc::disconnected;
         cm_.what = "work request flushed: the queue pair left the connected state";
+        cm_.report();
     }
 }
 
@@ -203,9 +213,11 @@ void cm_connection::disconnect() noexcept
     std::lock_guard lock(cm_.mutex);
     cm_.local_disconnect = true;
     if (cm_.state == connection_state::established || cm_.state == connection_state::connecting) {
-        rdma_disconnect(id_.get());
+        if (id_)
+            rdma_disconnect(id_.get());
         verbs::flush_qp(qp()); // every posted request completes with IBV_WC_WR_FLUSH_ERR
         cm_.state = connection_state::disconnected;
+        cm_.report();
     } else if (cm_.state == connection_state::error && qp()) {
         // Failed after an error completion: still tell the peer (DREQ) so it need not wait
         // for its own timeouts. The state stays `error`: that is what happened.

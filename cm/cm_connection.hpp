@@ -18,7 +18,7 @@ namespace rdmx::cm
 
 class cm_domain;
 
-class cm_connection final : public verbs::verbs_connection
+class cm_connection final : public verbs::verbs_connection, private cm_state::driver
 {
 public:
     /// Takes its room on the shared completion queues of `opts` at once: throws
@@ -26,19 +26,40 @@ public:
     cm_connection(cm_domain& dom, const connection_options& opts, std::string_view verb = "connect");
     ~cm_connection() override;
 
-    /// Client side: resolve, route, QP, rdma_connect; waits for ESTABLISHED.
-    void connect(const uri& address, std::span<const std::byte> private_data);
-    /// Server side: takes over `id` (from a CONNECT_REQUEST), QP, rdma_accept; waits.
+    /// Client side: resolve, route, QP, `initial_recvs`, rdma_connect; waits for ESTABLISHED.
+    void connect(const uri& address, std::span<const std::byte> private_data,
+                 std::span<const recv_request> initial_recvs);
+    /// Client side without waiting: creates the id and starts rdma_resolve_addr on the
+    /// first address; the event loop runs the rest (step()).
+    void start_connect(const uri& address, std::span<const std::byte> private_data,
+                       std::span<const recv_request> initial_recvs);
+    /// Server side: takes over `id` (from a CONNECT_REQUEST), QP, `initial_recvs`,
+    /// rdma_accept; waits unless `wait` is false (start_accept: the event loop sees
+    /// ESTABLISHED, or the deadline).
     void accept(cm_id_ptr id, const rdma_conn_param& request, std::span<const std::byte> private_data,
-                std::vector<std::byte> peer_private_data);
+                std::vector<std::byte> peer_private_data, std::span<const recv_request> initial_recvs,
+                bool wait = true);
 
     connection_state state() const noexcept override;
     std::error_code last_error() const noexcept override;
-    std::span<const std::byte> peer_private_data() const noexcept override { return peer_private_; }
+    /// Active side: what the peer's accept or reject carried (written by the event loop
+    /// before the state leaves `connecting`); passive side: the request's.
+    std::span<const std::byte> peer_private_data() const noexcept override
+    {
+        return active_ ? std::span<const std::byte>(cm_.private_data) : peer_private_;
+    }
     void disconnect() noexcept override;
     native_handles native() const noexcept override;
 
 private:
+    /// The event loop's call after each event of a connection started with start_connect:
+    /// the next step of the flow, or the failure (thrown by a step) as the error event.
+    void step() noexcept override;
+    /// Posts `wrs` (initial_recvs) on the new QP; throws if not all fit or one is invalid.
+    void post_initial(std::span<const recv_request> wrs);
+    /// Starting (start_connect / start_accept): state `connecting` with the first deadline,
+    /// post() refused until established.
+    void begin_started() noexcept;
     void on_error_completion(std::error_code status) noexcept override;
     /// Tear-down on a shared receive queue: the QP to error, then wait (bounded by
     /// last_wqe_timeout, logged if it passes) for IBV_EVENT_QP_LAST_WQE_REACHED.
@@ -64,6 +85,14 @@ private:
     cm_domain& domain_;
     connection_options opts_;
     std::vector<std::byte> peer_private_;
+    bool active_ = false; ///< this side connected (peer_private_data() is cm_.private_data)
+    /// start_connect's flow: what step() waits for next.
+    enum class flow_step : std::uint8_t { none, addr, route, response };
+    flow_step flow_ = flow_step::none;
+    uri address_;                             ///< start_connect: for messages
+    std::vector<std::byte> connect_private_;  ///< start_connect: sent with rdma_connect
+    std::vector<recv_request> initial_recvs_; ///< start_connect: posted once the QP exists
+    std::vector<sge> initial_sges_;           ///< what initial_recvs_ point to
     mutable cm_state cm_;
     // Destruction order matters and is done by hand in the destructor: detach from the
     // event loop, destroy the QP, then the CQ, then its channel (destroy_queues), then

@@ -25,12 +25,17 @@ cm_domain::cm_domain(event_channel_ptr probe_channel, cm_id_ptr probe_id)
 
 cm_domain::~cm_domain() = default;
 
-// TODO(issue 17): the helpers of issue 17 replace these.
-std::unique_ptr<connection> cm_domain::start_connect(std::string_view, const connection_options&,
-                                                     std::span<const std::byte>,
-                                                     std::span<const recv_request>)
+std::unique_ptr<connection> cm_domain::start_connect(std::string_view address, const connection_options& opts,
+                                                     std::span<const std::byte> private_data,
+                                                     std::span<const recv_request> initial_recvs)
 {
-    throw_error(errc::not_supported, "start_connect: not built yet");
+    uri u = uri::parse(address);
+    if (u.scheme == scheme::tcp)
+        throw_error(errc::invalid_argument, "start_connect: tcp:// address on a verbs domain");
+    detail::check_private_data(detail::private_data_use::connect, private_data, "rdma_connect");
+    auto c = std::make_unique<cm_connection>(*this, opts, "start_connect");
+    c->start_connect(u, private_data, initial_recvs);
+    return c;
 }
 
 std::shared_ptr<completion_queue> cm_domain::create_completion_queue(const completion_queue_options& opts)
@@ -42,14 +47,12 @@ std::unique_ptr<connection> cm_domain::connect(std::string_view address, const c
                                                std::span<const std::byte> private_data,
                                                std::span<const recv_request> initial_recvs)
 {
-    if (!initial_recvs.empty())
-        throw_error(errc::not_supported, "connect: initial_recvs not built yet");
     uri u = uri::parse(address);
     if (u.scheme == scheme::tcp)
         throw_error(errc::invalid_argument, "connect: tcp:// address on a verbs domain");
     detail::check_private_data(detail::private_data_use::connect, private_data, "rdma_connect");
     auto c = std::make_unique<cm_connection>(*this, opts);
-    c->connect(u, private_data);
+    c->connect(u, private_data, initial_recvs);
     return c;
 }
 

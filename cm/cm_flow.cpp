@@ -83,8 +83,10 @@ void cm_connection::resolve_addr(const uri& address, std::vector<detail::socket_
     }
 }
 
-void cm_connection::connect(const uri& address, std::span<const std::byte> private_data)
+void cm_connection::connect(const uri& address, std::span<const std::byte> private_data,
+                            std::span<const recv_request> initial_recvs)
 {
+    active_ = true;
     const int step_ms = static_cast<int>(opts_.timeout.count());
     std::vector<detail::socket_address> addrs = detail::resolve(address, false, "getaddrinfo");
     resolve_addr(address, addrs);
@@ -95,6 +97,7 @@ void cm_connection::connect(const uri& address, std::span<const std::byte> priva
     event_loop::wait_for(cm_, resolve_step::route_resolved, "rdma_resolve_route", opts_.timeout);
 
     setup_qp();
+    post_initial(initial_recvs); // the QP is in INIT: receives wait there for the first send
     rdma_conn_param param = conn_param(private_data);
     if (rdma_connect(raw, &param))
         throw_cm("rdma_connect", address);
@@ -123,7 +126,8 @@ void cm_connection::connect(const uri& address, std::span<const std::byte> priva
 }
 
 void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
-                           std::span<const std::byte> private_data, std::vector<std::byte> peer_private_data)
+                           std::span<const std::byte> private_data, std::vector<std::byte> peer_private_data,
+                           std::span<const recv_request> initial_recvs, bool wait)
 {
     if (id->verbs != domain_.native_context())
         throw_error(errc::invalid_argument,
@@ -133,8 +137,11 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     peer_private_ = std::move(peer_private_data);
     // The request moved the id to the domain's channel already; from now on its events
     // are this connection's.
+    if (!wait)
+        begin_started();
     domain_.events().attach(id_.get(), &cm_);
     setup_qp();
+    post_initial(initial_recvs); // before rdma_accept tells the client it may send
     rdma_conn_param param = conn_param(private_data);
     // Never promise more reads than the initiator asked for, nor accept more than we allow.
     param.responder_resources = std::min(param.responder_resources, request.initiator_depth);
@@ -148,7 +155,146 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     }
     if (rdma_accept(id_.get(), &param))
         throw_errno(errno, "rdma_accept");
+    if (!wait) {
+        domain_.events().kick(); // the loop now bounds ESTABLISHED by the deadline
+        return;
+    }
     event_loop::wait_for(cm_, connection_state::established, "rdma_accept", opts_.timeout);
+}
+
+void cm_connection::post_initial(std::span<const recv_request> wrs)
+{
+    if (wrs.empty())
+        return;
+    std::size_t posted = 0;
+    if (auto ec = post_recv(wrs, &posted); ec || posted != wrs.size())
+        throw error(ec ? ec : make_error_code(errc::would_block),
+                    "initial_recvs: more receives than recv_queue_depth, or an invalid one");
+}
+
+void cm_connection::begin_started() noexcept
+{
+    sendable_.store(false, std::memory_order_release);
+    std::lock_guard lock(cm_.mutex);
+    cm_.sendable = &sendable_;
+    cm_.deadline = std::chrono::steady_clock::now() + opts_.timeout;
+    cm_.events.bind(opts_.events, this, opts_.context, true);
+}
+
+void cm_connection::start_connect(const uri& address, std::span<const std::byte> private_data,
+                                  std::span<const recv_request> initial_recvs)
+{
+    active_ = true;
+    address_ = address;
+    connect_private_.assign(private_data.begin(), private_data.end());
+    // The caller's arrays are gone when the QP exists: copy the requests and their SGEs.
+    std::size_t nsge = 0;
+    for (const auto& wr : initial_recvs)
+        nsge += wr.local.size();
+    initial_sges_.reserve(nsge);
+    for (const auto& wr : initial_recvs) {
+        std::size_t first = initial_sges_.size();
+        initial_sges_.insert(initial_sges_.end(), wr.local.begin(), wr.local.end());
+        initial_recvs_.push_back(
+            {.wr_id = wr.wr_id, .local = {initial_sges_.data() + first, wr.local.size()}});
+    }
+    // The name is resolved here (a numeric address at once); rdma_cm's steps on the loop.
+    std::vector<detail::socket_address> addrs = detail::resolve(address, false, "getaddrinfo");
+    rdma_cm_id* raw = nullptr;
+    if (rdma_create_id(domain_.events().channel(), &raw, this, RDMA_PS_TCP))
+        throw_cm("rdma_create_id", address);
+    id_.reset(raw);
+    begin_started();
+    flow_ = flow_step::addr;
+    cm_.drive = this;
+    domain_.events().attach(raw, &cm_);
+    if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&addrs.front().addr),
+                          static_cast<int>(opts_.timeout.count())))
+        throw_cm("rdma_resolve_addr", address);
+    domain_.events().kick();
+}
+
+void cm_connection::step() noexcept
+{
+    // On the event loop thread, its lock held (detach() waits for us), cm_.mutex not held.
+    resolve_step resolved;
+    bool responded;
+    {
+        std::lock_guard lock(cm_.mutex);
+        if (cm_.state != connection_state::connecting) {
+            flow_ = flow_step::none;
+            return;
+        }
+        resolved = cm_.resolved;
+        responded = cm_.responded;
+    }
+    const auto next_deadline = std::chrono::steady_clock::now() + opts_.timeout;
+    try {
+        switch (flow_) {
+        case flow_step::none: return;
+        case flow_step::addr:
+            if (resolved != resolve_step::addr_resolved)
+                return;
+            if (id_->verbs != domain_.native_context())
+                throw error(make_error_code(errc::invalid_argument),
+                            "rdma_resolve_addr " + address_.to_string() +
+                                ": reached through another device than this domain's");
+            flow_ = flow_step::route;
+            {
+                std::lock_guard lock(cm_.mutex);
+                cm_.deadline = next_deadline;
+            }
+            if (rdma_resolve_route(id_.get(), static_cast<int>(opts_.timeout.count())))
+                throw_cm("rdma_resolve_route", address_);
+            return;
+        case flow_step::route: {
+            if (resolved != resolve_step::route_resolved)
+                return;
+            setup_qp();
+            post_initial(initial_recvs_);
+            flow_ = flow_step::response;
+            {
+                std::lock_guard lock(cm_.mutex);
+                cm_.deadline = next_deadline;
+            }
+            rdma_conn_param param = conn_param(connect_private_);
+            if (rdma_connect(id_.get(), &param))
+                throw_cm("rdma_connect", address_);
+            return; // iWARP: ESTABLISHED makes it established (handle())
+        }
+        case flow_step::response:
+            if (!responded || domain_.iwarp())
+                return;
+            modify_qp(IBV_QPS_INIT);
+            modify_qp(IBV_QPS_RTR);
+            modify_qp(IBV_QPS_RTS);
+            if (rdma_establish(id_.get()))
+                throw_cm("rdma_establish", address_);
+            flow_ = flow_step::none;
+            sendable_.store(true, std::memory_order_release);
+            std::lock_guard lock(cm_.mutex);
+            if (cm_.state == connection_state::connecting) {
+                cm_.state = connection_state::established;
+                cm_.report();
+                cm_.changed.notify_all();
+            }
+            return;
+        }
+    } catch (const std::exception& e) {
+        flow_ = flow_step::none;
+        std::error_code ec = make_error_code(errc::unreachable);
+        if (auto* re = dynamic_cast<const std::system_error*>(&e))
+            ec = re->code();
+        std::lock_guard lock(cm_.mutex);
+        if (cm_.state == connection_state::connecting) {
+            cm_.state = connection_state::error;
+            cm_.error = ec;
+            cm_.what = e.what();
+            verbs::flush_qp(cm_.qp);
+            cm_.report();
+            cm_.changed.notify_all();
+        }
+    }
 }
 
 namespace
@@ -192,21 +338,14 @@ public:
                                        std::span<const std::byte> private_data,
                                        std::span<const recv_request> initial_recvs) override
     {
-        if (!initial_recvs.empty())
-            throw_error(errc::not_supported, "accept: initial_recvs not built yet");
-        if (!id_)
-            throw_error(errc::invalid_argument, "rdma_accept: request already answered");
-        detail::check_private_data(detail::private_data_use::accept, private_data, "rdma_accept");
-        auto c = std::make_unique<cm_connection>(domain_, opts, "accept");
-        domain_.events().detach(id_.get()); // the connection attaches its own state
-        c->accept(std::move(id_), param_, private_data, std::move(private_));
-        return c;
+        return do_accept(opts, private_data, initial_recvs, true);
     }
 
-    std::unique_ptr<connection> start_accept(const connection_options&, std::span<const std::byte>,
-                                             std::span<const recv_request>) override
+    std::unique_ptr<connection> start_accept(const connection_options& opts,
+                                             std::span<const std::byte> private_data,
+                                             std::span<const recv_request> initial_recvs) override
     {
-        throw_error(errc::not_supported, "start_accept: not built yet"); // TODO(issue 17)
+        return do_accept(opts, private_data, initial_recvs, false);
     }
 
     void reject(std::span<const std::byte> private_data) override
@@ -222,6 +361,19 @@ public:
     }
 
 private:
+    std::unique_ptr<connection> do_accept(const connection_options& opts,
+                                          std::span<const std::byte> private_data,
+                                          std::span<const recv_request> initial_recvs, bool wait)
+    {
+        if (!id_)
+            throw_error(errc::invalid_argument, "rdma_accept: request already answered");
+        detail::check_private_data(detail::private_data_use::accept, private_data, "rdma_accept");
+        auto c = std::make_unique<cm_connection>(domain_, opts, wait ? "accept" : "start_accept");
+        domain_.events().detach(id_.get()); // the connection attaches its own state
+        c->accept(std::move(id_), param_, private_data, std::move(private_), initial_recvs, wait);
+        return c;
+    }
+
     std::shared_ptr<cm_domain> owner_; ///< keeps domain_ alive; declared first, destroyed last
     cm_domain& domain_;
     cm_state cm_;  ///< receives the id's events until accept() hands it over
@@ -295,7 +447,9 @@ public:
         }
     }
 
-    int fd() const noexcept override { return -1; } // TODO(issue 17)
+    /// The listen channel (non-blocking): readable while it holds an event, which
+    /// get_request(0ms) takes (an event of a child id is acknowledged and dropped there).
+    int fd() const noexcept override { return channel_->fd; }
     std::uint16_t port() const noexcept override { return port_; }
     rdmx::backend backend() const noexcept override { return backend::verbs; }
 

@@ -82,6 +82,7 @@ event_loop::event_loop(ibv_context* ctx) : ctx_(ctx), channel_(rdma_create_event
 
 event_loop::~event_loop()
 {
+    stop_.store(true);
     std::uint64_t one = 1;
     [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
     thread_.join();
@@ -100,18 +101,60 @@ void event_loop::detach(rdma_cm_id* id)
     ids_.erase(id);
 }
 
+void event_loop::kick() noexcept
+{
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+}
+
+int event_loop::expire_deadlines() noexcept
+{
+    const auto now = std::chrono::steady_clock::now();
+    auto next = std::chrono::steady_clock::time_point::max();
+    for (auto& [id, st] : ids_) {
+        std::lock_guard lock(st->mutex);
+        if (st->state != connection_state::connecting ||
+            st->deadline == std::chrono::steady_clock::time_point::max())
+            continue;
+        if (st->deadline <= now) {
+            st->state = connection_state::error;
+            st->error = errc::timed_out;
+            st->what = "no answer within connection_options::timeout";
+            st->deadline = std::chrono::steady_clock::time_point::max();
+            verbs::flush_qp(st->qp);
+            st->report();
+            st->changed.notify_all();
+            continue;
+        }
+        next = std::min(next, st->deadline);
+    }
+    if (next == std::chrono::steady_clock::time_point::max())
+        return -1;
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
+    return static_cast<int>(std::min<std::int64_t>(ms, 1 << 30));
+}
+
 void event_loop::run() noexcept
 {
     pollfd fds[3] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {ctx_->async_fd, POLLIN, 0}};
     for (;;) {
-        if (::poll(fds, 3, -1) < 0) {
+        int timeout;
+        {
+            std::lock_guard lock(mutex_);
+            timeout = expire_deadlines();
+        }
+        if (::poll(fds, 3, timeout) < 0) {
             if (errno == EINTR)
                 continue;
             RDMX_LOG(error, "cm event loop: poll: %s", std::strerror(errno));
             return;
         }
-        if (fds[1].revents)
-            return;
+        if (fds[1].revents) {
+            if (stop_.load())
+                return;
+            std::uint64_t v;
+            [[maybe_unused]] auto n = ::read(wake_fd_, &v, sizeof v);
+        }
         if (fds[2].revents)
             drain_async();
         if (fds[0].revents)
@@ -127,8 +170,14 @@ void event_loop::run() noexcept
             }
             {
                 std::lock_guard lock(mutex_);
-                if (auto it = ids_.find(ev->id); it != ids_.end())
-                    handle(*ev, *it->second);
+                if (auto it = ids_.find(ev->id); it != ids_.end()) {
+                    cm_state& st = *it->second;
+                    handle(*ev, st);
+                    // The next step of a flow started without waiting: after handle()
+                    // let go of st.mutex (the step takes other locks first).
+                    if (st.drive)
+                        st.drive->step();
+                }
                 // else: the id was detached (its connection is being destroyed); acking
                 // below lets rdma_destroy_id return.
             }
@@ -159,7 +208,11 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         // On the client this carries the accept's private data; on the server it is empty.
         if (ev.param.conn.private_data_len && st.private_data.empty())
             copy_private();
-        st.state = connection_state::established;
+        if (st.state == connection_state::connecting) {
+            st.state = connection_state::established;
+            if (st.sendable)
+                st.sendable->store(true, std::memory_order_release);
+        }
         break;
     case RDMA_CM_EVENT_REJECTED:
         copy_private();
@@ -207,6 +260,7 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         RDMX_LOG(warn, "ignoring unexpected rdma_cm event %s", event_name(ev.event));
         break;
     }
+    st.report();
     st.changed.notify_all();
 }
 
@@ -235,6 +289,7 @@ void async_fail(cm_state& st, std::error_code ec, const char* why) noexcept
         st.state = connection_state::error;
         st.error = ec;
         st.what = why;
+        st.report();
         st.changed.notify_all();
     }
 }

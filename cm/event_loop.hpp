@@ -6,6 +6,7 @@
 
 #include <rdma/rdma_cma.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <rdmx/connection.hpp>
 
 #include "cm/cm_handles.hpp"
+#include "connection_events.hpp"
 
 namespace rdmx::verbs
 {
@@ -49,6 +51,24 @@ struct cm_state {
     /// IBV_EVENT_QP_LAST_WQE_REACHED arrived: the QP (attached to a shared receive queue)
     /// consumes no more of its receives and may be destroyed.
     bool last_wqe_reached = false;
+    /// The connection's event queue; report() after every change of `state`.
+    detail::connection_events events;
+    /// Set true when the connection becomes established (verbs_connection::sendable_).
+    std::atomic<bool>* sendable = nullptr;
+
+    // --- a connection started without waiting (start_connect / start_accept) ---
+    /// The flow's next step, run on the event loop thread after each event of the id
+    /// (outside this mutex, with the loop's own held, so the connection cannot go away).
+    struct driver {
+        virtual void step() noexcept = 0;
+    };
+    driver* drive = nullptr;
+    /// While `connecting`: the deadline of the current step; the loop fails the connection
+    /// with errc::timed_out when it passes. Written before attach() and then by the loop.
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+
+    /// Tells the event queue (if any) about `state`; with `mutex` held.
+    void report() noexcept { events.report(state, error, !local_disconnect); }
 };
 
 /// Routes the device's asynchronous events (ibv_get_async_event) of `qp` to `st`, and
@@ -94,6 +114,11 @@ public:
     /// Stops routing; waits for a handler running on `id` to finish. Events that arrive
     /// afterwards are acknowledged and dropped, so rdma_destroy_id cannot block forever.
     void detach(rdma_cm_id* id);
+    /// For a driver's step on the loop thread (which holds the loop's lock already): the
+    /// id's events go to `state` from now on, instead of to the id's previous state.
+    void attach_from_loop(rdma_cm_id* id, cm_state* state) { ids_[id] = state; }
+    /// Wakes the loop so that it sees a new deadline.
+    void kick() noexcept;
 
     /// Waits until `st` reaches `target` (true), fails (throws rdmx::error naming `verb`
     /// and the event), or `timeout` passes (throws errc::timed_out).
@@ -113,7 +138,12 @@ private:
 
     ibv_context* ctx_;
     event_channel_ptr channel_;
-    int wake_fd_ = -1; ///< eventfd that tells run() to stop
+    /// Fails the connecting states whose deadline passed; returns the poll timeout (ms, -1:
+    /// none) until the next one. With mutex_ held.
+    int expire_deadlines() noexcept;
+
+    int wake_fd_ = -1; ///< eventfd that wakes run(): to stop (stop_), or for a new deadline
+    std::atomic<bool> stop_{false};
     std::mutex mutex_; ///< guards ids_ and serialises handlers with detach()
     std::unordered_map<rdma_cm_id*, cm_state*> ids_;
     std::thread thread_; ///< last: started after everything it uses exists

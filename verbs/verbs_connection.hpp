@@ -6,6 +6,8 @@
 // in eRPC.
 #pragma once
 
+#include <atomic>
+
 #include <rdmx/connection.hpp>
 
 #include <string_view>
@@ -77,6 +79,9 @@ protected:
 
     const protection_domain& pd() const noexcept { return pd_; }
     ibv_qp* qp() const noexcept { return qp_.get(); }
+    /// False while a connection started without waiting is still connecting: post() then
+    /// returns errc::not_connected (post_recv works once the QP exists). Set by the flow.
+    std::atomic<bool> sendable_{true};
     /// Its own CQ (null when both sides report to shared ones).
     ibv_cq* cq() const noexcept { return cq_.get(); }
     /// The CQs its QP reports to, shared or its own.

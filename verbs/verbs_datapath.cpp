@@ -180,7 +180,7 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
 {
     if (posted)
         *posted = 0;
-    if (!qp_)
+    if (!qp_ || !sendable_.load(std::memory_order_acquire)) [[unlikely]]
         return errc::not_connected;
     // Validate the whole list first: a bad request must not leave half a list posted.
     for (const work_request& wr : wrs) {

@@ -349,7 +349,10 @@ public:
     /// takes a pending request, if there is one, and never blocks.
     virtual std::unique_ptr<connection_request> get_request(std::chrono::milliseconds timeout) = 0;
     /// A file descriptor that is readable while a request is pending (level-triggered), for
-    /// epoll or an io_context; then take it with get_request(0ms).
+    /// epoll or an io_context; then take it with get_request(0ms). It may also wake when
+    /// there is nothing to take (verbs: an event of a request already dropped; TCP: a
+    /// client's HELLO still incomplete, a client gone, an internal timer): get_request(0ms)
+    /// then returns nullptr. Take requests until it returns nullptr before waiting again.
     virtual int fd() const noexcept = 0;
     /// The port actually bound (useful after listening on port 0).
     virtual std::uint16_t port() const noexcept = 0;
@@ -377,12 +380,10 @@ struct device_limits {
     bool iwarp = false;
 };
 
-/// How a listener reports its requests.
+/// How a listener is set up. It reports its requests through listener::fd() alone: an
+/// event queue gets no connect_request events (wait on both descriptors in one set).
 struct listen_options {
     int backlog = 64;
-    /// Gets a connect_request event for each request (besides listener::fd()).
-    std::shared_ptr<event_queue> events;
-    std::uint64_t context = 0; ///< the `context` of its events
 };
 
 /// Limits of private data on connect / accept / reject (those of rdma_cm over RC).
@@ -440,7 +441,10 @@ public:
     /// connection_refused, rejected with the peer's private data in peer_private_data(),
     /// unreachable, timed_out) later, bounded by opts.timeout per step. No thread blocks
     /// for it. Throws only for what fails at once (bad address or options, no room on a
-    /// shared queue).
+    /// shared queue). Tries the first address a name resolves to. While connecting, post()
+    /// returns errc::not_connected; post_recv() works once the QP exists (TCP: at once;
+    /// verbs: after route resolution; `initial_recvs` are always in time) and
+    /// peer_private_data() is valid once the state left `connecting`.
     virtual std::unique_ptr<connection> start_connect(std::string_view address,
                                                       const connection_options& opts,
                                                       std::span<const std::byte> private_data = {},

@@ -72,7 +72,7 @@ struct completion_queue_options {
 
 /// Kinds of events an event_queue delivers.
 enum class event_type : std::uint8_t {
-    connect_request,   ///< a listener has a pending request: take it with get_request(0ms)
+    connect_request,   ///< not delivered: a listener signals requests through listener::fd()
     established,       ///< a connection started with start_connect / start_accept is up
     disconnected,      ///< the connection ended cleanly (`by_peer`: the peer disconnected)
     error,             ///< the connection failed or could not be set up; `cause` says why

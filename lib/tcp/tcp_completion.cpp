@@ -107,12 +107,13 @@ void connection_engine::complete_rq_head(const completion& c, bool solicited) no
 
 void connection_engine::fail(connection_state to, std::error_code cause) noexcept
 {
-    if (state() != connection_state::established)
+    if (state() != connection_state::established && state() != connection_state::connecting)
         return;
     cause_ = cause ? cause
                    : make_error_code(to == connection_state::disconnected ? errc::disconnected
                                                                           : errc::completion_error);
     state_.store(to, std::memory_order_release);
+    events_.report(to, cause_, !local_disconnect_);
     // Everything outstanding completes as flushed, signalled or not (as verbs does for
     // errors). The engine touches none of that memory afterwards: the receive side only
     // drains, and the transmit side finishes at most the frame already on the wire.

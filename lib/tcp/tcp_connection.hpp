@@ -18,11 +18,16 @@ public:
                    std::vector<std::byte> peer_private_data, std::shared_ptr<shared_receive_queue> srq);
     ~tcp_connection() override;
 
+    connection_engine& engine() noexcept { return *engine_; }
+
     rdmx::backend backend() const noexcept override { return backend::tcp; }
     connection_state state() const noexcept override { return engine_->state(); }
     std::error_code last_error() const noexcept override { return engine_->last_error(); }
     const connection_limits& limits() const noexcept override { return engine_->limits(); }
-    std::span<const std::byte> peer_private_data() const noexcept override { return peer_pdata_; }
+    std::span<const std::byte> peer_private_data() const noexcept override
+    {
+        return engine_->peer_private_data();
+    }
 
     using connection::post_recv;
     std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept override
@@ -47,16 +52,24 @@ private:
     /// declared first, so it goes after engine_ was handed to that thread to linger.
     std::shared_ptr<tcp_domain> dom_;
     std::shared_ptr<connection_engine> engine_;
-    std::vector<std::byte> peer_pdata_;
     /// The engine takes receives from it until close() (in the destructor).
     std::shared_ptr<shared_receive_queue> srq_;
 };
 
-/// Builds the rings (all allocation happens here), then starts the engine on `fd`.
+/// Builds the rings (all allocation happens here), ties the connection to opts.events and
+/// posts `initial_recvs` (throws what post_recv returns), all before the engine reads.
 /// `shared`: the room taken on the shared completion queues of `opts`.
+std::unique_ptr<tcp_connection> prepare_connection(tcp_domain& dom, unique_fd fd,
+                                                   const connection_limits& lim,
+                                                   const connection_options& opts, std::uint32_t peer_max_rd,
+                                                   std::vector<std::byte> peer_private_data,
+                                                   detail::cq_reservation shared,
+                                                   std::span<const recv_request> initial_recvs, bool started);
+/// prepare_connection, then starts the engine on `fd`.
 std::unique_ptr<connection> make_connection(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
                                             const connection_options& opts, std::uint32_t peer_max_rd,
                                             std::vector<std::byte> peer_private_data,
-                                            detail::cq_reservation shared);
+                                            detail::cq_reservation shared,
+                                            std::span<const recv_request> initial_recvs = {});
 
 } // namespace rdmx::tcp

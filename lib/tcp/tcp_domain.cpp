@@ -3,6 +3,7 @@
 #include <rdmx/queues.hpp>
 
 #include <sys/random.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -86,6 +87,8 @@ std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t m
     h.type = type;
     h.max_rd_atomic = max_rd_atomic;
     h.private_data_len = static_cast<std::uint8_t>(private_data.size());
+    if (type != handshake_type::reject)
+        h.flags = handshake_flag_goodbye; // this side always says goodbye (docs/wire-format.md)
     std::copy(private_data.begin(), private_data.end(), h.private_data.begin());
     h.encode(out.data());
     return out.first(h.wire_size());
@@ -242,12 +245,38 @@ std::unique_ptr<listener> tcp_domain::listen(std::string_view address, const lis
     return make_listener(shared_from_this(), address, opts.backlog);
 }
 
-// TODO(issue 17): the helpers of issue 17 replace these.
-std::unique_ptr<connection> tcp_domain::start_connect(std::string_view, const connection_options&,
-                                                      std::span<const std::byte>,
-                                                      std::span<const recv_request>)
+std::unique_ptr<connection> tcp_domain::start_connect(std::string_view address,
+                                                      const connection_options& opts,
+                                                      std::span<const std::byte> private_data,
+                                                      std::span<const recv_request> initial_recvs)
 {
-    throw_error(errc::not_supported, "start_connect: not built yet");
+    uri u = uri::parse(address);
+    std::string what = "start_connect " + std::string(address);
+    if (u.scheme == scheme::rdma)
+        throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
+    tcp_srq::of(opts, *this, what); // before the peer hears of us
+    connection_limits lim = detail::clamp_limits(opts, limits_);
+    // Room on the shared completion queues before the peer hears of us.
+    detail::cq_reservation shared(opts, lim, backend::tcp, "start_connect");
+    std::byte buf[handshake::reply_size];
+    auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
+    // The first address the name resolves to (a numeric address resolves at once); the
+    // connect() itself completes on the engine.
+    auto addrs = resolve(u, false, what);
+    const socket_address& a = addrs.front();
+    unique_fd fd(::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd)
+        throw_errno(errno, "socket");
+    set_socket_options(fd.get());
+    set_congestion_control(fd.get(), opts.tcp.congestion);
+    int err = 0;
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) < 0 && errno != EINPROGRESS)
+        err = errno;
+    // The peer's read depth comes with its reply (start_client sets it).
+    auto conn =
+        prepare_connection(*this, std::move(fd), lim, opts, 1, {}, std::move(shared), initial_recvs, true);
+    conn->engine().start_client(hello, clock::now() + opts.timeout, err);
+    return conn;
 }
 std::shared_ptr<shared_receive_queue>
 tcp_domain::create_shared_receive_queue(const shared_receive_queue_options& opts)
@@ -264,8 +293,6 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
                                                 std::span<const std::byte> private_data,
                                                 std::span<const recv_request> initial_recvs)
 {
-    if (!initial_recvs.empty())
-        throw_error(errc::not_supported, "connect: initial_recvs not built yet");
     uri u = uri::parse(address);
     std::string what = "connect " + std::string(address);
     if (u.scheme == scheme::rdma)
@@ -292,8 +319,11 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
         throw error(make_error_code(errc::rejected), what, std::vector<std::byte>(d.begin(), d.end()));
     }
     auto d = reply->data();
-    auto conn = make_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
-                                std::vector<std::byte>(d.begin(), d.end()), std::move(shared));
+    auto conn = prepare_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
+                                   std::vector<std::byte>(d.begin(), d.end()), std::move(shared),
+                                   initial_recvs, false);
+    conn->engine().set_peer_says_goodbye((reply->flags & handshake_flag_goodbye) != 0);
+    conn->engine().start();
     return conn;
 }
 

@@ -57,7 +57,7 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       // least, doubling) on a lossy link would look like a dead peer.
       progress_timeout_(std::max<std::chrono::steady_clock::duration>(
           opts.ack_timeout * (std::min<int>(opts.retry_count, 7) + 1), std::chrono::seconds(1))),
-      progress_timer_(dom.io())
+      progress_timer_(dom.io()), handshake_timer_(dom.io())
 {
     if (!efd_)
         throw_errno(errno, "eventfd");
@@ -92,6 +92,13 @@ void connection_engine::start()
     });
 }
 
+void connection_engine::bind_events(std::shared_ptr<event_queue> q, connection* conn, std::uint64_t context,
+                                    bool started) noexcept
+{
+    engine_lock lk(mu_);
+    events_.bind(std::move(q), conn, context, started);
+}
+
 bool connection_engine::on_engine() const noexcept
 {
     return dom_.io().get_executor().running_in_this_thread();
@@ -104,15 +111,21 @@ void connection_engine::assert_on_engine() const noexcept
 
 void connection_engine::close() noexcept
 {
+    bool connecting;
     {
         engine_lock lk(mu_);
+        // The connection object goes: nothing more names it in an event queue.
+        events_.close();
+        local_disconnect_ = true;
+        connecting = state() == connection_state::connecting || hs_phase_ == hs_phase::failed;
         ownership_.on_app_idle(); // no call will come again: what is left to send is the engine's
         // Nothing of a connection the application destroyed is polled from a shared queue
         // (it would name a connection that is gone): its flush goes nowhere, what it left
         // there is dropped, and its room there is free for the next connection.
         shared_detached_ = true;
         fail(connection_state::disconnected);
-        pump();
+        if (!connecting)
+            pump();
         lingering_ = true;
         // Nobody polls this connection again: its completions of shared receives free
         // their slots now (the receives that were not taken stay in the shared queue).
@@ -127,11 +140,15 @@ void connection_engine::close() noexcept
         srq_ = nullptr; // the connection object, which holds the queue, is going
         dom_.linger_begin(progress_timeout_);
     }
-    // The descriptor belongs to the engine thread, and so does what is still owed.
-    asio::post(dom_.io(), [self = shared_from_this()] {
+    // The descriptor belongs to the engine thread, and so does what is still owed. A
+    // handshake still in progress owes the listener nothing: the socket just closes.
+    asio::post(dom_.io(), [self = shared_from_this(), connecting] {
         engine_lock lk(self->mu_);
         self->assert_on_engine();
-        self->start_linger();
+        if (connecting)
+            self->close_socket();
+        else
+            self->start_linger();
     });
 }
 
@@ -189,6 +206,7 @@ void connection_engine::close_socket() noexcept
     standdown_timer_.cancel();
     tx_check_timer_.cancel();
     linger_timer_.cancel();
+    handshake_timer_.cancel();
     if (ownership_.app_owns()) {
         ownership_.socket_closed();
         ::close(fd_);

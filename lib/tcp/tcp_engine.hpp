@@ -16,6 +16,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "connection_events.hpp"
 #include "cq_reservation.hpp"
 #include "tcp/tcp_completion.hpp"
 #include "tcp/tcp_completion_queue.hpp"
@@ -54,6 +55,37 @@ public:
 
     /// Starts receiving on the engine. Called once, after construction.
     void start() RDMX_EXCLUDES(mu_);
+    /// Reports this connection's state changes to `q` (connection_events.hpp) as `conn`.
+    /// Before start() or start_client().
+    void bind_events(std::shared_ptr<event_queue> q, connection* conn, std::uint64_t context,
+                     bool started) noexcept RDMX_EXCLUDES(mu_);
+    /// The private data of the peer's reply. Set before the state leaves `connecting` and
+    /// unchanged afterwards.
+    std::span<const std::byte> peer_private_data() const noexcept
+    {
+        return state() == connection_state::connecting ? std::span<const std::byte>{} : peer_pdata_;
+    }
+    void set_peer_private_data(std::vector<std::byte> d) noexcept { peer_pdata_ = std::move(d); }
+    /// The peer's handshake carried handshake_flag_goodbye: it ends connections with a
+    /// GOODBYE frame, so EOF without one means errc::peer_lost. Before start().
+    void set_peer_says_goodbye(bool yes) noexcept RDMX_EXCLUDES(mu_)
+    {
+        engine_lock lk(mu_);
+        peer_goodbye_ = yes;
+    }
+
+    // --- start_connect (tcp_handshake.cpp): the client's handshake on the engine thread ---
+    /// The socket's connect() is in progress: in state `connecting`, waits for it on the
+    /// engine, sends `hello`, reads the reply, and becomes established (and starts as
+    /// start() does) or error (connection_refused, unreachable, rejected with the reply's
+    /// private data, timed_out at `deadline`). `connect_err`: connect() failed at once
+    /// with that errno (the error comes as the event all the same). Called once instead of
+    /// start().
+    void start_client(std::span<const std::byte> hello, clock::time_point deadline, int connect_err)
+        RDMX_EXCLUDES(mu_);
+    /// start_accept: in state `connecting`, sends the ACCEPT `reply` on the engine and then
+    /// becomes established (or error: the client left, timed_out). Instead of start().
+    void start_server(std::span<const std::byte> reply, clock::time_point deadline) RDMX_EXCLUDES(mu_);
 
     connection_state state() const noexcept { return state_.load(std::memory_order_acquire); }
     std::error_code last_error() noexcept RDMX_EXCLUDES(mu_)
@@ -169,6 +201,8 @@ private:
         read_resp,     ///< into the read's local SGEs
     };
     enum class rx_status : std::uint8_t { again, wait, stop };
+    /// The handshake of start_client / start_server (tcp_handshake.cpp).
+    enum class hs_phase : std::uint8_t { none, connect, hello, reply, accept, failed };
 
     // Annotations (tcp_thread_safety.hpp): RDMX_REQUIRES(mu_) runs on any thread that holds
     // the lock; RDMX_REQUIRES(mu_, engine_thread_) on the engine thread only.
@@ -334,6 +368,17 @@ private:
         RDMX_REQUIRES(mu_, engine_thread_); ///< take the socket back into the epoll set
     void arm_standdown_check() noexcept RDMX_REQUIRES(mu_, engine_thread_);
 
+    // --- the client's handshake (tcp_handshake.cpp; engine thread) ---
+    void handshake_step() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    /// start_client / start_server's common part: `connecting` with `phase`, the timer
+    /// armed, the first step (or the failure `err`) on the engine.
+    void start_handshake(hs_phase phase, std::span<const std::byte> out, clock::time_point deadline,
+                         std::error_code err) RDMX_EXCLUDES(mu_);
+    /// The handshake failed with `cause`: to error, the socket closed.
+    void handshake_failed(std::error_code cause) noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    /// The reply accepted: established, started as start() does.
+    void begin_established() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+
     // --- after the connection object is gone (tcp_engine.cpp) ---
     void start_linger() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     void linger_check() noexcept
@@ -344,7 +389,8 @@ private:
     const connection_limits lim_;
     const std::uint8_t rnr_limit_;
     const std::chrono::microseconds rnr_delay_;
-    const std::uint32_t max_rd_out_; ///< reads this side may have outstanding at the peer
+    /// reads this side may have outstanding at the peer (start_client: known with the reply)
+    std::uint32_t max_rd_out_ RDMX_GUARDED_BY(mu_);
     /// Room on the shared completion queues (it holds them); given back by close().
     detail::cq_reservation shared_ RDMX_GUARDED_BY(mu_);
     // The shared queues, typed (null: that side completes into cq_). Dereferenced only
@@ -359,6 +405,19 @@ private:
     unique_fd efd_;
     std::atomic<connection_state> state_{connection_state::established};
     std::error_code cause_ RDMX_GUARDED_BY(mu_); ///< why state_ left established (under mu_)
+    detail::connection_events events_ RDMX_GUARDED_BY(mu_);
+    bool local_disconnect_ RDMX_GUARDED_BY(mu_) = false; ///< this side disconnected (events' by_peer)
+    bool peer_goodbye_ RDMX_GUARDED_BY(mu_) = false;     ///< the peer says goodbye (set_peer_says_goodbye)
+    bool goodbye_heard_ RDMX_GUARDED_BY(mu_) = false;    ///< its GOODBYE frame arrived
+    std::size_t goodbye_sent_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes of ours on the wire (maybe_shutdown)
+    std::vector<std::byte> peer_pdata_;                  ///< see peer_private_data()
+    // The client's handshake (start_client), engine thread.
+    std::array<std::byte, handshake::reply_size> hs_buf_ RDMX_GUARDED_BY(mu_){};
+    std::size_t hs_len_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes of HELLO in hs_buf_ (while sending)
+    std::size_t hs_done_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes sent / received in this phase
+    /// Not `none` while the handshake owns the socket, and after it failed: the
+    /// application's calls then leave the socket alone.
+    hs_phase hs_phase_ RDMX_GUARDED_BY(mu_) = hs_phase::none;
 
     engine_mutex mu_;
     thread_role engine_thread_; ///< held by the domain's io thread (assert_on_engine)
@@ -476,6 +535,7 @@ private:
     /// rx_bytes_ + tx_bytes_ at the progress check's last look
     std::uint64_t progress_seen_ RDMX_GUARDED_BY(mu_) = 0;
     asio::steady_timer progress_timer_ RDMX_GUARDED_BY(engine_thread_);
+    asio::steady_timer handshake_timer_ RDMX_GUARDED_BY(engine_thread_); ///< start_handshake's deadline
 };
 
 } // namespace rdmx::tcp

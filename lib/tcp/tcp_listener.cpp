@@ -9,9 +9,20 @@
 // HELLO has arrived keeps its slot. A client that sends HELLO right after connecting is
 // thus only evicted if the slots of its source turn over completely before its HELLO
 // arrives.
+//
+// listener::fd() is an epoll set (level-triggered) of everything get_request() would wait
+// for: the listening socket (left out while accepting is paused), the sockets whose HELLO
+// is still incomplete, an eventfd raised while a complete HELLO waits to be taken, and a
+// timerfd for the end of an accept pause and the next handshake deadline. So a server
+// waits on it with its other descriptors, and get_request(0ms) does the non-blocking work
+// that made it readable (which may yield no request: a socket that closed, a HELLO still
+// incomplete, a timer).
 #include <netinet/in.h>
-#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -72,33 +83,22 @@ public:
                                        std::span<const std::byte> private_data,
                                        std::span<const recv_request> initial_recvs) override
     {
-        if (!initial_recvs.empty())
-            throw_error(errc::not_supported, "accept: initial_recvs not built yet");
-        if (!fd_)
-            throw_error(errc::invalid_argument, "accept: request already answered");
-        connection_limits lim = detail::clamp_limits(opts, dom_->limits());
-        // Room on the shared completion queues first: without it the client is rejected.
-        detail::cq_reservation shared(opts, lim, backend::tcp, "accept");
         std::byte buf[handshake::reply_size];
-        auto reply = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
-        // A failure leaves the request unanswered: the client is rejected.
-        set_congestion_control(fd_.get(), opts.tcp.congestion);
-        // Build the rings before answering, so that an allocation failure rejects (by
-        // closing) rather than leaving the client with a connection nobody serves.
-        int fd = fd_.get();
-        auto st = std::make_shared<connection_engine>(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic,
-                                                      std::move(shared));
-        auto conn = std::make_unique<tcp_connection>(
-            dom_, st, std::vector<std::byte>(hello_.data().begin(), hello_.data().end()), opts.srq);
-        send_exact(fd, reply, clock::now() + opts.timeout, "accept (reply)");
-        st->start();
+        auto conn = prepare(opts, private_data, initial_recvs, false, buf);
+        auto& st = conn->engine();
+        send_exact(fd_of(st), reply_, clock::now() + opts.timeout, "accept (reply)");
+        st.start();
         return conn;
     }
 
-    std::unique_ptr<connection> start_accept(const connection_options&, std::span<const std::byte>,
-                                             std::span<const recv_request>) override
+    std::unique_ptr<connection> start_accept(const connection_options& opts,
+                                             std::span<const std::byte> private_data,
+                                             std::span<const recv_request> initial_recvs) override
     {
-        throw_error(errc::not_supported, "start_accept: not built yet"); // TODO(issue 17)
+        std::byte buf[handshake::reply_size];
+        auto conn = prepare(opts, private_data, initial_recvs, true, buf);
+        conn->engine().start_server(reply_, clock::now() + opts.timeout);
+        return conn;
     }
 
     void reject(std::span<const std::byte> private_data) override
@@ -112,8 +112,34 @@ public:
     }
 
 private:
+    /// accept's common part: the reply encoded into `buf` (reply_), the connection built
+    /// with its rings and its initial receives, before the client hears of it. A failure
+    /// leaves the request unanswered: the client is rejected.
+    std::unique_ptr<tcp_connection> prepare(const connection_options& opts,
+                                            std::span<const std::byte> private_data,
+                                            std::span<const recv_request> initial_recvs, bool started,
+                                            std::byte (&buf)[handshake::reply_size])
+    {
+        if (!fd_)
+            throw_error(errc::invalid_argument, "accept: request already answered");
+        connection_limits lim = detail::clamp_limits(opts, dom_->limits());
+        // Room on the shared completion queues first: without it the client is rejected.
+        detail::cq_reservation shared(opts, lim, backend::tcp, started ? "start_accept" : "accept");
+        reply_ = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
+        set_congestion_control(fd_.get(), opts.tcp.congestion);
+        fd_raw_ = fd_.get();
+        auto conn = prepare_connection(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic,
+                                       std::vector<std::byte>(hello_.data().begin(), hello_.data().end()),
+                                       std::move(shared), initial_recvs, started);
+        conn->engine().set_peer_says_goodbye((hello_.flags & handshake_flag_goodbye) != 0);
+        return conn;
+    }
+    int fd_of(connection_engine&) const noexcept { return fd_raw_; }
+
     std::shared_ptr<tcp_domain> dom_; ///< the connection made here runs on its engine
     unique_fd fd_;
+    int fd_raw_ = -1; ///< the socket, once the connection owns it
+    std::span<const std::byte> reply_;
     handshake hello_;
 };
 
@@ -150,47 +176,68 @@ public:
                                                   : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
         max_pending_ = std::max(static_cast<std::size_t>(backlog_), min_pending);
         max_per_source_ = std::max<std::size_t>(4, max_pending_ / source_share);
+        epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+        if (!epoll_)
+            throw_errno(errno, "epoll_create1");
+        ready_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+        if (!ready_)
+            throw_errno(errno, "eventfd");
+        timer_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+        if (!timer_)
+            throw_errno(errno, "timerfd_create");
+        watch(fd_.get());
+        watch(ready_.get());
+        watch(timer_.get());
     }
 
-    int fd() const noexcept override { return -1; } // TODO(issue 17)
+    int fd() const noexcept override { return epoll_.get(); }
     std::uint16_t port() const noexcept override { return port_; }
     rdmx::backend backend() const noexcept override { return backend::tcp; }
 
     std::unique_ptr<connection_request> get_request(std::chrono::milliseconds timeout) override
     {
         auto deadline = clock::now() + timeout;
-        std::vector<pollfd> pfds;
-        // The round that starts at or after the deadline polls without waiting and is the
-        // last: a zero timeout takes a request that is already there and never blocks.
+        epoll_event evs[64];
+        // The round that starts at or after the deadline waits not at all and is the last: a
+        // zero timeout takes a request that is already there and never blocks.
         for (bool last = false;;) {
-            if (auto req = take_hello())
+            if (auto req = take_hello()) {
+                publish();
                 return req;
-            if (last)
+            }
+            if (last) {
+                publish();
                 return nullptr;
+            }
             auto now = clock::now();
             std::erase_if(pending_, [&](const pending& p) { return p.deadline <= now || !p.fd; });
             last = now >= deadline;
-            auto wake = deadline;
-            pfds.clear();
-            // While accepting is paused, poll skips the listening socket (a negative fd):
-            // it stays readable, and polling it would spin.
-            bool paused = now < accept_resume_;
-            if (paused)
-                wake = std::min(wake, accept_resume_);
-            pfds.push_back({paused ? -1 : fd_.get(), POLLIN, 0});
-            for (auto& p : pending_) {
-                pfds.push_back({p.fd.get(), POLLIN, 0});
-                wake = std::min(wake, p.deadline);
+            // While accepting is paused the listening socket is out of the epoll set: it
+            // stays readable, and waiting on it would spin.
+            if (paused_ && now >= accept_resume_) {
+                paused_ = false;
+                watch(fd_.get());
             }
-            int rc = ::poll(pfds.data(), pfds.size(), last ? 0 : poll_timeout(wake));
-            if (rc < 0 && errno != EINTR)
-                throw_errno(errno, "poll");
-            if (rc <= 0)
-                continue;
-            for (std::size_t i = 0; i < pending_.size(); ++i)
-                if (pfds[i + 1].revents != 0)
-                    read_hello(pending_[i]);
-            if (pfds[0].revents != 0)
+            publish();
+            int n =
+                ::epoll_wait(epoll_.get(), evs, 64, last ? 0 : poll_timeout(std::min(deadline, next_wake())));
+            if (n < 0 && errno != EINTR)
+                throw_errno(errno, "epoll_wait");
+            bool accept = false;
+            for (int i = 0; i < n; ++i) {
+                int fd = evs[i].data.fd;
+                if (fd == fd_.get())
+                    accept = true;
+                else if (fd == timer_.get()) {
+                    std::uint64_t ticks;
+                    [[maybe_unused]] auto rc = ::read(fd, &ticks, sizeof ticks);
+                } else if (fd != ready_.get()) {
+                    for (auto& p : pending_)
+                        if (p.fd.get() == fd)
+                            read_hello(p);
+                }
+            }
+            if (accept && !paused_)
                 accept_all();
         }
     }
@@ -202,11 +249,13 @@ private:
         std::size_t got = 0;
         clock::time_point deadline; ///< also the order of arrival: all get the same timeout
         std::uint64_t source = 0;   ///< source_of() its peer
+        bool watched = false;       ///< in the epoll set (until its HELLO is complete)
         bool complete() const noexcept { return got >= handshake::hello_size; }
     };
 
-    /// Reads what has arrived of p's HELLO; closes p if its peer went away.
-    static void read_hello(pending& p) noexcept
+    /// Reads what has arrived of p's HELLO; closes p if its peer went away. A complete
+    /// HELLO leaves the epoll set (the `ready_` eventfd stands for it from now on).
+    void read_hello(pending& p) noexcept
     {
         if (!p.fd || p.complete())
             return;
@@ -214,7 +263,58 @@ private:
         if (n > 0)
             p.got += static_cast<std::size_t>(n);
         else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            p.fd.reset(); // gone before saying HELLO
+            p.fd.reset(); // gone before saying HELLO (closing it also leaves the epoll set)
+        if (p.fd && p.complete() && p.watched) {
+            ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, p.fd.get(), nullptr);
+            p.watched = false;
+        }
+    }
+
+    /// Adds `fd` to the epoll set, level-triggered, readable.
+    void watch(int fd)
+    {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = fd;
+        if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) < 0)
+            throw_errno(errno, "epoll_ctl(listener)");
+    }
+
+    /// The earliest moment get_request has work without a descriptor becoming readable: the
+    /// end of an accept pause, the first handshake deadline.
+    clock::time_point next_wake() const noexcept
+    {
+        auto wake = clock::time_point::max();
+        if (paused_)
+            wake = accept_resume_;
+        for (const auto& p : pending_)
+            if (!p.complete())
+                wake = std::min(wake, p.deadline);
+        return wake;
+    }
+
+    /// Brings fd() up to date for a caller that waits on it instead of in get_request: the
+    /// eventfd says whether a complete HELLO is waiting, the timer fires at next_wake().
+    void publish() noexcept
+    {
+        bool any = std::any_of(pending_.begin(), pending_.end(),
+                               [](const pending& p) { return p.fd && p.complete(); });
+        if (any != ready_raised_) {
+            std::uint64_t v = 1;
+            [[maybe_unused]] auto rc =
+                any ? ::write(ready_.get(), &v, sizeof v) : ::read(ready_.get(), &v, sizeof v);
+            ready_raised_ = any;
+        }
+        itimerspec its{};
+        auto wake = next_wake();
+        if (wake != clock::time_point::max()) {
+            // Relative, rounded up to a millisecond; at least 1 ns (0 would disarm).
+            auto left = std::max<clock::duration>(wake - clock::now(), std::chrono::nanoseconds(1));
+            auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+            its.it_value.tv_sec = static_cast<time_t>(ns / 1'000'000'000);
+            its.it_value.tv_nsec = static_cast<long>(ns % 1'000'000'000);
+        }
+        ::timerfd_settime(timer_.get(), 0, &its, nullptr);
     }
 
     void accept_all()
@@ -237,7 +337,7 @@ private:
                 return;       // EAGAIN: all taken
             }
             accept_pause_ = {};
-            pending p{unique_fd(c), {}, 0, clock::now() + hello_timeout, source_of(sa)};
+            pending p{unique_fd(c), {}, 0, clock::now() + hello_timeout, source_of(sa), false};
             try {
                 set_socket_options(p.fd.get());
             } catch (const error&) {
@@ -248,6 +348,14 @@ private:
                 continue;
             if (!make_room(p) && !p.complete())
                 continue; // no slot: closed (only when every other slot was just completed)
+            if (!p.complete()) {
+                epoll_event ev{};
+                ev.events = EPOLLIN;
+                ev.data.fd = p.fd.get();
+                if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, p.fd.get(), &ev) < 0)
+                    continue; // no memory for the watch: closed, as if no slot were free
+                p.watched = true;
+            }
             pending_.push_back(std::move(p));
         }
     }
@@ -310,6 +418,10 @@ private:
                             ? clock::duration(accept_pause_min)
                             : std::min<clock::duration>(2 * accept_pause_, accept_pause_max);
         accept_resume_ = clock::now() + accept_pause_;
+        if (!paused_) {
+            ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd_.get(), nullptr);
+            paused_ = true;
+        }
         accept_pauses.fetch_add(1, std::memory_order_relaxed);
         log_limited("listener on port %u: accept4: %s; accepting again in %lld ms", unsigned{port_},
                     std::strerror(err),
@@ -326,6 +438,11 @@ private:
     std::vector<pending> pending_;
     clock::duration accept_pause_{}; ///< the latest pause; zero after a successful accept
     clock::time_point accept_resume_{};
+    bool paused_ = false; ///< the listening socket is out of the epoll set until accept_resume_
+    unique_fd epoll_;     ///< fd(): the listening socket, the HELLOs pending, ready_, timer_
+    unique_fd ready_;     ///< eventfd, readable while a complete HELLO waits in pending_
+    unique_fd timer_;     ///< timerfd, fires at next_wake()
+    bool ready_raised_ = false;
 };
 
 } // namespace

@@ -28,7 +28,9 @@ std::optional<std::error_code> connection_engine::validate_or_flush(cq_side side
         if (errc ec = check(wr, total); ec != errc{})
             return make_error_code(ec);
     }
-    if (state() == connection_state::established)
+    // While connecting, receives queue up (the engine reads nothing before the handshake
+    // is done); post() refused requests already.
+    if (state() == connection_state::established || state() == connection_state::connecting)
         return std::nullopt;
     // As on an errored QP: the requests are accepted and complete as flushed; on a shared
     // queue only as many as this side's room there holds (the rest: would_block).
@@ -48,6 +50,8 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
     // a tight loop look idle.
     const auto entry = std::chrono::steady_clock::now();
     engine_lock lk(mu_);
+    if (state() == connection_state::connecting)
+        return errc::not_connected;
     if (auto done =
             validate_or_flush(cq_side::send, wrs, posted, [&](const work_request& wr, std::uint64_t& total) {
                 return detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total);
@@ -149,6 +153,8 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
 std::size_t connection_engine::poll(std::span<completion> out) noexcept
 {
     engine_lock lk(mu_);
+    if (hs_phase_ != hs_phase::none) // the handshake's socket: nothing to read or send here
+        return cq_.pop(out);
     ownership_.on_poll(std::chrono::steady_clock::now());
     bool pumped = cq_.empty() && rx_poll();
     if (!pumped && tx_next_ != sq_tail_)
@@ -167,6 +173,8 @@ std::error_code connection_engine::request_notify(bool solicited_only) noexcept
         return errc::invalid_argument; // no completions of its own: wait on the shared queues
     engine_lock lk(mu_);
     notify_.arm(solicited_only);
+    if (hs_phase_ != hs_phase::none)
+        return {};            // the engine owns the socket during the handshake anyway
     ownership_.on_app_idle(); // about to sleep: what is left to send is the engine's
     pump();                   // an ACK that rx_poll left for this call: the caller may now sleep
     if (ownership_.app_owns() && !reclaim_posted_) {
@@ -194,6 +202,7 @@ std::error_code connection_engine::ack_notify() noexcept
 void connection_engine::disconnect() noexcept
 {
     engine_lock lk(mu_);
+    local_disconnect_ = true;
     ownership_.on_app_idle();
     fail(connection_state::disconnected);
     pump();

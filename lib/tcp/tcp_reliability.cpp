@@ -41,7 +41,11 @@ void connection_engine::protocol_violation(const char* why, bool blame_head) noe
 void connection_engine::peer_gone() noexcept
 {
     rx_done_ = true;
-    fail(connection_state::disconnected);
+    // A peer that says goodbye and did not: its process died (or its host reset us).
+    if (peer_goodbye_ && !goodbye_heard_)
+        fail(connection_state::error, errc::peer_lost);
+    else
+        fail(connection_state::disconnected);
     linger_check();
 }
 
@@ -49,6 +53,7 @@ void connection_engine::begin_response(const frame_header& h) noexcept
 {
     switch (h.op) {
     case frame_op::ack: on_ack(h.seq); return;
+    case frame_op::goodbye: goodbye_heard_ = true; return; // EOF follows: a clean disconnect
     case frame_op::nak: on_nak(h.seq, static_cast<nak_code>(h.status)); return;
     case frame_op::read_resp: {
         if (sq_head_ >= tx_next_ || h.seq != sq_head_) {

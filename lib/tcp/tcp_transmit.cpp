@@ -140,7 +140,7 @@ void connection_engine::pump() noexcept
     // the engine may share its CPU and run only when the application yields it, so a busy
     // application that leaves large transfers to the engine halves its own bandwidth. The
     // continuation stays armed (arm_write adds none) and finds less or nothing left to do.
-    if (closed_ || tx_done_ || in_pump_ || (write_armed_ && on_engine()))
+    if (closed_ || tx_done_ || in_pump_ || (write_armed_ && on_engine()) || hs_phase_ != hs_phase::none)
         return;
     in_pump_ = true;
     // Bounded work per call: post() must stay short on the application thread, and the
@@ -261,6 +261,28 @@ void connection_engine::maybe_shutdown() noexcept
     if (state() == connection_state::established || tx_done_ || cur_.kind != frame_kind::none ||
         !resp_.empty())
         return;
+    if (peer_goodbye_) {
+        // The last frame before FIN says this end is on purpose (docs/wire-format.md
+        // section 6). 40 bytes: a full socket buffer makes us wait for room, as any frame.
+        frame_header::bytes g{};
+        frame_header{.op = frame_op::goodbye}.encode(g.data());
+        while (goodbye_sent_ < g.size()) {
+            ssize_t n =
+                ::send(fd_, g.data() + goodbye_sent_, g.size() - goodbye_sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) {
+                goodbye_sent_ += static_cast<std::size_t>(n);
+                tx_bytes_ += static_cast<std::uint64_t>(n);
+                continue;
+            }
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                arm_write(true);
+                return;
+            }
+            break; // the peer is gone: FIN (or nothing) is all that is left
+        }
+    }
     tx_done_ = true;
     ::shutdown(fd_, SHUT_WR);
     linger_check();

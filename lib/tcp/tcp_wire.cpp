@@ -118,6 +118,11 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
         if (op == static_cast<std::uint8_t>(frame_op::ack) && h.length != 0)
             return bad(why, "ack with a length");
         break;
+    case frame_op::goodbye:
+        if (h.flags != 0 || h.status != 0 || h.imm != 0 || h.seq != 0 || h.addr != 0 || h.key != 0 ||
+            h.length != 0)
+            return bad(why, "goodbye fields not zero");
+        break;
     case frame_op::nak:
         if (h.flags != 0 || h.imm != 0 || h.addr != 0 || h.key != 0 || h.length != 0)
             return bad(why, "unused nak fields not zero");
@@ -151,6 +156,7 @@ void handshake::encode(std::byte* out) const noexcept
     put_le(out + 4, protocol_version, 1);
     put_le(out + 5, static_cast<std::uint8_t>(type), 1);
     put_le(out + 6, private_data_len, 1);
+    put_le(out + 7, flags, 1);
     put_le(out + 8, max_rd_atomic, 4);
     std::size_t n = private_data_len;
     if (n > max_private_data(type))
@@ -161,8 +167,8 @@ void handshake::encode(std::byte* out) const noexcept
 std::optional<handshake> handshake::decode(std::span<const std::byte> in, bool expect_hello) noexcept
 {
     if (in.size() < header_size || std::memcmp(in.data(), handshake_magic.data(), 4) != 0 ||
-        get_le(in.data() + 4, 1) != protocol_version || get_le(in.data() + 7, 1) != 0 ||
-        get_le(in.data() + 12, 4) != 0)
+        get_le(in.data() + 4, 1) != protocol_version ||
+        (get_le(in.data() + 7, 1) & ~handshake_flag_goodbye) != 0 || get_le(in.data() + 12, 4) != 0)
         return std::nullopt;
     handshake h;
     auto t = static_cast<std::uint8_t>(get_le(in.data() + 5, 1));
@@ -180,6 +186,7 @@ std::optional<handshake> handshake::decode(std::span<const std::byte> in, bool e
     if (h.private_data_len > max_private_data(h.type))
         return std::nullopt;
     h.max_rd_atomic = static_cast<std::uint32_t>(get_le(in.data() + 8, 4));
+    h.flags = static_cast<std::uint8_t>(get_le(in.data() + 7, 1));
     // HELLO and ACCEPT state how many reads their sender serves: at least one (every rdmx
     // side serves reads), any larger value is fine (each side uses the smaller of the two).
     // REJECT serves nothing and carries 0.

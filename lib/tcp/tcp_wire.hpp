@@ -28,6 +28,9 @@ enum class frame_op : std::uint8_t {
     ack = 16,       ///< response; acknowledges every request up to and including seq
     read_resp = 17, ///< response; payload = the bytes read for request seq
     nak = 18,       ///< response; request seq failed, status = nak_code
+    /// the sender ends the connection on purpose: its last frame, FIN follows. Sent only
+    /// to a peer whose handshake carried handshake_flag_goodbye.
+    goodbye = 19,
 };
 
 /// Why a NAK was sent (status field of a nak frame).
@@ -68,11 +71,18 @@ struct frame_header {
     /// Bytes of payload that follow this header on the wire.
     std::uint32_t payload_length() const noexcept
     {
-        return op == frame_op::read_req || op == frame_op::ack || op == frame_op::nak ? 0 : length;
+        return op == frame_op::read_req || op == frame_op::ack || op == frame_op::nak ||
+                       op == frame_op::goodbye
+                   ? 0
+                   : length;
     }
 };
 
 enum class handshake_type : std::uint8_t { hello = 1, accept = 2, reject = 3 };
+
+/// Handshake flags (byte 7): the sender ends a connection on purpose with a GOODBYE frame
+/// before FIN, so that its bare FIN or reset means its process died (errc::peer_lost).
+inline constexpr std::uint8_t handshake_flag_goodbye = 1u << 0;
 
 /// HELLO (client to listener) and ACCEPT / REJECT (the reply). Fixed sizes, so that the
 /// client reads exactly the reply and leaves any frame after it for the engine.
@@ -80,6 +90,7 @@ struct handshake {
     handshake_type type = handshake_type::hello;
     std::uint32_t max_rd_atomic = 0; ///< reads the sender will serve at once (its responder resources)
     std::uint8_t private_data_len = 0;
+    std::uint8_t flags = 0; ///< handshake_flag_goodbye; other bits are malformed
     std::array<std::byte, 196> private_data{};
 
     static constexpr std::size_t header_size = 16;

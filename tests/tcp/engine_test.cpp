@@ -1162,8 +1162,8 @@ TEST_F(wire_rules, malformed_hellos_are_closed_unanswered)
     bad.emplace_back("padding", hello_bytes(16));
     bad.back().second.back() = std::byte{1};
     bad.emplace_back("read limit 0", hello_bytes(0));
-    bad.emplace_back("reserved byte 7", hello_bytes(16));
-    bad.back().second[7] = std::byte{1};
+    bad.emplace_back("unknown flag in byte 7", hello_bytes(16));
+    bad.back().second[7] = std::byte{2};
     for (auto& [what, bytes] : bad) {
         SCOPED_TRACE(what);
         int fd = raw_connect(port_);

@@ -132,9 +132,26 @@ TEST(tcp_wire, every_single_byte_opcode_either_decodes_or_is_rejected)
         b[0] = static_cast<std::byte>(op);
         frame_header d;
         auto ec = frame_header::decode(b.data(), d);
-        bool known = op == 1 || op == 2 || op == 3 || op == 4 || op == 16 || op == 17;
-        // nak (18) needs a code, so an all-zero nak is rejected as well.
+        bool known = op == 1 || op == 2 || op == 3 || op == 4 || op == 16 || op == 17 || op == 19;
+        // nak (18) needs a code, so an all-zero nak is rejected as well; goodbye (19) is
+        // all zero but its opcode.
         EXPECT_EQ(!ec, known) << "opcode " << op;
+    }
+}
+
+TEST(tcp_wire, goodbye_carries_nothing_but_its_opcode)
+{
+    frame_header::bytes b{};
+    frame_header{.op = frame_op::goodbye}.encode(b.data());
+    frame_header d;
+    ASSERT_FALSE(frame_header::decode(b.data(), d));
+    EXPECT_EQ(d.op, frame_op::goodbye);
+    EXPECT_EQ(d.payload_length(), 0u);
+    EXPECT_FALSE(d.is_request());
+    for (std::size_t at = 1; at < frame_header::wire_size; ++at) {
+        auto bad = b;
+        bad[at] = std::byte{1};
+        EXPECT_TRUE(frame_header::decode(bad.data(), d)) << "byte " << at << " set in a goodbye";
     }
 }
 
@@ -280,12 +297,22 @@ TEST(tcp_wire, handshake_padding_and_reserved_bytes_must_be_zero)
             b[at] = std::byte{1};
             EXPECT_FALSE(handshake::decode(b, hello)) << "padding byte " << at;
         }
-        // Reserved: byte 7 and bytes 12..15.
-        for (std::size_t at : {7u, 12u, 13u, 14u, 15u}) {
+        // Reserved: bytes 12..15, and every flag of byte 7 but handshake_flag_goodbye.
+        for (std::size_t at : {12u, 13u, 14u, 15u}) {
             auto b = good;
             b[at] = std::byte{1};
             EXPECT_FALSE(handshake::decode(b, hello)) << "reserved byte " << at;
         }
+        for (unsigned bit = 1; bit < 8; ++bit) {
+            auto b = good;
+            b[7] = static_cast<std::byte>(1u << bit);
+            EXPECT_FALSE(handshake::decode(b, hello)) << "unknown flag bit " << bit;
+        }
+        auto flagged = good;
+        flagged[7] = std::byte{handshake_flag_goodbye};
+        auto h = handshake::decode(flagged, hello);
+        ASSERT_TRUE(h);
+        EXPECT_EQ(h->flags, handshake_flag_goodbye);
         // A full private data area leaves no padding.
         auto full = handshake_bytes(t, rd, std::string(handshake::max_private_data(t), 'x'));
         EXPECT_TRUE(handshake::decode(full, hello));
