@@ -370,6 +370,9 @@ private:
 
     // --- the client's handshake (tcp_handshake.cpp; engine thread) ---
     void handshake_step() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    /// The next step once the socket is ready for `w`.
+    void handshake_wait(asio::posix::stream_descriptor::wait_type w) noexcept
+        RDMX_REQUIRES(mu_, engine_thread_);
     /// start_client / start_server's common part: `connecting` with `phase`, the timer
     /// armed, the first step (or the failure `err`) on the engine.
     void start_handshake(hs_phase phase, std::span<const std::byte> out, clock::time_point deadline,

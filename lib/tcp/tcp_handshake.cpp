@@ -76,15 +76,8 @@ void connection_engine::handshake_step() noexcept
 {
     if (closed_ || state() != connection_state::connecting)
         return;
-    auto wait = [this](asio::posix::stream_descriptor::wait_type w) {
-        desc_.async_wait(w, [self = shared_from_this()](const boost::system::error_code& ec) {
-            if (ec == asio::error::operation_aborted)
-                return;
-            engine_lock lk(self->mu_);
-            self->assert_on_engine();
-            self->handshake_step();
-        });
-    };
+    auto wait = [this](asio::posix::stream_descriptor::wait_type w)
+                    RDMX_REQUIRES(mu_, engine_thread_) { handshake_wait(w); };
     switch (hs_phase_) {
     case hs_phase::connect: {
         int err = 0;
@@ -182,6 +175,17 @@ void connection_engine::handshake_step() noexcept
     case hs_phase::none:
     case hs_phase::failed: return;
     }
+}
+
+void connection_engine::handshake_wait(asio::posix::stream_descriptor::wait_type w) noexcept
+{
+    desc_.async_wait(w, [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec == asio::error::operation_aborted)
+            return;
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        self->handshake_step();
+    });
 }
 
 void connection_engine::handshake_failed(std::error_code cause) noexcept
