@@ -70,7 +70,7 @@ public:
     {
         if (!queue_)
             return;
-        impl(*queue_).purge(conn_, nullptr, nullptr);
+        impl(*queue_).purge(conn_, nullptr);
         queue_.reset();
     }
 

@@ -26,9 +26,9 @@ public:
     /// Queues `ev` (any thread). Never throws: a queue that cannot grow drops the event
     /// and says so in the log (the state of the connection still tells).
     void push(const event& ev) noexcept;
-    /// Removes the queued events that name `conn`, `lst` or `srq` (any may be null): their
+    /// Removes the queued events that name `conn` or `srq` (either may be null): their
     /// object is going away, so an event must not hand out a dangling pointer.
-    void purge(const connection* conn, const listener* lst, const shared_receive_queue* srq) noexcept;
+    void purge(const connection* conn, const shared_receive_queue* srq) noexcept;
 
 private:
     std::mutex mu_;

@@ -19,7 +19,6 @@ namespace rdmx
 const char* to_string(event_type t) noexcept
 {
     switch (t) {
-    case event_type::connect_request: return "connect_request";
     case event_type::established: return "established";
     case event_type::disconnected: return "disconnected";
     case event_type::error: return "error";
@@ -141,15 +140,13 @@ std::size_t event_queue_impl::poll(std::span<event> out) noexcept
     return n;
 }
 
-void event_queue_impl::purge(const connection* conn, const listener* lst,
-                             const shared_receive_queue* srq) noexcept
+void event_queue_impl::purge(const connection* conn, const shared_receive_queue* srq) noexcept
 {
     std::lock_guard lk(mu_);
     if (queue_.empty())
         return;
-    std::erase_if(queue_, [&](const event& ev) {
-        return (conn && ev.conn == conn) || (lst && ev.listener == lst) || (srq && ev.srq == srq);
-    });
+    std::erase_if(queue_,
+                  [&](const event& ev) { return (conn && ev.conn == conn) || (srq && ev.srq == srq); });
     if (queue_.empty())
         lower(efd_);
 }

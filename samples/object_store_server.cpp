@@ -242,7 +242,6 @@ private:
                         ++stats_.lost;
                     retire(*c, ev.cause.message().c_str());
                     break;
-                case rdmx::event_type::connect_request:   // the listener has no event queue
                 case rdmx::event_type::srq_limit_reached: // receives are reposted at once
                     break;
                 }

@@ -50,7 +50,7 @@ shared_receive_queue::shared_receive_queue(const protection_domain& pd, std::sha
 shared_receive_queue::~shared_receive_queue()
 {
     if (events_)
-        detail::impl(*events_).purge(nullptr, nullptr, this);
+        detail::impl(*events_).purge(nullptr, this);
 }
 
 std::error_code shared_receive_queue::post_recv(std::span<const recv_request> wrs,

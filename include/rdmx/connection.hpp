@@ -380,8 +380,8 @@ struct device_limits {
     bool iwarp = false;
 };
 
-/// How a listener is set up. It reports its requests through listener::fd() alone: an
-/// event queue gets no connect_request events (wait on both descriptors in one set).
+/// How a listener is set up. It reports its requests through listener::fd() alone (wait on
+/// it and an event queue in one set).
 struct listen_options {
     int backlog = 64;
 };

@@ -2,8 +2,8 @@
 // shared receive queues and the event queue of connection management (libfabric's shared
 // CQ, SRX and EQ; UCX's worker wakeup fd). The same semantics on both backends.
 //
-// Ownership: the domain creates them as shared_ptr; each connection (and listener) that
-// uses one holds a reference through connection_options, so that a queue outlives every
+// Ownership: the domain creates them as shared_ptr; each connection that uses one holds a
+// reference through connection_options, so that a queue outlives every
 // connection that reports to it, whatever the order the application destroys them in.
 // Threading: like a connection's data path, a queue is thread-compatible: the thread that
 // polls a shared completion queue also posts on its connections (or the application
@@ -72,7 +72,6 @@ struct completion_queue_options {
 
 /// Kinds of events an event_queue delivers.
 enum class event_type : std::uint8_t {
-    connect_request,   ///< not delivered: a listener signals requests through listener::fd()
     established,       ///< a connection started with start_connect / start_accept is up
     disconnected,      ///< the connection ended cleanly (`by_peer`: the peer disconnected)
     error,             ///< the connection failed or could not be set up; `cause` says why
@@ -80,13 +79,12 @@ enum class event_type : std::uint8_t {
 };
 const char* to_string(event_type t) noexcept;
 
-/// One event. The pointers name live objects: destroying a connection, listener or shared
-/// receive queue removes its events that were not polled yet.
+/// One event. The pointers name live objects: destroying a connection or shared receive
+/// queue removes its events that were not polled yet.
 struct event {
     event_type type = event_type::error;
-    std::uint64_t context = 0; ///< the context of the connection, listener or queue
+    std::uint64_t context = 0; ///< the context of the connection or queue
     rdmx::connection* conn = nullptr;
-    rdmx::listener* listener = nullptr;
     rdmx::shared_receive_queue* srq = nullptr;
     /// error: the cause (connection_refused, rejected, unreachable, timed_out for a start
     /// that failed; transport_retry_exceeded, remote_access, ... for an established
@@ -96,7 +94,7 @@ struct event {
     bool by_peer = false; ///< disconnected: the peer disconnected (false: this side did)
 };
 
-/// Connection-management events of many connections and listeners, and the low-watermark
+/// Connection-management events of many connections, and the low-watermark
 /// events of shared receive queues, behind one file descriptor that is readable while an
 /// event is queued (level-triggered), so that a server waits on it with its completion
 /// queues in one epoll set or io_context. Not tied to a domain or backend.

@@ -26,7 +26,7 @@ tcp_srq::tcp_srq(std::shared_ptr<tcp_domain> dom, const shared_receive_queue_opt
 tcp_srq::~tcp_srq()
 {
     if (events_)
-        detail::impl(*events_).purge(nullptr, nullptr, this);
+        detail::impl(*events_).purge(nullptr, this);
 }
 
 std::error_code tcp_srq::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
