@@ -139,7 +139,11 @@ public:
         while (!stop_) {
             // Drain everything, then arm the CQ and look once more (a completion that came
             // before arming raises no event), and only then sleep.
-            bool busy = accept_pending() | drain_events() | drain_completions();
+            // Each runs whatever the others found (no short-circuit).
+            const bool accepted = accept_pending();
+            const bool evented = drain_events();
+            const bool completed = drain_completions();
+            bool busy = accepted || evented || completed;
             if (busy)
                 continue;
             if (auto ec = cq_->request_notify())

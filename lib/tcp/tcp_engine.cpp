@@ -41,7 +41,8 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline),
       rq_(opts.srq ? 0 : lim.recv_queue_depth),
       rq_segs_(opts.srq ? 0 : std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
-      srq_(tcp_srq::of(opts, dom, "connection").get()), srq_segs_(srq_ ? srq_->max_sge() : 0),
+      srq_(tcp_srq::of(opts, dom, "connection").get()), srq_polled_(srq_),
+      srq_segs_(srq_ ? srq_->max_sge() : 0),
       // The own ring holds both depths of the sides that complete into it; with a shared
       // receive queue, recv_queue_depth is its depth: no more of its receives can be
       // outstanding.

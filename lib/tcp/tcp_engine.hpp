@@ -108,8 +108,8 @@ public:
     void shared_polled(cq_side side, bool from_srq) noexcept
     {
         (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).fetch_sub(1, std::memory_order_relaxed);
-        if (from_srq && srq_)
-            srq_->retire(1); // a receive of the shared receive queue: its slot is free again
+        if (from_srq)
+            srq_polled_->retire(1); // a receive of the shared receive queue: its slot is free again
     }
 
     // The application's calls (tcp_post.cpp): any application thread. Each takes mu_
@@ -446,6 +446,11 @@ private:
     // holds the queue (the engine must not: a queue holds its domain, whose engine thread
     // may not drop the last reference to it); close() forgets it.
     tcp_srq* srq_ RDMX_GUARDED_BY(mu_);
+    /// The same queue, for shared_polled(): a shared completion queue's poll calls it with
+    /// the queue's lock, never this engine's (lock order: engine, then queue). Valid while
+    /// the shared queue can hold an entry of ours: close() purges them before the
+    /// connection object, which holds the shared receive queue, is gone.
+    tcp_srq* const srq_polled_;
     std::vector<seg> srq_segs_ RDMX_GUARDED_BY(mu_); ///< the taken receive's SGEs (srq_->max_sge())
     rq_entry srq_recv_ RDMX_GUARDED_BY(mu_);
     bool srq_taken_ RDMX_GUARDED_BY(mu_) = false; ///< srq_recv_ holds a receive not completed yet
