@@ -1,8 +1,6 @@
 #include <rdmx/connection.hpp>
 
-#include <poll.h>
-
-#include <cerrno>
+#include "event_wait.hpp"
 
 namespace rdmx
 {
@@ -34,26 +32,7 @@ const char* to_string(connection_state s) noexcept
 
 std::size_t connection::wait(std::span<completion> out, std::chrono::milliseconds timeout) noexcept
 {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-        if (auto n = poll(out))
-            return n;
-        if (request_notify())
-            return 0;
-        // A completion that arrived before arming raises no event: poll once more.
-        if (auto n = poll(out))
-            return n;
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                          std::chrono::steady_clock::now());
-        if (left.count() <= 0)
-            return 0;
-        pollfd pfd{completion_fd(), POLLIN, 0};
-        int rc = ::poll(&pfd, 1, static_cast<int>(left.count()));
-        if (rc < 0 && errno != EINTR)
-            return 0;
-        if (rc > 0)
-            ack_notify();
-    }
+    return detail::wait_for_completions(*this, completion_fd(), out, timeout);
 }
 
 } // namespace rdmx

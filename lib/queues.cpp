@@ -1,6 +1,7 @@
 // The backend-neutral parts of rdmx/queues.hpp: the event queue and the event-mode
 // wait helpers of the queues.
 #include "event_queue.hpp"
+#include "event_wait.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -27,11 +28,7 @@ const char* to_string(event_type t) noexcept
     return "?";
 }
 
-namespace
-{
-
-/// Waits up to `ms` for `fd` to become readable; false on timeout or failure.
-bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline) noexcept
+bool detail::wait_readable(int fd, std::chrono::steady_clock::time_point deadline) noexcept
 {
     for (;;) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
@@ -47,23 +44,9 @@ bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline) noexc
     }
 }
 
-} // namespace
-
 std::size_t completion_queue::wait(std::span<completion> out, std::chrono::milliseconds timeout) noexcept
 {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-        if (auto n = poll(out))
-            return n;
-        if (request_notify())
-            return 0;
-        // A completion that arrived before arming raises no event: poll once more.
-        if (auto n = poll(out))
-            return n;
-        if (!wait_readable(fd(), deadline))
-            return 0;
-        ack_notify();
-    }
+    return detail::wait_for_completions(*this, fd(), out, timeout);
 }
 
 std::shared_ptr<event_queue> event_queue::create()
@@ -77,7 +60,7 @@ std::size_t event_queue::wait(std::span<event> out, std::chrono::milliseconds ti
     for (;;) {
         if (auto n = poll(out))
             return n;
-        if (!wait_readable(fd(), deadline))
+        if (!detail::wait_readable(fd(), deadline))
             return 0;
     }
 }
