@@ -34,6 +34,7 @@ public:
         case errc::timed_out: return "timed out";
         case errc::disconnected: return "disconnected";
         case errc::peer_lost: return "peer lost (it vanished without disconnecting)";
+        case errc::canceled: return "canceled (the application gave the operation up)";
         case errc::would_block: return "queue full, try again";
         case errc::invalid_argument: return "invalid argument";
         case errc::not_connected: return "not connected";

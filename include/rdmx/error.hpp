@@ -42,6 +42,7 @@ enum class errc : int {
     no_resources,     ///< a shared queue has no room for another connection's depth
     // --- connection management (later additions; values are kept stable) ---
     peer_lost, ///< the peer vanished without disconnecting (its process or host died)
+    canceled,  ///< the application gave the operation up (endpoint: removed its peer, or closed)
 };
 
 /// The category of `rdmx::errc`; its name is "rdmx".

@@ -3,6 +3,7 @@
 
 #include <rdmx/config.hpp>
 #include <rdmx/connection.hpp>
+#include <rdmx/endpoint.hpp>
 #include <rdmx/error.hpp>
 #include <rdmx/log.hpp>
 #include <rdmx/memory.hpp>

@@ -1,0 +1,187 @@
+// Endpoints without connections: one endpoint reaches any number of peers through an
+// address vector, connects to a peer the first time it is used, and moves tagged messages
+// (eager for small ones, rendezvous by RDMA read for large ones) and one-sided operations
+// by peer handle. The model is libfabric's reliable-datagram endpoint over connections
+// (ofi_rxm), as DAOS uses it through Mercury. Built on rdmx's connections, a shared
+// completion queue and a shared receive queue (rdmx/queues.hpp), so the same on both
+// backends and every provider. The protocol is in docs/endpoints.md.
+//
+// Threading: an endpoint is thread-compatible, as a connection is: one thread calls it
+// (or the application serialises its calls). All progress happens in poll() / wait():
+// accepting peers, connecting, retrying, matching, the rendezvous reads and
+// acknowledgements; there is no second object to poll and no hidden thread of its own.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <rdmx/connection.hpp>
+
+namespace rdmx
+{
+
+/// A peer of an endpoint: an entry of its address vector. Compact (as libfabric's fi_addr_t
+/// in FI_AV_TABLE): the low 32 bits index the vector, the high 32 bits are a generation
+/// that makes a handle stale once its peer is removed (a stale handle is
+/// errc::invalid_argument, never another peer).
+enum class peer : std::uint64_t {};
+/// In recv() and peek(): a message from any peer.
+inline constexpr peer any_peer{~std::uint64_t{0}};
+
+/// What an endpoint_completion completes.
+enum class endpoint_op : std::uint8_t {
+    send,  ///< a tagged send: eager, once the message left (the local completion of its send);
+           ///< rendezvous, once the receiver acknowledged that it has read the data
+    recv,  ///< a tagged receive matched a message and holds its bytes
+    write, ///< a one-sided write by peer handle
+    read,  ///< a one-sided read by peer handle
+};
+const char* to_string(endpoint_op op) noexcept;
+
+/// One completion of an endpoint, polled into a caller-supplied array.
+struct endpoint_completion {
+    std::uint64_t context = 0; ///< the caller's, given with the operation
+    endpoint_op op = endpoint_op::send;
+    /// Empty on success. recv: errc::local_length when the message was longer than the
+    /// buffer (the buffer holds its first bytes, `length` says how long it was). Any op:
+    /// the cause when its peer's connection failed (connection_refused, timed_out after
+    /// the connect deadline, peer_lost, transport_retry_exceeded, ...), errc::canceled when
+    /// the application removed the peer or destroyed the endpoint.
+    std::error_code status;
+    rdmx::peer peer{};        ///< recv: the source; otherwise the target
+    std::uint64_t tag = 0;    ///< send / recv: the message's tag
+    std::uint64_t length = 0; ///< recv: the message's length; read / write: the bytes moved
+};
+
+/// How an endpoint is set up. Connection settings (depths, timeouts, retries) come from
+/// `connection`, whose queue-sharing fields (send_cq, recv_cq, srq, events, context) the
+/// endpoint sets itself and ignores from here.
+struct endpoint_options {
+    connection_options connection;
+    /// Tagged messages up to this many bytes go eager (copied through a receive buffer at
+    /// the receiver); longer ones by rendezvous (the receiver reads them from the sender's
+    /// memory, which must then be registered with access::remote_read).
+    std::uint32_t eager_limit = 8192;
+    /// Receive buffers of eager_limit bytes (plus a header) in the shared receive queue of
+    /// all peers. Unexpected messages (no matching receive posted yet) stay in their
+    /// buffer; when `unexpected_limit` of them are held, the endpoint stops giving buffers
+    /// back and senders meet receiver-not-ready back-pressure (per their rnr_retry_count)
+    /// instead of the endpoint growing. On iWARP (no receiver-not-ready) running out ends
+    /// the sender's connection, which the endpoint redials.
+    std::uint32_t receive_buffers = 512;
+    std::uint32_t unexpected_limit = 256;
+    /// Posted tagged receives not matched yet, at most (beyond: would_block).
+    std::uint32_t max_posted_recvs = 1024;
+    /// Operations issued to a peer that is not connected yet are queued (at most this many
+    /// per endpoint; beyond: would_block) until the connection is up, and fail with the
+    /// cause (timed_out, connection_refused, unreachable, rejected) if it is not up within
+    /// `connect_deadline` of the first of them. A refused or unreachable peer (a client
+    /// started before its server) is redialled with backoff until that deadline.
+    std::uint32_t max_queued_ops = 1024;
+    std::chrono::milliseconds connect_deadline{10000};
+    /// Entries of the one completion queue behind all peers.
+    std::uint32_t completion_queue_depth = 16384;
+};
+
+/// A connectionless endpoint over rdmx connections. Not movable.
+class endpoint
+{
+public:
+    /// Listens on `address` (a host, not a wildcard, since the address is how peers name
+    /// this endpoint: "tcp://10.0.0.1:0", "rdma://10.0.0.1:7471"; port 0 picks one) and
+    /// draws a random 64-bit incarnation id. Throws rdmx::error.
+    static std::unique_ptr<endpoint> open(domain& d, std::string_view address,
+                                          const endpoint_options& opts = {});
+
+    virtual ~endpoint() = default;
+    endpoint(const endpoint&) = delete;
+    endpoint& operator=(const endpoint&) = delete;
+
+    /// This endpoint's address, with the port in effect: what peers insert.
+    virtual const std::string& address() const noexcept = 0;
+    /// Random per open(): a restarted process at the same address has another one.
+    virtual std::uint64_t incarnation() const noexcept = 0;
+
+    // --- address vector ---
+    /// Inserts a peer's address and returns its handle; connects nothing yet. Inserting an
+    /// address already present (inserted, or a peer that contacted this endpoint first)
+    /// returns the same handle. Throws rdmx::error for a malformed address or another
+    /// backend's scheme.
+    virtual rdmx::peer insert(std::string_view address) = 0;
+    /// Removes a peer: closes its connection deliberately (the peer sees a clean
+    /// disconnect), completes its queued and outstanding operations with errc::canceled
+    /// and drops its unexpected messages. Its handle becomes stale. No-op for a stale handle.
+    virtual void remove(rdmx::peer p) noexcept = 0;
+    /// The address of a live handle (nullopt for a stale one).
+    virtual std::optional<std::string> address_of(rdmx::peer p) const = 0;
+
+    // --- tagged messages ---
+    /// Sends `local` (at most connection.max_send_sge - 1 entries: the endpoint
+    /// prepends a header) with `tag` to `to`, eager
+    /// or by rendezvous per eager_limit. The memory must stay untouched until completion.
+    /// would_block: too many operations outstanding or queued; invalid_argument: a stale
+    /// peer, any_peer, a bad region, or a rendezvous send from memory without remote_read.
+    virtual std::error_code send(rdmx::peer to, std::uint64_t tag, std::span<const sge> local,
+                                 std::uint64_t context) noexcept = 0;
+    /// Posts a receive for the first message from `from` (or any_peer) whose tag equals
+    /// `tag` in every bit not set in `ignore`. Receives match in the order they were posted,
+    /// messages in the order they arrived (per peer, the order they were sent). `local`
+    /// needs access::local_write. Completes at once (in the next poll) when a held
+    /// unexpected message matches.
+    virtual std::error_code recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
+                                 std::span<const sge> local, std::uint64_t context) noexcept = 0;
+
+    /// An unexpected message, as peek() finds it.
+    struct message_info {
+        rdmx::peer source{};
+        std::uint64_t tag = 0;
+        std::uint64_t length = 0;
+        std::uint64_t claim = 0; ///< with claim = true: what recv_claimed() takes
+    };
+    /// Looks for the oldest held message that recv(from, tag, ignore) would match, without
+    /// taking it; with `claim`, takes it out of matching for a later recv_claimed() (as
+    /// libfabric's FI_PEEK | FI_CLAIM). nullopt when there is none.
+    virtual std::optional<message_info> peek(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
+                                             bool claim = false) noexcept = 0;
+    /// Receives a claimed message into `local`; invalid_argument for an unknown claim.
+    virtual std::error_code recv_claimed(std::uint64_t claim, std::span<const sge> local,
+                                         std::uint64_t context) noexcept = 0;
+
+    // --- one-sided by peer handle (bulk data to descriptors shipped in messages) ---
+    virtual std::error_code write(rdmx::peer to, std::span<const sge> local, const remote_buffer& remote,
+                                  std::uint64_t context) noexcept = 0;
+    virtual std::error_code read(rdmx::peer from, std::span<const sge> local, const remote_buffer& remote,
+                                 std::uint64_t context) noexcept = 0;
+
+    // --- progress ---
+    /// Makes all progress (new peers, connection events, retries and deadlines, matching,
+    /// rendezvous) and moves up to out.size() completions into `out`. Never blocks and
+    /// never allocates once the endpoint's pools exist.
+    virtual std::size_t poll(std::span<endpoint_completion> out) noexcept = 0;
+    /// Readable when poll() has something to do (level-triggered; it may wake with nothing
+    /// to return): one fd for an epoll set or an io_context.
+    virtual int fd() const noexcept = 0;
+    /// Polls; if nothing completed, sleeps on fd() up to `timeout` and polls again.
+    virtual std::size_t wait(std::span<endpoint_completion> out,
+                             std::chrono::milliseconds timeout) noexcept = 0;
+
+    /// Peers in the address vector now (inserted or met), and of those, connected.
+    struct stats {
+        std::size_t peers = 0;
+        std::size_t connected = 0;
+        std::size_t unexpected = 0; ///< messages held without a matching receive
+    };
+    virtual stats statistics() const noexcept = 0;
+
+protected:
+    endpoint() = default;
+};
+
+} // namespace rdmx
