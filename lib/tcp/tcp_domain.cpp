@@ -245,21 +245,29 @@ std::unique_ptr<listener> tcp_domain::listen(std::string_view address, const lis
     return make_listener(shared_from_this(), address, opts.backlog);
 }
 
+tcp_domain::client_start tcp_domain::begin_client(const char* verb, std::string_view address,
+                                                  const connection_options& opts,
+                                                  std::span<const std::byte> private_data,
+                                                  std::span<std::byte, handshake::reply_size> buf)
+{
+    uri u = uri::parse(address);
+    std::string what = verb + (" " + std::string(address));
+    if (u.scheme == scheme::rdma)
+        throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
+    tcp_srq::of(opts, *this, what);
+    connection_limits lim = detail::clamp_limits(opts, limits_);
+    detail::cq_reservation shared(opts, lim, backend::tcp, verb);
+    auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
+    return {std::move(u), std::move(what), lim, std::move(shared), hello};
+}
+
 std::unique_ptr<connection> tcp_domain::start_connect(std::string_view address,
                                                       const connection_options& opts,
                                                       std::span<const std::byte> private_data,
                                                       std::span<const recv_request> initial_recvs)
 {
-    uri u = uri::parse(address);
-    std::string what = "start_connect " + std::string(address);
-    if (u.scheme == scheme::rdma)
-        throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
-    tcp_srq::of(opts, *this, what); // before the peer hears of us
-    connection_limits lim = detail::clamp_limits(opts, limits_);
-    // Room on the shared completion queues before the peer hears of us.
-    detail::cq_reservation shared(opts, lim, backend::tcp, "start_connect");
     std::byte buf[handshake::reply_size];
-    auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
+    auto [u, what, lim, shared, hello] = begin_client("start_connect", address, opts, private_data, buf);
     // The first address the name resolves to (a numeric address resolves at once); the
     // connect() itself completes on the engine.
     auto addrs = resolve(u, false, what);
@@ -293,16 +301,8 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
                                                 std::span<const std::byte> private_data,
                                                 std::span<const recv_request> initial_recvs)
 {
-    uri u = uri::parse(address);
-    std::string what = "connect " + std::string(address);
-    if (u.scheme == scheme::rdma)
-        throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
-    tcp_srq::of(opts, *this, what); // before the peer hears of us
-    connection_limits lim = detail::clamp_limits(opts, limits_);
-    // Room on the shared completion queues before the peer hears of us.
-    detail::cq_reservation shared(opts, lim, backend::tcp, "connect");
     std::byte buf[handshake::reply_size];
-    auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
+    auto [u, what, lim, shared, hello] = begin_client("connect", address, opts, private_data, buf);
 
     unique_fd fd = connect_socket(u, clock::now() + opts.timeout, what);
     set_congestion_control(fd.get(), opts.tcp.congestion); // before the peer hears of us

@@ -21,6 +21,7 @@
 
 #include <rdmx/connection.hpp>
 
+#include "cq_reservation.hpp"
 #include "tcp/tcp_wire.hpp"
 
 namespace rdmx::tcp
@@ -116,6 +117,20 @@ public:
     std::span<std::byte> discard_buffer() noexcept { return discard_; }
 
 private:
+    /// connect() and start_connect()'s common start, all before the peer hears of us: the
+    /// address and options checked, room reserved on shared completion queues, the HELLO
+    /// encoded into `buf`. `verb` names the call in errors.
+    struct client_start {
+        uri address;
+        std::string what;
+        connection_limits lim;
+        detail::cq_reservation shared;
+        std::span<const std::byte> hello;
+    };
+    client_start begin_client(const char* verb, std::string_view address, const connection_options& opts,
+                              std::span<const std::byte> private_data,
+                              std::span<std::byte, handshake::reply_size> buf);
+
     device_limits limits_;
     std::mutex regions_mu_;
     std::deque<region_state> region_pool_; ///< deque: elements never move

@@ -379,6 +379,10 @@ private:
                          std::error_code err) RDMX_EXCLUDES(mu_);
     /// The handshake failed with `cause`: to error, the socket closed.
     void handshake_failed(std::error_code cause) noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    /// Sends what is left of the HELLO or reply in hs_buf_ without blocking: 0 once all of
+    /// it went out, EAGAIN when the socket is full (wait until writable), otherwise the
+    /// errno that ended it, or -1 for a send that moved nothing.
+    int handshake_send_rest() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     /// The reply accepted: established, started as start() does.
     void begin_established() noexcept RDMX_REQUIRES(mu_, engine_thread_);
 

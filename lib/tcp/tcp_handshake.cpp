@@ -99,20 +99,11 @@ void connection_engine::handshake_step() noexcept
         [[fallthrough]];
     }
     case hs_phase::hello:
-        while (hs_done_ < hs_len_) {
-            ssize_t n =
-                ::send(fd_, hs_buf_.data() + hs_done_, hs_len_ - hs_done_, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n > 0) {
-                hs_done_ += static_cast<std::size_t>(n);
-                continue;
-            }
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (int err = handshake_send_rest()) {
+            if (err == EAGAIN)
                 wait(asio::posix::stream_descriptor::wait_write);
-                return;
-            }
-            handshake_failed(n < 0 ? connect_status(errno) : make_error_code(errc::disconnected));
+            else
+                handshake_failed(err > 0 ? connect_status(err) : make_error_code(errc::disconnected));
             return;
         }
         hs_phase_ = hs_phase::reply;
@@ -154,20 +145,11 @@ void connection_engine::handshake_step() noexcept
         return;
     }
     case hs_phase::accept:
-        while (hs_done_ < hs_len_) {
-            ssize_t n =
-                ::send(fd_, hs_buf_.data() + hs_done_, hs_len_ - hs_done_, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n > 0) {
-                hs_done_ += static_cast<std::size_t>(n);
-                continue;
-            }
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (int err = handshake_send_rest()) {
+            if (err == EAGAIN)
                 wait(asio::posix::stream_descriptor::wait_write);
-                return;
-            }
-            handshake_failed(errc::disconnected); // the client left before the reply
+            else
+                handshake_failed(errc::disconnected); // the client left before the reply
             return;
         }
         begin_established();
@@ -175,6 +157,23 @@ void connection_engine::handshake_step() noexcept
     case hs_phase::none:
     case hs_phase::failed: return;
     }
+}
+
+int connection_engine::handshake_send_rest() noexcept
+{
+    while (hs_done_ < hs_len_) {
+        ssize_t n = ::send(fd_, hs_buf_.data() + hs_done_, hs_len_ - hs_done_, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            hs_done_ += static_cast<std::size_t>(n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EWOULDBLOCK)
+            return EAGAIN;
+        return n < 0 ? errno : -1;
+    }
+    return 0;
 }
 
 void connection_engine::handshake_wait(asio::posix::stream_descriptor::wait_type w) noexcept
