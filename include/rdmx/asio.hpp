@@ -6,12 +6,13 @@
 // Two forms:
 // - Watches, Asio I/O objects with completion tokens (a callback, use_awaitable,
 //   use_future, ...): completion_watch (a connection or a completion_queue),
-//   listener_watch, event_watch. Each watches one rdmx file descriptor through an
-//   io_context, keeps it registered between waits, and can be cancelled (cancel(), which a
-//   timer makes a timeout).
+//   listener_watch, event_watch, endpoint_watch. Each watches one rdmx file descriptor
+//   through an io_context, keeps it registered between waits, and can be cancelled
+//   (cancel(), which a timer makes a timeout).
 // - Awaitables: co_await rdmx::asio::async_poll(conn, out), async_poll(cq, out),
-//   async_poll(events, out), async_get_request(listener), each also with a timeout. They
-//   poll first and only register the descriptor (for that one wait) when there is nothing.
+//   async_poll(events, out), async_poll(endpoint, out), async_get_request(listener), each
+//   also with a timeout. They poll first and only register the descriptor (for that one
+//   wait) when there is nothing.
 //
 // Threading rule: ONE thread runs the io_context (io.run() on one thread), and that thread
 // is the data-path thread of every connection and queue waited on through it: it posts,
@@ -60,6 +61,7 @@
 #include <boost/system/system_error.hpp>
 
 #include <rdmx/connection.hpp>
+#include <rdmx/endpoint.hpp>
 #include <rdmx/error.hpp>
 #include <rdmx/queues.hpp>
 
@@ -331,25 +333,41 @@ private:
     detail::fd_watch fd_;
 };
 
-/// Waits for the events of an event_queue (its fd()) through an io_context.
-class event_watch
+namespace detail
+{
+inline const char* fd_name(const rdmx::event_queue*) noexcept
+{
+    return "event_queue::fd";
+}
+inline const char* fd_name(const rdmx::endpoint*) noexcept
+{
+    return "endpoint::fd";
+}
+} // namespace detail
+
+/// Waits for a source whose fd() is level-triggered and whose poll() does the work
+/// (an event_queue: its events; an endpoint: its completions, after its progress) through
+/// an io_context. Used as event_watch and endpoint_watch.
+template <class Source, class Item> class level_watch
 {
 public:
     using executor_type = net::any_io_executor;
 
-    event_watch(const executor_type& ex, rdmx::event_queue& q) : q_(q), fd_(ex, q.fd(), "event_queue::fd") {}
+    level_watch(const executor_type& ex, Source& s) : s_(s), fd_(ex, s.fd(), detail::fd_name(&s)) {}
     template <class Context,
               class = std::enable_if_t<std::is_convertible_v<Context&, net::execution_context&>>>
-    event_watch(Context& ctx, rdmx::event_queue& q) : event_watch(ctx.get_executor(), q)
+    level_watch(Context& ctx, Source& s) : level_watch(ctx.get_executor(), s)
     {
     }
 
     executor_type get_executor() noexcept { return fd_.get_executor(); }
 
-    /// Moves queued events into `out`, waiting until there is at least one. Handler:
-    /// void(error_code, std::size_t n), n > 0 on success; operation_aborted after cancel().
-    /// Never completes inline. One wait at a time.
-    template <class Token> auto async_poll(std::span<rdmx::event> out, Token&& token)
+    /// Moves items into `out`, waiting until there is at least one: polls; if nothing is
+    /// there, waits for the descriptor and polls again (a wake-up with nothing to return,
+    /// which an endpoint may have, waits again). Handler: void(error_code, std::size_t n),
+    /// n > 0 on success; operation_aborted after cancel(). Never completes inline. One
+    /// wait at a time.
+    template <class Token> auto async_poll(std::span<Item> out, Token&& token)
     {
         return net::async_compose<Token, void(boost::system::error_code, std::size_t)>(poll_op{this, out},
                                                                                        token, fd_);
@@ -359,8 +377,8 @@ public:
 
 private:
     struct poll_op {
-        event_watch* w;
-        std::span<rdmx::event> out;
+        level_watch* w;
+        std::span<Item> out;
         bool initiating = true;
         bool posted = false;
         std::size_t n = 0;
@@ -372,7 +390,7 @@ private:
                     self.complete(ec, 0);
                     return;
                 }
-                if (!(n = w->q_.poll(out))) {
+                if (!(n = w->s_.poll(out))) {
                     initiating = false;
                     w->fd_.async_wait(std::move(self));
                     return;
@@ -387,9 +405,15 @@ private:
         }
     };
 
-    rdmx::event_queue& q_;
+    Source& s_;
     detail::fd_watch fd_;
 };
+
+/// Waits for the events of an event_queue (its fd()) through an io_context.
+using event_watch = level_watch<rdmx::event_queue, rdmx::event>;
+/// Waits for an endpoint's completions (its fd()) through an io_context; each wake-up runs
+/// the endpoint's progress (endpoint::poll), so nothing else needs to poll it.
+using endpoint_watch = level_watch<rdmx::endpoint, rdmx::endpoint_completion>;
 
 // --- Awaitables -------------------------------------------------------------------------
 // For coroutines on the io_context's one thread (co_spawn(io, ..., detached)). Each polls
@@ -467,25 +491,52 @@ inline net::awaitable<std::size_t> async_poll(rdmx::completion_queue& cq, std::s
     return detail::poll_completions(cq, out, timeout);
 }
 
+namespace detail
+{
+template <class Source, class Item> net::awaitable<std::size_t> poll_level(Source& s, std::span<Item> out)
+{
+    if (auto n = s.poll(out))
+        co_return n;
+    level_watch<Source, Item> w(co_await net::this_coro::executor, s);
+    co_return co_await w.async_poll(out, net::use_awaitable);
+}
+
+template <class Source, class Item>
+net::awaitable<std::size_t> poll_level(Source& s, std::span<Item> out,
+                                       std::chrono::steady_clock::duration timeout)
+{
+    if (auto n = s.poll(out))
+        co_return n;
+    using watch = level_watch<Source, Item>;
+    auto w = std::make_shared<watch>(co_await net::this_coro::executor, s);
+    co_return co_await with_timeout<std::size_t>(w, timeout, [out](watch& lw, boost::system::error_code& ec) {
+        return lw.async_poll(out, net::redirect_error(net::use_awaitable, ec));
+    });
+}
+} // namespace detail
+
 /// Events of `q` into `out`: at least one.
 inline net::awaitable<std::size_t> async_poll(rdmx::event_queue& q, std::span<rdmx::event> out)
 {
-    if (auto n = q.poll(out))
-        co_return n;
-    event_watch w(co_await net::this_coro::executor, q);
-    co_return co_await w.async_poll(out, net::use_awaitable);
+    return detail::poll_level(q, out);
 }
 /// As above, waiting up to `timeout`; 0 when it expired.
 inline net::awaitable<std::size_t> async_poll(rdmx::event_queue& q, std::span<rdmx::event> out,
                                               std::chrono::steady_clock::duration timeout)
 {
-    if (auto n = q.poll(out))
-        co_return n;
-    auto w = std::make_shared<event_watch>(co_await net::this_coro::executor, q);
-    co_return co_await detail::with_timeout<std::size_t>(
-        w, timeout, [out](event_watch& ew, boost::system::error_code& ec) {
-            return ew.async_poll(out, net::redirect_error(net::use_awaitable, ec));
-        });
+    return detail::poll_level(q, out, timeout);
+}
+
+/// Completions of endpoint `ep` into `out` (its progress runs meanwhile): at least one.
+inline net::awaitable<std::size_t> async_poll(rdmx::endpoint& ep, std::span<rdmx::endpoint_completion> out)
+{
+    return detail::poll_level(ep, out);
+}
+/// As above, waiting up to `timeout`; 0 when it expired.
+inline net::awaitable<std::size_t> async_poll(rdmx::endpoint& ep, std::span<rdmx::endpoint_completion> out,
+                                              std::chrono::steady_clock::duration timeout)
+{
+    return detail::poll_level(ep, out, timeout);
 }
 
 /// The next connection request of `l` (never null).
