@@ -1044,7 +1044,8 @@ int main(int argc, char** argv)
         if (n == test_name)
             o.t = v;
     o.signal_every = std::min(o.signal_every, o.depth); // a full window must hold a signalled one
-    if (multi(o) && is_latency(o.t)) {
+    // The server learns the test from its client (its -t is the default, send_lat).
+    if (!o.server && multi(o) && is_latency(o.t)) {
         std::fprintf(stderr, "rdmx_perf: -q and --shared-cq are for the bandwidth tests\n");
         return 2;
     }
