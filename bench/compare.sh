@@ -120,6 +120,8 @@ for r in doc["results"]:
         print(r["test"], r["size"], "server_cpu_us_per_msg", r["server_cpu_us_per_msg"])
     elif "median_us" in r:
         print(r["test"], r["size"], "lat_us", r["median_us"])
+        if "mean_us" in r:  # against fi_pingpong, which gives only the mean
+            print(r["test"], r["size"], "lat_avg_us", r["mean_us"])
     else:
         print(r["test"], r["size"], "mb_s", r["mb_per_s"])
         print(r["test"], r["size"], "cpu_s_per_gb", r["cpu_s_per_gb"])
@@ -416,11 +418,11 @@ if ((TCP)); then
     done
 fi
 if ((GUEST)); then
-    echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS bandwidth and $GUEST_LAT_REPS latency reps"
-    backend=verbs rep=0
     # --many-conn: the -q 8 rows only (no latency reps, no 64 KiB bandwidth runs)
     narrow=()
     ((MANY == 0)) || { narrow=(env GUEST_BW_TESTS=); GUEST_LAT_REPS=0; }
+    echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS bandwidth and $GUEST_LAT_REPS latency reps"
+    backend=verbs rep=0
     # The guest's load average is its own; the host's, every 30 s, goes to host-load.txt.
     (while uptime >>"$RAW/host-load.txt"; do sleep 30; done) &
     sampler=$!
