@@ -223,7 +223,9 @@ md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
       "| target | rdmx | peer | ratio | 90 % range | goal | met |", "| --- | ---: | ---: | ---: | --- | --- | --- |"]
 if a.many_conn:
     md = [f"# rdmx benchmark, {os.path.basename(a.out)}: many connections and event mode (issue 17)", "",
-          f"Machine: {a.machine}. Reps: {a.reps} TCP, {a.guest_reps} verbs (rxe), interleaved, {a.seconds} s in all. "
+          f"Machine: {a.machine}. Reps: {a.reps} TCP" +
+          (f", {a.guest_reps} verbs (rxe)" if any(r["backend"] == "verbs" for r in rows) else ", no rxe guest") +
+          f", interleaved, {a.seconds} s in all. "
           f"Regime: {doc['regime']}.",
           "Load average at the start of each rep: " + "; ".join(f"{b}: {', '.join(map(str, l))}" for b, l in loads.items()) + ".",
           "Produced by `bench/compare.sh --many-conn`. Bandwidth in MB/s (1e6 B/s), message rate in msg/s "
