@@ -168,8 +168,8 @@ server_cpu() { # tool test size
 }
 
 # The server's CPU per round trip without its set-up: a short run and a long run of the
-# same tool back to back, (CPU(long) - CPU(short)) / (the round trips between them). UCX
-# spends about a CPU second setting up here, which would swamp a per-run quotient.
+# same tool back to back, (CPU(long) - CPU(short)) / (the round trips between them): the
+# set-up (a few hundredths of a CPU second here, more on a loaded host) drops out.
 per_rt() { # tool test size short-cpu extra-round-trips
     [ -n "$4" ] && [ -n "${SRV_CPU_S:-}" ] || return 0
     record "$1" "$2" "$3" server_cpu_us_per_rt "$(awk -v a="$4" -v b="$SRV_CPU_S" -v n="$5" 'BEGIN { printf "%.3f", (b - a) * 1e6 / n }')"
