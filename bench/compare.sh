@@ -3,7 +3,14 @@
 # bench/results/<date>.md, .json and .png (bandwidth and latency against size):
 #
 #   bench/compare.sh [--reps N] [--tcp-lat-pairs N] [--guest-reps N] [--guest-bw-iters N]
-#                    [--guest-lat-reps N] [--no-guest] [--no-tcp]
+#                    [--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--out NAME]
+#
+#   --many-conn narrows both parts to the rows of issue 17 (bench/many_conn_tcp.sh runs it):
+#   TCP: rdmx_perf -q 8 (8 CQs, one shared CQ, shared CQ in event mode) vs iperf3 -P 8 and
+#   ucx_perftest tag_bw -T 8; 8 B send/recv latency and the server's CPU, busy polling vs
+#   event mode, vs ucx_perftest tag_lat (-E poll, -I -E sleep) and fi_pingpong (busy only:
+#   it has no wait-object option). rxe: ib_send_bw -q 8 vs rdmx_perf -q 8 (8 CQs, shared).
+#   --out NAME writes bench/results/NAME.{md,json} instead of <date> (.png: full runs only).
 #
 #   TCP backend on loopback  rdmx_perf  vs  ucx_perftest (UCX_TLS=tcp,self, lo: tag_lat,
 #                            ucp_put_lat, tag_bw, ucp_put_bw, ucp_get), fi_pingpong
@@ -40,6 +47,8 @@ GUEST_BW_ITERS=1500
 GUEST_LAT_REPS=9
 GUEST=1
 TCP=1
+MANY=0
+OUT=""
 while (($#)); do
     case $1 in
     --reps) REPS=$2; shift 2 ;;
@@ -49,9 +58,11 @@ while (($#)); do
     --guest-lat-reps) GUEST_LAT_REPS=$2; shift 2 ;;
     --no-guest) GUEST=0; shift ;;
     --no-tcp) TCP=0; shift ;;
+    --many-conn) MANY=1; shift ;;
+    --out) OUT=$2; shift 2 ;;
     guest-verbs) shift; guest_mode=1; break ;;
     *) echo "usage: $0 [--reps N] [--tcp-lat-pairs N] [--guest-reps N] [--guest-bw-iters N]" \
-        "[--guest-lat-reps N] [--no-guest] [--no-tcp]" >&2
+        "[--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--out NAME]" >&2
         exit 2 ;;
     esac
 done
@@ -74,8 +85,14 @@ load_now() { cut -d' ' -f1 /proc/loadavg; }
 
 # Runs a server (pinned to SCPU, in the background) and a client (pinned to CCPU), each
 # bounded; prints the client's output. The server's output goes to $RAW/server.log.
+# SRV_CPU=1: the server runs under GNU time, which leaves its user and system CPU seconds
+# (whole process, set-up included) and its wall seconds in $RAW/server.time.
 pair() { # seconds 'server command' 'client command'
     local t=$1 srv=$2 cli=$3 rc=0
+    if [ -n "${SRV_CPU:-}" ]; then
+        rm -f "$RAW/server.time"
+        srv="/usr/bin/time -f '%U %S %e' -o '$RAW/server.time' $srv"
+    fi
     timeout "$t" taskset -c $SCPU bash -c "$srv" >"$RAW/server.log" 2>&1 &
     local spid=$!
     sleep "${PAIR_DELAY:-0.4}"
@@ -98,45 +115,77 @@ doc = json.loads(sys.argv[1][sys.argv[1].index('{'):])
 for r in doc["results"]:
     if "connections" in r:  # -q N: the message rate and each side's CPU per message
         print(r["test"], r["size"], "msg_s", r["msg_per_s"])
+        print(r["test"], r["size"], "mb_s", r["mb_per_s"])
         print(r["test"], r["size"], "cpu_us_per_msg", r["cpu_us_per_msg"])
         print(r["test"], r["size"], "server_cpu_us_per_msg", r["server_cpu_us_per_msg"])
     elif "median_us" in r:
         print(r["test"], r["size"], "lat_us", r["median_us"])
+        if "mean_us" in r:  # against fi_pingpong, which gives only the mean
+            print(r["test"], r["size"], "lat_avg_us", r["mean_us"])
     else:
         print(r["test"], r["size"], "mb_s", r["mb_per_s"])
         print(r["test"], r["size"], "cpu_s_per_gb", r["cpu_s_per_gb"])
 EOF
+    [ -z "${SRV_CPU:-}" ] || server_cpu rdmx "${as:-$test}" "$size"
 }
 
 # ---------------------------------------------------------------------------------------
 # TCP backend on loopback
 
-ucx_run() { # test size iters
-    local test=$1 size=$2 iters=$3 out line
+ucx_run() { # test size iters [client args: -T 8 -M multi, -I -E sleep]; AS=name records under another test name
+    # (the ucx_perftest server takes the test's parameters from its client)
+    local test=$1 size=$2 iters=$3 out line as=${AS:-$1} f
+    shift 3
     if ! out=$(UCX_TLS=tcp,self UCX_NET_DEVICES=lo pair 60 "ucx_perftest -p 13337" \
-        "ucx_perftest 127.0.0.1 -p 13337 -t $test -s $size -n $iters"); then
-        fail_note ucx "$test" "$out"
+        "ucx_perftest 127.0.0.1 -p 13337 -t $test -s $size -n $iters $*"); then
+        fail_note ucx "$as" "$out"
         return
     fi
     line=$(grep '^Final:' <<<"$out" || true)
-    [ -n "$line" ] || { fail_note ucx "$test" "$out"; return; }
-    # Final: iters lat50% lat_avg lat_overall bw_avg bw_overall(MiB/s) rate_avg rate_overall
-    read -r _ _ lat50 _ _ _ bw _ <<<"$line"
+    [ -n "$line" ] || { fail_note ucx "$as" "$out"; return; }
+    # Final: iters lat50% lat_avg lat_overall bw_avg bw_overall(MiB/s) rate_avg rate_overall,
+    # then (1.13, latency tests) text; with -T N (threads) only: iters lat_overall bw_overall
+    # rate_overall, summed over the threads.
+    read -r -a f <<<"$(awk '{ for (i = 2; i <= NF && $i ~ /^[0-9.]+$/; i++) printf "%s ", $i }' <<<"$line")"
+    local lat50=${f[1]} bw=${f[5]:-${f[2]:-}} rate=${f[7]:-${f[3]:-}}
     case $test in
-    *lat) record ucx "$test" "$size" lat_us "$lat50" ;;
-    *) record ucx "$test" "$size" mb_s "$(awk -v b="$bw" 'BEGIN { printf "%.2f", b * 1.048576 }')" ;;
+    *lat) record ucx "$as" "$size" lat_us "$lat50"
+        [ -z "${AS:-}" ] || record ucx "$as" "$size" lat_avg_us "${f[3]}" ;; # the mean, as fi_pingpong's
+    *) record ucx "$as" "$size" mb_s "$(awk -v b="$bw" 'BEGIN { printf "%.2f", b * 1.048576 }')"
+        [ -z "${AS:-}" ] || record ucx "$as" "$size" msg_s "$rate" ;;
     esac
+    [ -z "${SRV_CPU:-}" ] || server_cpu ucx "$as" "$size"
 }
 
-fi_run() { # name provider endpoint size
-    local out line
-    if ! out=$(pair 30 "fi_pingpong -p '$2' -e $3 -I 2000 -S $4" "fi_pingpong -p '$2' -e $3 -I 2000 -S $4 127.0.0.1"); then
-        fail_note "$1" pingpong "$out"
+# SRV_CPU=1 runs: the server's CPU seconds over its whole life (set-up included), recorded
+# and left in SRV_CPU_S for per_rt (empty when the run failed).
+server_cpu() { # tool test size
+    local u s e
+    [ -s "$RAW/server.time" ] || { fail_note "$1" "$2" "no server CPU time: $(cat "$RAW/server.time" 2>/dev/null)"; return; }
+    read -r u s e <"$RAW/server.time"
+    SRV_CPU_S=$(awk -v u="$u" -v s="$s" 'BEGIN { printf "%.3f", u + s }')
+    record "$1" "$2" "$3" server_cpu_s "$SRV_CPU_S"
+}
+
+# The server's CPU per round trip without its set-up: a short run and a long run of the
+# same tool back to back, (CPU(long) - CPU(short)) / (the round trips between them): the
+# set-up (a few hundredths of a CPU second here, more on a loaded host) drops out.
+per_rt() { # tool test size short-cpu extra-round-trips
+    [ -n "$4" ] && [ -n "${SRV_CPU_S:-}" ] || return 0
+    record "$1" "$2" "$3" server_cpu_us_per_rt "$(awk -v a="$4" -v b="$SRV_CPU_S" -v n="$5" 'BEGIN { printf "%.3f", (b - a) * 1e6 / n }')"
+}
+
+fi_run() { # name provider endpoint size [iterations (2000)]; AS=name records under another test name
+    local out line n=${5:-2000} t=${AS:-pingpong}
+    if ! out=$(pair 30 "fi_pingpong -p '$2' -e $3 -I $n -S $4" "fi_pingpong -p '$2' -e $3 -I $n -S $4 127.0.0.1"); then
+        fail_note "$1" "$t" "$out"
         return
     fi
-    # bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec  (usec/xfer: one way)
+    # bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec  (usec/xfer: one way, the
+    # mean over the run: total time / transfers, where rdmx_perf and ucx_perftest give medians)
     line=$(awk -v s="$4" '$1 == s { print $7 }' <<<"$out" | tail -n 1)
-    [ -n "$line" ] && record "$1" pingpong "$4" lat_us "$line" || fail_note "$1" pingpong "$out"
+    [ -n "$line" ] && record "$1" "$t" "$4" lat_us "$line" || { fail_note "$1" "$t" "$out"; return; }
+    [ -z "${SRV_CPU:-}" ] || server_cpu "$1" "$t" "$4"
 }
 
 iperf_run() { # size
@@ -210,6 +259,56 @@ tcp_rep() {
     for s in 65536 1048576 4194304; do qperf_run tcp_bw $s; done
 }
 
+# --many-conn: the rows of issue 17 only. Each group of runs rotates its order from rep to
+# rep, so that no tool always runs first (or right after the same neighbour).
+rotate() { # rep command... : runs the commands (each one word, a function) rotated by rep
+    local n=$(($# - 1)) r=$1 i
+    shift
+    for ((i = 0; i < n; i++)); do
+        local k=$(((i + r) % n + 1))
+        "${!k}"
+    done
+}
+mc_own() { SRV="-q 8" AS=send_bw_q8 rdmx_run $MCA send_bw 64 100000 -q 8; }
+mc_shared() { SRV="-q 8 --shared-cq" AS=send_bw_q8_shared rdmx_run $MCA send_bw 64 100000 -q 8 --shared-cq; }
+mc_event() { SRV="-q 8 --shared-cq" AS=send_bw_q8_shared_event rdmx_run $MCA send_bw 64 100000 -q 8 --shared-cq -e; }
+mc_ucx1() { AS=tag_bw_T1 ucx_run tag_bw 64 400000; }
+mc_ucx8() { AS=tag_bw_T8 ucx_run tag_bw 64 50000 -T 8 -M multi; } # 8 threads, one endpoint each
+mc_own_64k() { SRV="-q 8" AS=send_bw_q8 rdmx_run $MCA send_bw 65536 8000 -q 8; }
+mc_shared_64k() { SRV="-q 8 --shared-cq" AS=send_bw_q8_shared rdmx_run $MCA send_bw 65536 8000 -q 8 --shared-cq; }
+mc_event_64k() { SRV="-q 8 --shared-cq" AS=send_bw_q8_shared_event rdmx_run $MCA send_bw 65536 8000 -q 8 --shared-cq -e; }
+mc_iperf() { AS=stream_p8 IPERF_ARGS="-P 8" iperf_run 65536; }
+# 8 B send/recv latency and the server's CPU per round trip: a run of 5000 round trips
+# (recorded as NAME_short), then one of 50000, whose latency is the row's.
+ev() { # tool test run-function args... (the function takes: name iterations)
+    local tool=$1 test=$2 c0
+    shift 2
+    SRV_CPU_S=""
+    SRV_CPU=1 "$@" "${test}_short" 5000
+    c0=$SRV_CPU_S SRV_CPU_S=""
+    SRV_CPU=1 "$@" "$test" 50000
+    per_rt "$tool" "$test" 8 "$c0" 45000
+}
+lat_rdmx() { AS=$2 rdmx_run $MCA send_lat 8 "$3" ${1:+"$1"}; }
+lat_ucx() { AS=$2 ucx_run tag_lat 8 "$3" -w 1000 $1; }
+ev_poll() { ev rdmx send_lat lat_rdmx ""; }
+ev_event() { ev rdmx send_lat_event lat_rdmx -e; }
+ev_ucx_poll() { ev ucx tag_lat lat_ucx ""; }
+ev_ucx_sleep() { ev ucx tag_lat_sleep lat_ucx "-I -E sleep"; }
+lat_fi_msg() { AS=$2 fi_run fi_tcp_msg tcp msg 8 "$3"; }
+lat_fi_rdm() { AS=$2 fi_run fi_tcp_rxm_rdm 'tcp;ofi_rxm' rdm 8 "$3"; }
+ev_fi_msg() { ev fi_tcp_msg pingpong lat_fi_msg ""; }
+ev_fi_rdm() { ev fi_tcp_rxm_rdm pingpong lat_fi_rdm ""; }
+many_conn_rep() {
+    MCA=tcp://127.0.0.1:18600
+    echo "  64 B x 8 connections: rdmx_perf -q 8 (8 CQs, shared, shared + event), ucx_perftest tag_bw -T 1, -T 8"
+    rotate "$rep" mc_own mc_shared mc_event mc_ucx1 mc_ucx8
+    echo "  64 KiB x 8 connections: rdmx_perf -q 8 (8 CQs, shared, shared + event), iperf3 -P 8"
+    rotate "$rep" mc_own_64k mc_shared_64k mc_event_64k mc_iperf
+    echo "  8 B latency + server CPU: rdmx_perf (poll, -e), ucx_perftest tag_lat (poll, -I -E sleep), fi_pingpong"
+    rotate "$rep" ev_poll ev_event ev_ucx_poll ev_ucx_sleep ev_fi_msg ev_fi_rdm
+}
+
 # ---------------------------------------------------------------------------------------
 # verbs on soft-RoCE: runs inside the guest (compare.sh guest-verbs RAW BW_REPS LAT_REPS [BW_ITERS])
 
@@ -241,6 +340,10 @@ guest_run() { # perftest|rdmx test size iters [rdmx_perf options...]: one run of
     fi
 }
 
+gq_perftest() { PT_ARGS="-q 8" AS=send_bw_q8 perftest_run ib_send_bw 64 "${GUEST_Q8_ITERS:-2000}"; }
+gq_own() { SRV="-q 8" AS=send_bw_q8 guest_run rdmx send_bw 64 "${GUEST_Q8_ITERS:-2000}" -w 0 -q 8; }
+gq_shared() { SRV="-q 8 --shared-cq" AS=send_bw_q8_shared guest_run rdmx send_bw 64 "${GUEST_Q8_ITERS:-2000}" -w 0 -q 8 --shared-cq; }
+
 guest_verbs() { # RAW BW_REPS LAT_REPS [BW_ITERS]; env GUEST_LAT_SIZES, GUEST_LAT_TESTS, GUEST_LAT_ITERS
     RAW=$1
     backend=verbs
@@ -271,15 +374,14 @@ guest_verbs() { # RAW BW_REPS LAT_REPS [BW_ITERS]; env GUEST_LAT_SIZES, GUEST_LA
         # perftest's bandwidth tests time the span from the first post to the last
         # completion, cold start included (its --perform_warm_up exists for write and read
         # only); rdmx_perf without warm-up (-w 0) times the same span.
-        for t in send_bw write_bw read_bw; do
+        for t in ${GUEST_BW_TESTS-send_bw write_bw read_bw}; do
             for tool in "${order[@]}"; do
                 guest_run $tool $t 65536 "$bw_iters" -w 0
             done
         done
-        # Many connections: 8 of them, 64 B sends (message rate), ib_send_bw -q 8 alongside.
-        PT_ARGS="-q 8" AS=send_bw_q8 perftest_run ib_send_bw 64 2000
-        SRV="-q 8" AS=send_bw_q8 guest_run rdmx send_bw 64 2000 -w 0 -q 8
-        SRV="-q 8 --shared-cq" AS=send_bw_q8_shared guest_run rdmx send_bw 64 2000 -w 0 -q 8 --shared-cq
+        # Many connections: 8 of them, 64 B sends (message rate), ib_send_bw -q 8 alongside,
+        # the order rotating from rep to rep.
+        rotate "$rep" gq_perftest gq_own gq_shared
     done
 }
 
@@ -312,18 +414,25 @@ if ((TCP)); then
     for ((rep = 1; rep <= REPS; rep++)); do
         echo "=== TCP rep $rep/$REPS (load $(load_now))"
         record load - 0 load "$(load_now)"
-        tcp_rep
+        if ((MANY)); then many_conn_rep; else tcp_rep; fi
     done
 fi
 if ((GUEST)); then
+    # --many-conn: the -q 8 rows only (no latency reps, no 64 KiB bandwidth runs)
+    narrow=()
+    ((MANY == 0)) || { narrow=(env GUEST_BW_TESTS=); GUEST_LAT_REPS=0; }
     echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS bandwidth and $GUEST_LAT_REPS latency reps"
     backend=verbs rep=0
-    tests/guest/rxe-guest.sh --cache "$BUILD/guest-cache" --share "$ROOT" --share "$(realpath "$BUILD")" \
-        --share "$RAW" --timeout 1200 -- bash "$ROOT/bench/compare.sh" guest-verbs "$RAW" "$GUEST_REPS" "$GUEST_LAT_REPS" "$GUEST_BW_ITERS" ||
+    # The guest's load average is its own; the host's, every 30 s, goes to host-load.txt.
+    (while uptime >>"$RAW/host-load.txt"; do sleep 30; done) &
+    sampler=$!
+    tests/guest/rxe-guest.sh --cache "${RDMX_GUEST_CACHE:-$BUILD/guest-cache}" --share "$ROOT" --share "$(realpath "$BUILD")" \
+        --share "$RAW" --timeout 1200 -- "${narrow[@]}" bash "$ROOT/bench/compare.sh" guest-verbs "$RAW" "$GUEST_REPS" "$GUEST_LAT_REPS" "$GUEST_BW_ITERS" ||
         fail_note guest boot "rxe-guest.sh exited with $?"
+    kill "$sampler"
 fi
 mkdir -p bench/results
-stamp=$(date +%Y-%m-%d)
-python3 bench/summarize.py "$RAW" "bench/results/$stamp" --reps "$REPS" --tcp-lat-pairs "$TCP_LAT_PAIRS" --guest-bw-iters "$GUEST_BW_ITERS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
+stamp=${OUT:-$(date +%Y-%m-%d)}
+python3 bench/summarize.py "$RAW" "bench/results/$stamp" $(((MANY)) && echo --many-conn --no-plot) --reps "$REPS" --tcp-lat-pairs "$TCP_LAT_PAIRS" --guest-bw-iters "$GUEST_BW_ITERS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
     --machine "$(nproc) CPUs, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), TCP congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown) (the system default, for every tool)"
 echo "=== wrote bench/results/$stamp.md, .json, .png (raw data in $RAW)"

@@ -23,6 +23,8 @@ ap.add_argument("--guest-bw-iters", type=int, default=0)
 ap.add_argument("--guest-lat-reps", type=int, default=0)
 ap.add_argument("--seconds", type=int, default=0)
 ap.add_argument("--machine", default="")
+ap.add_argument("--many-conn", action="store_true",
+                help="compare.sh --many-conn: the rows of issue 17 only (many connections, event mode)")
 ap.add_argument("--no-plot", action="store_true", help="write .md and .json only (no gnuplot needed)")
 a = ap.parse_args()
 
@@ -89,18 +91,64 @@ others = [("write 8 B latency vs UCX ucp_put_lat", "tcp", ("rdmx", "write_lat", 
           ("send 4 MiB bw vs UCX tag_bw", "tcp", ("rdmx", "send_bw", 4 << 20, "mb_s"),
            ("ucx", "tag_bw", 4 << 20, "mb_s"), None, True),
           ("read 4 MiB bw vs UCX ucp_get", "tcp", ("rdmx", "read_bw", 4 << 20, "mb_s"),
-           ("ucx", "ucp_get", 4 << 20, "mb_s"), None, True),
-          # Many connections (issue 17): 8 connections served by one thread, 64 B sends.
-          ("send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate)", "tcp",
-           ("rdmx", "send_bw_q8_shared", 64, "msg_s"), ("rdmx", "send_bw_q8", 64, "msg_s"), None, True),
-          ("send 64 B x 8 connections, shared CQ, event mode vs polling (message rate)", "tcp",
-           ("rdmx", "send_bw_q8_shared_event", 64, "msg_s"), ("rdmx", "send_bw_q8_shared", 64, "msg_s"), None, True),
-          ("send 64 B x 8 connections, server CPU per message, one shared CQ vs 8 CQs", "tcp",
-           ("rdmx", "send_bw_q8_shared", 64, "server_cpu_us_per_msg"),
-           ("rdmx", "send_bw_q8", 64, "server_cpu_us_per_msg"), None, False),
-          ("send 64 B x 8 connections, shared CQ vs ib_send_bw -q 8 (message rate)", "verbs",
-           ("rdmx", "send_bw_q8_shared", 64, "msg_s"), ("perftest", "send_bw_q8", 64, "msg_s"), None, True)]
+           ("ucx", "ucp_get", 4 << 20, "mb_s"), None, True)]
 
+# Many connections and event mode (issue 17): 8 connections served by one thread; 8 B
+# send/recv latency and the server's CPU per round trip, busy polling vs sleeping.
+Q8, Q8S, Q8E = ("rdmx", "send_bw_q8"), ("rdmx", "send_bw_q8_shared"), ("rdmx", "send_bw_q8_shared_event")
+many = [("send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate)", "tcp", (*Q8S, 64, "msg_s"), (*Q8, 64, "msg_s"), None, True),
+        ("send 64 B x 8 connections, shared CQ, event mode vs polling (message rate)", "tcp",
+         (*Q8E, 64, "msg_s"), (*Q8S, 64, "msg_s"), None, True),
+        ("send 64 B x 8 connections, server CPU per message, one shared CQ vs 8 CQs", "tcp",
+         (*Q8S, 64, "server_cpu_us_per_msg"), (*Q8, 64, "server_cpu_us_per_msg"), None, False),
+        ("send 64 B x 8 connections, server CPU per message, shared CQ, event mode vs polling", "tcp",
+         (*Q8E, 64, "server_cpu_us_per_msg"), (*Q8S, 64, "server_cpu_us_per_msg"), None, False),
+        ("send 64 B x 8 connections, one shared CQ vs UCX tag_bw -T 8 (8 threads, an endpoint each; message rate)", "tcp",
+         (*Q8S, 64, "msg_s"), ("ucx", "tag_bw_T8", 64, "msg_s"), None, True),
+        ("send 64 B x 8 connections, 8 CQs vs UCX tag_bw -T 8 (message rate)", "tcp",
+         (*Q8, 64, "msg_s"), ("ucx", "tag_bw_T8", 64, "msg_s"), None, True),
+        ("send 64 B x 8 connections, one shared CQ vs UCX tag_bw, one endpoint (message rate)", "tcp",
+         (*Q8S, 64, "msg_s"), ("ucx", "tag_bw_T1", 64, "msg_s"), None, True),
+        ("send 64 KiB x 8 connections, one shared CQ vs 8 CQs", "tcp", (*Q8S, 65536, "mb_s"), (*Q8, 65536, "mb_s"), None, True),
+        ("send 64 KiB x 8 connections, shared CQ, event mode vs polling", "tcp",
+         (*Q8E, 65536, "mb_s"), (*Q8S, 65536, "mb_s"), None, True),
+        ("send 64 KiB x 8 connections, one shared CQ vs iperf3 -P 8 (64 KiB writes)", "tcp",
+         (*Q8S, 65536, "mb_s"), ("iperf3", "stream_p8", 65536, "mb_s"), None, True),
+        ("send 64 KiB x 8 connections, 8 CQs vs iperf3 -P 8", "tcp",
+         (*Q8, 65536, "mb_s"), ("iperf3", "stream_p8", 65536, "mb_s"), None, True),
+        ("send 64 KiB x 8 connections, shared CQ, event mode vs iperf3 -P 8", "tcp",
+         (*Q8E, 65536, "mb_s"), ("iperf3", "stream_p8", 65536, "mb_s"), None, True),
+        ("send/recv 8 B latency, event mode vs busy polling", "tcp",
+         ("rdmx", "send_lat_event", 8, "lat_us"), ("rdmx", "send_lat", 8, "lat_us"), None, False),
+        ("send/recv 8 B latency, event mode vs UCX tag_lat -I -E sleep", "tcp",
+         ("rdmx", "send_lat_event", 8, "lat_us"), ("ucx", "tag_lat_sleep", 8, "lat_us"), None, False),
+        ("send/recv 8 B latency, busy polling vs UCX tag_lat (polling)", "tcp",
+         ("rdmx", "send_lat", 8, "lat_us"), ("ucx", "tag_lat", 8, "lat_us"), None, False),
+        # Means (lat_avg_us): fi_pingpong gives nothing else (its time over its transfers)
+        ("send/recv 8 B latency, means, busy polling vs fi_pingpong (tcp, msg; busy polling)", "tcp",
+         ("rdmx", "send_lat", 8, "lat_avg_us"), ("fi_tcp_msg", "pingpong", 8, "lat_us"), None, False),
+        ("send/recv 8 B latency, means, busy polling vs fi_pingpong (tcp;ofi_rxm, rdm; busy polling)", "tcp",
+         ("rdmx", "send_lat", 8, "lat_avg_us"), ("fi_tcp_rxm_rdm", "pingpong", 8, "lat_us"), None, False),
+        ("send/recv 8 B latency, means, busy polling vs UCX tag_lat (polling)", "tcp",
+         ("rdmx", "send_lat", 8, "lat_avg_us"), ("ucx", "tag_lat", 8, "lat_avg_us"), None, False),
+        ("send/recv 8 B latency, means, event mode vs UCX tag_lat -I -E sleep", "tcp",
+         ("rdmx", "send_lat_event", 8, "lat_avg_us"), ("ucx", "tag_lat_sleep", 8, "lat_avg_us"), None, False),
+        ("8 B ping-pong, server CPU per round trip, event mode vs busy polling", "tcp",
+         ("rdmx", "send_lat_event", 8, "server_cpu_us_per_rt"), ("rdmx", "send_lat", 8, "server_cpu_us_per_rt"), None, False),
+        ("8 B ping-pong, server CPU per round trip, event mode vs UCX -I -E sleep", "tcp",
+         ("rdmx", "send_lat_event", 8, "server_cpu_us_per_rt"), ("ucx", "tag_lat_sleep", 8, "server_cpu_us_per_rt"), None, False),
+        ("8 B ping-pong, server CPU per round trip, busy polling vs UCX (polling)", "tcp",
+         ("rdmx", "send_lat", 8, "server_cpu_us_per_rt"), ("ucx", "tag_lat", 8, "server_cpu_us_per_rt"), None, False),
+        ("send 64 B x 8 connections, one shared CQ vs ib_send_bw -q 8 (message rate)", "verbs",
+         (*Q8S, 64, "msg_s"), ("perftest", "send_bw_q8", 64, "msg_s"), None, True),
+        ("send 64 B x 8 connections, 8 CQs vs ib_send_bw -q 8 (message rate)", "verbs",
+         (*Q8, 64, "msg_s"), ("perftest", "send_bw_q8", 64, "msg_s"), None, True),
+        ("send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate)", "verbs",
+         (*Q8S, 64, "msg_s"), (*Q8, 64, "msg_s"), None, True)]
+if a.many_conn:
+    targets, others = [], many
+else:
+    others += [m for m in many if m not in others]
 
 def ratio_range(mine, peer, draws=10000):
     """5th and 95th percentile of the ratio of medians when each tool's runs are resampled
@@ -173,7 +221,26 @@ md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
       "The 90 % range resamples each tool's runs of this report (bootstrap): how far the spread of",
       "the reps alone could move the ratio. A goal inside it is not settled by this run either way.", "",
       "| target | rdmx | peer | ratio | 90 % range | goal | met |", "| --- | ---: | ---: | ---: | --- | --- | --- |"]
+if a.many_conn:
+    md = [f"# rdmx benchmark, {os.path.basename(a.out)}: many connections and event mode (issue 17)", "",
+          f"Machine: {a.machine}. Reps: {a.reps} TCP" +
+          (f", {a.guest_reps} verbs (rxe)" if any(r["backend"] == "verbs" for r in rows) else ", no rxe guest") +
+          f", interleaved, {a.seconds} s in all. "
+          f"Regime: {doc['regime']}.",
+          "Load average at the start of each rep: " + "; ".join(f"{b}: {', '.join(map(str, l))}" for b, l in loads.items()) + ".",
+          "Produced by `bench/compare.sh --many-conn`. Bandwidth in MB/s (1e6 B/s), message rate in msg/s "
+          "(all connections), latency in us one way, CPU in us per message or per round trip; medians over reps.",
+          *(["Host load average during the guest run (every 30 s, 1/5/15 min): " +
+              "; ".join(l.split("load average:")[-1].strip() for l in open(os.path.join(a.raw, "host-load.txt")) if "load average" in l) + "."]
+            if os.path.exists(os.path.join(a.raw, "host-load.txt")) else []),
+          "", "## Rows (ratio = first / second)", "",
+          "The 90 % range resamples each side's runs (bootstrap): a ratio whose range holds 1 is parity.", "",
+          "| comparison | first | second | ratio | 90 % range |", "| --- | ---: | ---: | ---: | --- |"]
 for i, c in enumerate(checked):
+    if a.many_conn:
+        md.append(f"| {c['backend']}: {c['target']} | {fmt(c['rdmx'])} {c['unit']} | {fmt(c['peer'])} {c['unit']} | "
+                  f"{fmt(c['ratio'], 'x')} | {fmt_range(c['ratio_90'])} |")
+        continue
     if i == len(targets):
         md += ["", "Other comparisons (no target):", "",
                "| comparison | rdmx | peer | ratio | 90 % range | goal | met |",
@@ -187,9 +254,20 @@ if stalled:
            ", ".join(f"{r['tool']} {r['test']} {size_name(int(r['size']))} rep {r['rep']} ({float(r['value']):.0f} us)"
                      for r in stalled) + "."]
 md += ["", "## The runs behind each target (rep order; a failed run leaves no value)", ""]
-for c in checked[:len(targets)]:
+for c in (checked if a.many_conn else checked[:len(targets)]):
     md.append(f"- {c['backend']}: {c['target']}: rdmx " + (" ".join(f"{v:.4g}" for v in c["rdmx_runs"]) or "-") +
               "; peer " + (" ".join(f"{v:.4g}" for v in c["peer_runs"]) or "-"))
+if a.many_conn:  # every run, by rep, with the load average at the rep's start
+    by = defaultdict(dict)
+    nrep = max((int(r["rep"]) for r in rows), default=0)
+    for r in rows:
+        by[(r["backend"], r["tool"], r["test"], int(r["size"]), r["metric"])][int(r["rep"])] = float(r["value"])
+    md += ["", "## Every run by rep (first row: load average at the rep's start)", "",
+           "| backend | tool | test | size | metric | " + " | ".join(f"rep {i}" for i in range(1, nrep + 1)) + " |",
+           "| --- | --- | --- | ---: | --- |" + " ---: |" * nrep]
+    for k in sorted(by, key=lambda k: (k[0], k[1] != "load", k[1:])):
+        md.append(f"| {k[0]} | {k[1]} | {k[2]} | {size_name(k[3])} | {k[4]} | " +
+                  " | ".join(f"{by[k][i]:.4g}" if i in by[k] else "-" for i in range(1, nrep + 1)) + " |")
 md += ["", "## All medians", "", "| backend | tool | test | size | metric | median | min | max | n |",
        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
 for m in doc["medians"]:

@@ -42,6 +42,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -804,8 +805,12 @@ void print_json(const std::vector<result>& rs, const session& s, const options& 
                         msgs / r.bw.seconds, r.bw.cpu / (bytes / 1e9), r.bw.cpu / msgs * 1e6,
                         r.server_cpu / msgs * 1e6, r.bw.seconds);
         } else if (is_latency(r.t)) {
-            std::printf("\"min_us\": %.3f, \"median_us\": %.3f, \"p99_us\": %.3f, \"max_us\": %.3f}",
-                        r.lat.front(), percentile(r.lat, 0.5), percentile(r.lat, 0.99), r.lat.back());
+            // The mean too: fi_pingpong reports only that (its time over its transfers).
+            std::printf("\"min_us\": %.3f, \"median_us\": %.3f, \"mean_us\": %.3f, \"p99_us\": %.3f, "
+                        "\"max_us\": %.3f}",
+                        r.lat.front(), percentile(r.lat, 0.5),
+                        std::accumulate(r.lat.begin(), r.lat.end(), 0.0) / static_cast<double>(r.lat.size()),
+                        percentile(r.lat, 0.99), r.lat.back());
         } else {
             double bytes = static_cast<double>(r.bw.messages) * static_cast<double>(r.size);
             std::printf("\"mb_per_s\": %.2f, \"msg_per_s\": %.0f, \"cpu_s_per_gb\": %.4f, \"seconds\": %.6f}",
@@ -1044,7 +1049,8 @@ int main(int argc, char** argv)
         if (n == test_name)
             o.t = v;
     o.signal_every = std::min(o.signal_every, o.depth); // a full window must hold a signalled one
-    if (multi(o) && is_latency(o.t)) {
+    // The server learns the test from its client (its -t is the default, send_lat).
+    if (!o.server && multi(o) && is_latency(o.t)) {
         std::fprintf(stderr, "rdmx_perf: -q and --shared-cq are for the bandwidth tests\n");
         return 2;
     }

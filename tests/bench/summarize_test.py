@@ -20,19 +20,21 @@ def line(rep, backend, tool, test, size, metric, value):
 
 
 class Summarize(unittest.TestCase):
-    def run_summarize(self, lines):
+    def run_summarize(self, lines, *extra):
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         d = tmp.name
         with open(os.path.join(d, "results.jsonl"), "w") as f:
             f.write("\n".join(lines) + "\n")
         out = os.path.join(d, "report")
-        subprocess.run([sys.executable, SUMMARIZE, d, out, "--reps", "5", "--no-plot"], check=True)
+        subprocess.run([sys.executable, SUMMARIZE, d, out, "--reps", "5", "--no-plot", *extra], check=True)
         with open(out + ".json") as f:
             doc = json.load(f)
         with open(out + ".md") as f:
             md = f.read()
         self.assertFalse(os.path.exists(out + ".png"))
+        if extra:  # --many-conn: some rows exist for both backends
+            return {(t["backend"], t["target"]): t for t in doc["targets"]}, md
         return {t["target"]: t for t in doc["targets"]}, md
 
     def test_ratios_goals_and_ranges(self):
@@ -91,6 +93,35 @@ class Summarize(unittest.TestCase):
         row = "send_lat 2 B vs perftest ib_send_lat"
         self.assertEqual(a[row]["ratio_90"], b[row]["ratio_90"])
         self.assertAlmostEqual(a[row]["ratio"], 22.5 / 21.5)
+
+    def test_many_conn_rows(self):
+        # compare.sh --many-conn: issue 17's rows only, no targets, every run by rep with its load.
+        lines = []
+        for rep, (own, shared, ucx) in enumerate(zip([800e3, 700e3, 750e3], [150e3, 160e3, 170e3],
+                                                     [600e3, 640e3, 680e3]), 1):
+            lines.append(line(rep, "tcp", "load", "-", 0, "load", rep + 0.5))
+            lines.append(line(rep, "tcp", "rdmx", "send_bw_q8", 64, "msg_s", own))
+            lines.append(line(rep, "tcp", "rdmx", "send_bw_q8_shared", 64, "msg_s", shared))
+            lines.append(line(rep, "tcp", "ucx", "tag_bw_T8", 64, "msg_s", ucx))
+            lines.append(line(rep, "tcp", "rdmx", "send_lat_event", 8, "server_cpu_us_per_rt", 30 + rep))
+            lines.append(line(rep, "tcp", "ucx", "tag_lat_sleep", 8, "server_cpu_us_per_rt", 15))
+        rows, md = self.run_summarize(lines, "--many-conn")
+        self.assertNotIn(("tcp", "send/recv 8 B latency vs UCX tag_lat"), rows)  # the targets of issue 3 go
+        shared = rows["tcp", "send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate)"]
+        self.assertAlmostEqual(shared["ratio"], 160e3 / 750e3)
+        self.assertEqual(shared["unit"], "msg/s")
+        lo, hi = shared["ratio_90"]
+        self.assertLessEqual(lo, shared["ratio"])
+        self.assertGreaterEqual(hi, shared["ratio"])
+        ucx = rows["tcp", "send 64 B x 8 connections, 8 CQs vs UCX tag_bw -T 8 (message rate)"]
+        self.assertAlmostEqual(ucx["ratio"], 750e3 / 640e3)
+        cpu = rows["tcp", "8 B ping-pong, server CPU per round trip, event mode vs UCX -I -E sleep"]
+        self.assertAlmostEqual(cpu["ratio"], 32 / 15)
+        self.assertIsNone(rows["verbs", "send 64 B x 8 connections, one shared CQ vs ib_send_bw -q 8 (message rate)"]["ratio"])
+        self.assertIn("| tcp: send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate) | "
+                      f"160000.00 msg/s | 750000.00 msg/s | 0.21x | {lo:.2f}-{hi:.2f}x |", md)
+        self.assertIn("| tcp | load | - | 0 B | load | 1.5 | 2.5 | 3.5 |", md)
+        self.assertIn("| tcp | rdmx | send_bw_q8 | 64 B | msg_s | 8e+05 | 7e+05 | 7.5e+05 |", md)
 
 
 if __name__ == "__main__":
