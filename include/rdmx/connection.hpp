@@ -260,11 +260,10 @@ public:
     /// local sge and the 8-byte-aligned remote address): on a validation error nothing is
     /// posted; an operation the device lacks (write_with_imm on iWARP, atomics where
     /// device_limits::atomics is false) is errc::not_supported, also before anything is
-    /// posted. `would_block` means the send
-    /// queue is full (rdmx counts the outstanding requests against
-    /// limits().send_queue_depth itself, on every provider: a signalled request's
-    /// completion frees its slot and those of the unsignalled ones before it); `*posted`
-    /// (if given) says exactly how many were posted before it or before any error.
+    /// posted. `would_block` means the send queue is full (rdmx counts the outstanding
+    /// requests against limits().send_queue_depth itself, on every provider: a signalled
+    /// request's completion frees its slot and those of the unsignalled ones before it);
+    /// `*posted` (if given) says exactly how many were posted before it or before any error.
     virtual std::error_code post(std::span<const work_request> wrs,
                                  std::size_t* posted = nullptr) noexcept = 0;
     virtual std::error_code post_recv(std::span<const recv_request> wrs,

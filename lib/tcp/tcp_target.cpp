@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "validate.hpp"
+
 namespace rdmx::tcp
 {
 
@@ -99,8 +101,8 @@ void connection_engine::target_fail(nak_code code, std::uint64_t seq) noexcept
 std::optional<std::uint64_t> connection_engine::execute_atomic(const frame_header& h) noexcept
 {
     seg s;
-    if (h.addr % atomic_resp_payload != 0 ||
-        !dom_.find_remote(h.key, h.addr, atomic_resp_payload, access::remote_atomic, s) || !pin(s.st, s.tag))
+    if (h.addr % detail::atomic_size != 0 ||
+        !dom_.find_remote(h.key, h.addr, detail::atomic_size, access::remote_atomic, s) || !pin(s.st, s.tag))
         return std::nullopt;
     // The one place where this domain serves atomics. Connections of a domain are served
     // on the engine thread and on the threads of applications that busy-poll them, so
