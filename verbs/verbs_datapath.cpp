@@ -289,6 +289,9 @@ void verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
     if (wc.status == IBV_WC_SUCCESS) [[likely]] {
         c.status = detail::no_error;
         c.opcode = from_ibv(wc.opcode);
+        // ibv_poll_cq(3) defines byte_len for receives only; rdmx promises 8 for atomics.
+        if (detail::is_atomic(c.opcode)) [[unlikely]]
+            c.byte_len = detail::atomic_size;
         retire(c.opcode);
         c.with_imm = wc.wc_flags & IBV_WC_WITH_IMM;
         c.imm = c.with_imm ? ntohl(wc.imm_data) : 0;
