@@ -15,6 +15,8 @@ const char* to_string(opcode op) noexcept
     case opcode::recv: return "recv";
     case opcode::recv_with_imm: return "recv_with_imm";
     case opcode::unknown: return "unknown";
+    case opcode::fetch_add: return "fetch_add";
+    case opcode::compare_swap: return "compare_swap";
     }
     return "?";
 }

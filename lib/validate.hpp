@@ -51,21 +51,37 @@ inline errc check_local(std::span<const sge> list, const void* owner, std::uint3
     return {};
 }
 
+/// Bytes an atomic operates on, at the target and in the local sge.
+inline constexpr std::uint64_t atomic_size = 8;
+
+inline bool is_atomic(opcode op) noexcept
+{
+    return op == opcode::fetch_add || op == opcode::compare_swap;
+}
+
 /// Full check of a send-queue request against the connection's limits.
 inline errc check_send(const work_request& wr, const void* owner, rdmx::backend b,
                        const connection_limits& lim, std::uint64_t& total) noexcept
 {
-    const bool is_read = wr.opcode == opcode::read;
+    const bool atomic = is_atomic(wr.opcode);
+    // Reads and atomics land in local memory: the NIC writes it.
+    const bool lands_locally = wr.opcode == opcode::read || atomic;
     switch (wr.opcode) {
     case opcode::send:
     case opcode::write:
     case opcode::write_with_imm:
-    case opcode::read: break;
+    case opcode::read:
+    case opcode::fetch_add:
+    case opcode::compare_swap: break;
     default: return errc::invalid_argument;
     }
-    if (errc e = check_local(wr.local, owner, lim.max_send_sge, is_read, total); e != errc{})
+    if (errc e = check_local(wr.local, owner, lim.max_send_sge, lands_locally, total); e != errc{})
         return e;
-    if (has(wr.flags, send_flags::inline_data) && (is_read || total > lim.max_inline))
+    if (has(wr.flags, send_flags::inline_data) && (lands_locally || total > lim.max_inline))
+        return errc::invalid_argument;
+    // An atomic returns exactly one 8-byte value into one SGE, and its target must be
+    // naturally aligned (verbs requires it; the TCP target serves it as a native atomic).
+    if (atomic && (wr.local.size() != 1 || total != atomic_size || wr.remote.addr % atomic_size != 0))
         return errc::invalid_argument;
     if (wr.opcode != opcode::send) {
         // The descriptor came from the peer: it must be for this backend and the transfer

@@ -1,7 +1,7 @@
 // The hot path allocates nothing: global operator new is replaced by a counting version,
-// and after a warm-up many operations of every kind (send/recv, write, write_imm, read;
-// small and large; single requests and post lists; polling and event mode) must leave the
-// count at zero. It counts every thread while the window is open, so the TCP backend's
+// and after a warm-up many operations of every kind (send/recv, write, write_imm, read,
+// atomics; small and large; single requests and post lists; polling and event mode) must
+// leave the count at zero. It counts every thread while the window is open, so the TCP backend's
 // engine threads (they carry the data) are held to the same promise as the caller.
 // This is a count, never a timing.
 #include <gtest/gtest.h>
@@ -434,6 +434,60 @@ TEST_P(allocation, shared_receive_queue_data_path_allocates_nothing)
     EXPECT_EQ(allocations.load(), 0u)
         << "heap allocations in " << rounds << " rounds on a shared receive queue (last size "
         << last_size.load() << " B)";
+}
+
+// Atomics (fetch_add, compare_swap): single posts and lists, busy and in event mode,
+// allocate nothing either (their operands and old values travel in fixed slots).
+TEST_P(allocation, atomics_allocate_nothing)
+{
+    if (!client_dom_->limits().atomics || !server_dom_->limits().atomics)
+        GTEST_SKIP() << "device " << client_dom_->limits().device_name
+                     << ": no atomics (atomic_cap = IBV_ATOMIC_NONE)";
+    auto p = connect_pair();
+    constexpr std::size_t list = 8;
+    std::vector<std::uint64_t> target(2, 0), old(list, 0);
+    auto tmr = server_dom_->register_memory(target.data(), 16, access::remote_atomic);
+    auto lmr = client_dom_->register_memory(old.data(), list * 8, access::local_write);
+    const remote_buffer counter = tmr->remote(0, 8), word = tmr->remote(8, 8);
+    std::uint64_t adds = 0;
+    auto round = [&](bool event_mode) {
+        sge s[list];
+        work_request w[list];
+        for (std::size_t i = 0; i < list; ++i) {
+            s[i] = {lmr.get(), i * 8, 8};
+            const bool cas = i % 2 == 1;
+            w[i] = {.opcode = cas ? opcode::compare_swap : opcode::fetch_add,
+                    .wr_id = i,
+                    .local = {&s[i], 1},
+                    .remote = cas ? word : counter,
+                    .flags = i + 1 == list ? send_flags::signaled : send_flags::none,
+                    .compare_add = cas ? 0u : 1u,
+                    .swap = 0};
+        }
+        if (failed(p.client->post(w)) || !drain(*p.client, 1, event_mode))
+            return false;
+        if (failed(p.client->post_fetch_add(s[0], counter, 1, 100)) ||
+            failed(p.client->post_compare_swap(s[1], word, 0, 0, 101)) || !drain(*p.client, 2, event_mode))
+            return false;
+        adds += list / 2 + 1;
+        return true;
+    };
+    for (int i = 0; i < 4; ++i)
+        ASSERT_TRUE(round(i % 2 == 1)) << "warm-up round " << i << " failed: " << first_error.message()
+                                       << " (wr_id " << first_error_wr_id << ")";
+    allocations = 0;
+    counting = true;
+    bool ok = true;
+    int done = 0;
+    for (; done < 50 && ok; ++done)
+        ok = round(done % 2 == 1);
+    counting = false;
+    ASSERT_TRUE(ok) << "round " << done << " failed: " << first_error.message() << " (wr_id "
+                    << first_error_wr_id << ")";
+    EXPECT_EQ(allocations.load(), 0u)
+        << "heap allocations in atomics (last size " << last_size.load() << " B)";
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(target[0]).load(), adds);
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(target[1]).load(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, allocation, testing::ValuesIn(selected_backends()), param_name);

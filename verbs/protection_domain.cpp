@@ -51,6 +51,9 @@ protection_domain::protection_domain(ibv_context* ctx, std::uint8_t port_num)
     iwarp_ = ctx_->device->transport_type == IBV_TRANSPORT_IWARP;
     limits_.write_with_imm = !iwarp_;
     limits_.iwarp = iwarp_;
+    // siw has no atomics at all; rxe and HCAs say IBV_ATOMIC_HCA (atomic among the
+    // atomics of this device) or IBV_ATOMIC_GLOB (against CPU atomics too).
+    limits_.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;
     probe_max_inline();
 }
 
@@ -84,17 +87,19 @@ std::unique_ptr<memory_region> protection_domain::register_memory(void* addr, st
     if (addr == nullptr || length == 0)
         throw_error(errc::invalid_argument, "ibv_reg_mr: empty region");
     int flags = 0;
-    // Verbs requires local write whenever remote write is granted.
-    if (any(rights & (access::local_write | access::remote_write)))
+    // Verbs requires local write whenever remote write or remote atomic is granted.
+    if (any(rights & (access::local_write | access::remote_write | access::remote_atomic)))
         flags |= IBV_ACCESS_LOCAL_WRITE;
     if (any(rights & access::remote_write))
         flags |= IBV_ACCESS_REMOTE_WRITE;
     if (any(rights & access::remote_read))
         flags |= IBV_ACCESS_REMOTE_READ;
+    if (any(rights & access::remote_atomic))
+        flags |= IBV_ACCESS_REMOTE_ATOMIC;
     mr_ptr mr(ibv_reg_mr(pd_.get(), addr, length, flags));
     if (!mr)
         throw_errno(errno, "ibv_reg_mr");
-    if (any(rights & access::remote_write))
+    if (any(rights & (access::remote_write | access::remote_atomic)))
         rights = rights | access::local_write;
     return std::make_unique<verbs_region>(this, std::move(keepalive), std::move(mr), rights);
 }

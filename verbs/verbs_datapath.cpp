@@ -35,6 +35,8 @@ ibv_wr_opcode to_ibv(opcode op) noexcept
     case opcode::write: return IBV_WR_RDMA_WRITE;
     case opcode::write_with_imm: return IBV_WR_RDMA_WRITE_WITH_IMM;
     case opcode::read: return IBV_WR_RDMA_READ;
+    case opcode::fetch_add: return IBV_WR_ATOMIC_FETCH_AND_ADD;
+    case opcode::compare_swap: return IBV_WR_ATOMIC_CMP_AND_SWP;
     default: return IBV_WR_SEND;
     }
 }
@@ -79,6 +81,8 @@ opcode from_ibv(ibv_wc_opcode op) noexcept
     case IBV_WC_RDMA_READ: return opcode::read;
     case IBV_WC_RECV: return opcode::recv;
     case IBV_WC_RECV_RDMA_WITH_IMM: return opcode::recv_with_imm;
+    case IBV_WC_FETCH_ADD: return opcode::fetch_add;
+    case IBV_WC_COMP_SWAP: return opcode::compare_swap;
     default: return opcode::unknown;
     }
 }
@@ -194,6 +198,8 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
             return errc::invalid_argument;
         if (wr.opcode == opcode::write_with_imm && !pd_.limits().write_with_imm) [[unlikely]]
             return errc::not_supported;
+        if (detail::is_atomic(wr.opcode) && !pd_.limits().atomics) [[unlikely]]
+            return errc::not_supported; // siw: atomic_cap IBV_ATOMIC_NONE
     }
     const std::size_t room = counting_ ? limits_.send_queue_depth - sq_outstanding_
                              : send_shared_
@@ -206,6 +212,15 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
                 w.opcode = to_ibv(wr.opcode);
                 w.send_flags = to_ibv(wr.flags);
                 w.imm_data = wr.opcode == opcode::write_with_imm ? htonl(wr.imm) : 0;
+                if (detail::is_atomic(wr.opcode)) [[unlikely]] {
+                    // wr.atomic overlays wr.rdma with rkey further on: every field is set.
+                    // The operands are host byte order (the provider converts them).
+                    w.wr.atomic.remote_addr = wr.remote.addr;
+                    w.wr.atomic.compare_add = wr.compare_add;
+                    w.wr.atomic.swap = wr.opcode == opcode::compare_swap ? wr.swap : 0;
+                    w.wr.atomic.rkey = static_cast<std::uint32_t>(wr.remote.key);
+                    return;
+                }
                 const bool one_sided = wr.opcode != opcode::send;
                 w.wr.rdma.remote_addr = one_sided ? wr.remote.addr : 0;
                 w.wr.rdma.rkey = one_sided ? static_cast<std::uint32_t>(wr.remote.key) : 0;
@@ -274,6 +289,9 @@ void verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
     if (wc.status == IBV_WC_SUCCESS) [[likely]] {
         c.status = detail::no_error;
         c.opcode = from_ibv(wc.opcode);
+        // ibv_poll_cq(3) defines byte_len for receives only; rdmx promises 8 for atomics.
+        if (detail::is_atomic(c.opcode)) [[unlikely]]
+            c.byte_len = detail::atomic_size;
         retire(c.opcode);
         c.with_imm = wc.wc_flags & IBV_WC_WITH_IMM;
         c.imm = c.with_imm ? ntohl(wc.imm_data) : 0;

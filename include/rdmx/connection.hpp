@@ -41,6 +41,13 @@ enum class opcode : std::uint8_t {
     recv,           ///< receive completion of a send
     recv_with_imm,  ///< receive completion of a write_with_imm (byte_len = bytes written)
     unknown,        ///< error completions: verbs leaves the opcode undefined, so both backends say unknown
+    /// Atomic fetch-and-add on 8 bytes at the peer: adds work_request::compare_add to the
+    /// target and returns its old value in `local` (docs/atomics.md).
+    fetch_add,
+    /// Atomic compare-and-swap on 8 bytes at the peer: if the target equals
+    /// work_request::compare_add it becomes work_request::swap; the old value comes back
+    /// in `local` either way (docs/atomics.md).
+    compare_swap,
 };
 const char* to_string(opcode op) noexcept;
 
@@ -48,7 +55,7 @@ const char* to_string(opcode op) noexcept;
 enum class send_flags : std::uint32_t {
     none = 0,
     signaled = 1u << 0,    ///< produce a completion for this request
-    fence = 1u << 1,       ///< start only after all earlier reads on this connection completed
+    fence = 1u << 1,       ///< start only after all earlier reads and atomics on this connection completed
     inline_data = 1u << 2, ///< copy the payload into the request (size <= limits().max_inline)
     solicited = 1u << 3,   ///< wake a peer waiting with request_notify(solicited_only)
 };
@@ -70,13 +77,23 @@ struct sge {
 
 /// A send-queue work request. `local` must stay valid only during `post()`; the memory it
 /// names must stay untouched until the completion (or a later signalled one) is polled.
+///
+/// Atomics (fetch_add, compare_swap; docs/atomics.md): `local` is one sge of exactly 8
+/// bytes in a region with local_write, where the target's old value lands as a native
+/// std::uint64_t (host byte order); `remote` names 8-byte-aligned memory (addr % 8 == 0,
+/// length >= 8; the first 8 bytes are the target) in a region the peer registered with
+/// access::remote_atomic, which it holds as a native std::uint64_t. No inline_data.
 struct work_request {
     rdmx::opcode opcode = opcode::send;
     std::uint64_t wr_id = 0;
     std::span<const sge> local;
-    remote_buffer remote{}; ///< write / read: where at the peer (addr is absolute)
+    remote_buffer remote{}; ///< write / read / atomics: where at the peer (addr is absolute)
     send_flags flags = send_flags::signaled;
     std::uint32_t imm = 0; ///< write_with_imm only
+    /// fetch_add: the value added (modulo 2^64); compare_swap: the value compared with.
+    std::uint64_t compare_add = 0;
+    /// compare_swap only: what the target becomes if it equalled compare_add.
+    std::uint64_t swap = 0;
 };
 
 /// A receive-queue work request.
@@ -90,7 +107,7 @@ struct completion {
     std::uint64_t wr_id = 0;
     rdmx::opcode opcode = opcode::unknown;
     std::error_code status;     ///< empty on success; an rdmx::errc otherwise
-    std::uint32_t byte_len = 0; ///< recv / recv_with_imm / read: bytes transferred
+    std::uint32_t byte_len = 0; ///< recv / recv_with_imm / read: bytes transferred; atomics: 8
     std::uint32_t imm = 0;      ///< valid when with_imm
     bool with_imm = false;
     /// The connection it belongs to and that connection's connection_options::context;
@@ -110,7 +127,8 @@ struct connection_options {
     std::uint32_t max_send_sge = 4;
     std::uint32_t max_recv_sge = 4;
     std::uint32_t max_inline = 64;
-    /// Outstanding RDMA reads per direction (verbs: initiator_depth/responder_resources).
+    /// Outstanding RDMA reads and atomics per direction (verbs: initiator_depth /
+    /// responder_resources; atomics and reads share them).
     std::uint32_t max_rd_atomic = 16;
     /// How long a request may wait for the peer's acknowledgement before it is retried
     /// (verbs: the QP's local ACK timeout, rounded up to 4.096 us * 2^n; TCP: how long the
@@ -238,13 +256,14 @@ public:
     virtual std::span<const std::byte> peer_private_data() const noexcept = 0;
 
     /// Posts a list of send-queue requests with one doorbell. Validates every request
-    /// first (regions, bounds, access, sge count, inline size): on a validation error
-    /// nothing is posted; an operation the device lacks (write_with_imm on iWARP) is
-    /// errc::not_supported, also before anything is posted. `would_block` means the send
-    /// queue is full (rdmx counts the outstanding requests against
-    /// limits().send_queue_depth itself, on every provider: a signalled request's
-    /// completion frees its slot and those of the unsignalled ones before it); `*posted`
-    /// (if given) says exactly how many were posted before it or before any error.
+    /// first (regions, bounds, access, sge count, inline size; for atomics the 8-byte
+    /// local sge and the 8-byte-aligned remote address): on a validation error nothing is
+    /// posted; an operation the device lacks (write_with_imm on iWARP, atomics where
+    /// device_limits::atomics is false) is errc::not_supported, also before anything is
+    /// posted. `would_block` means the send queue is full (rdmx counts the outstanding
+    /// requests against limits().send_queue_depth itself, on every provider: a signalled
+    /// request's completion frees its slot and those of the unsignalled ones before it);
+    /// `*posted` (if given) says exactly how many were posted before it or before any error.
     virtual std::error_code post(std::span<const work_request> wrs,
                                  std::size_t* posted = nullptr) noexcept = 0;
     virtual std::error_code post_recv(std::span<const recv_request> wrs,
@@ -281,6 +300,33 @@ public:
     {
         work_request wr{
             .opcode = opcode::read, .wr_id = wr_id, .local = local, .remote = remote, .flags = flags};
+        return post({&wr, 1});
+    }
+    /// Adds `add` to the 8 bytes at `remote`; their old value lands in `local` (8 bytes).
+    std::error_code post_fetch_add(const sge& local, const remote_buffer& remote, std::uint64_t add,
+                                   std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{.opcode = opcode::fetch_add,
+                        .wr_id = wr_id,
+                        .local = {&local, 1},
+                        .remote = remote,
+                        .flags = flags,
+                        .compare_add = add};
+        return post({&wr, 1});
+    }
+    /// Sets the 8 bytes at `remote` to `swap` if they equal `compare`; their old value
+    /// lands in `local` (8 bytes) either way, so the swap happened iff it equals `compare`.
+    std::error_code post_compare_swap(const sge& local, const remote_buffer& remote, std::uint64_t compare,
+                                      std::uint64_t swap, std::uint64_t wr_id,
+                                      send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{.opcode = opcode::compare_swap,
+                        .wr_id = wr_id,
+                        .local = {&local, 1},
+                        .remote = remote,
+                        .flags = flags,
+                        .compare_add = compare,
+                        .swap = swap};
         return post({&wr, 1});
     }
     std::error_code post_recv(std::span<const sge> local, std::uint64_t wr_id) noexcept
@@ -375,6 +421,10 @@ struct device_limits {
     /// Whether opcode::write_with_imm exists (not on iWARP: post() refuses it with
     /// errc::not_supported).
     bool write_with_imm = true;
+    /// Whether the atomics (opcode::fetch_add, compare_swap) exist (verbs: atomic_cap is
+    /// not IBV_ATOMIC_NONE; not on siw); without them post() refuses them with
+    /// errc::not_supported. Always on TCP.
+    bool atomics = true;
     /// An iWARP device (verbs): a remote error (bad key, no receive, overlong send) tears
     /// the connection down instead of failing the request; see docs/failure-semantics.md.
     bool iwarp = false;

@@ -21,6 +21,8 @@ enum class access : std::uint32_t {
     local_write = 1u << 0,  ///< the NIC may write it: receive buffers, read sinks
     remote_write = 1u << 1, ///< peers may RDMA-write it (implies local_write)
     remote_read = 1u << 2,  ///< peers may RDMA-read it
+    /// Peers may target it with atomics (fetch_add, compare_swap; implies local_write).
+    remote_atomic = 1u << 3,
 };
 constexpr access operator|(access a, access b) noexcept
 {

@@ -87,7 +87,7 @@ void connection_engine::complete_sq_head(std::error_code status, std::uint32_t b
 {
     sq_entry e = sq_at(sq_head_);
     ++sq_head_;
-    if (e.op == opcode::read && reads_in_flight_ > 0)
+    if (reads_or_atomic(e.op) && reads_in_flight_ > 0)
         --reads_in_flight_;
     if (status || e.signaled)
         push_cq(cq_side::send, {.wr_id = e.wr_id,

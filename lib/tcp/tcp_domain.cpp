@@ -139,8 +139,8 @@ std::unique_ptr<memory_region> tcp_domain::register_memory(void* addr, std::size
     auto a = reinterpret_cast<std::uintptr_t>(addr);
     if (a + length < a)
         throw_error(errc::invalid_argument, "register_memory: range wraps around");
-    // remote_write implies local_write, as on verbs.
-    if (any(rights & access::remote_write))
+    // remote_write and remote_atomic imply local_write, as on verbs.
+    if (any(rights & (access::remote_write | access::remote_atomic)))
         rights = rights | access::local_write;
     std::lock_guard lk(regions_mu_);
     std::uint64_t key;

@@ -5,6 +5,7 @@
 
 #include <sys/uio.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -162,7 +163,19 @@ private:
         bool fenced = false;
         bool solicited = false;
         std::uint32_t nseg = 0;
+        /// Atomics: the operands as the request frame carries them (compare_add, then
+        /// swap; little endian), and the payload piece naming them (payload_segs). Its
+        /// SGE (sq_segs) is where the old value lands.
+        std::array<std::byte, compare_swap_payload> operands{};
+        seg operand_seg;
     };
+    /// Whether a request of `op` waits for a response with data (READ_RESP, ATOMIC_RESP)
+    /// and counts against max_rd_atomic (reads_in_flight_) and fences, as verbs counts
+    /// reads and atomics alike (IBV_SEND_FENCE, max_rd_atomic).
+    static bool reads_or_atomic(rdmx::opcode op) noexcept
+    {
+        return op == opcode::read || op == opcode::fetch_add || op == opcode::compare_swap;
+    }
     struct rq_entry {
         std::uint64_t wr_id = 0;
         std::uint64_t length = 0;
@@ -199,6 +212,8 @@ private:
         write_imm,     ///< into target memory, then consume a receive and ACK
         write_bad,     ///< access violation: drain, then NAK remote_access
         read_resp,     ///< into the read's local SGEs
+        atomic,        ///< the operands of an atomic request, into rx_operands_; then execute_atomic
+        atomic_resp,   ///< the old value, into rx_operands_; then into the atomic's local SGE
     };
     enum class rx_status : std::uint8_t { again, wait, stop };
     /// The handshake of start_client / start_server (tcp_handshake.cpp).
@@ -326,7 +341,8 @@ private:
     bool payload_to_memory() const noexcept RDMX_REQUIRES(mu_)
     {
         return rx_action_ == rx_action::recv || rx_action_ == rx_action::write ||
-               rx_action_ == rx_action::write_imm || rx_action_ == rx_action::read_resp;
+               rx_action_ == rx_action::write_imm || rx_action_ == rx_action::read_resp ||
+               rx_action_ == rx_action::atomic || rx_action_ == rx_action::atomic_resp;
     }
     rx_status rx_error(ssize_t n, int err) noexcept RDMX_REQUIRES(mu_);
     void begin_frame(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
@@ -341,6 +357,12 @@ private:
     void push_ack(std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
     void push_response(const response& r) noexcept RDMX_REQUIRES(mu_);
     void target_fail(nak_code code, std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
+    /// Carries out the atomic request `h` (operands in rx_operands_) on the target memory
+    /// and returns the old value; nullopt: bad key, bounds, rights or alignment, or the
+    /// region went (NAK REMOTE_ACCESS, target untouched).
+    std::optional<std::uint64_t> execute_atomic(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
+    /// The old value of the atomic at the head (in rx_operands_) arrived: into its SGE.
+    void finish_atomic_response() noexcept RDMX_REQUIRES(mu_);
 
     // --- reliability (tcp_reliability.cpp; any thread, mu_ held) ---
     void begin_response(const frame_header& h) noexcept RDMX_REQUIRES(mu_); ///< a response to our request
@@ -436,7 +458,7 @@ private:
     std::uint64_t sq_head_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t tx_next_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t sq_tail_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint32_t reads_in_flight_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint32_t reads_in_flight_ RDMX_GUARDED_BY(mu_) = 0; ///< reads and atomics (reads_or_atomic)
     std::uint64_t rnr_seq_ RDMX_GUARDED_BY(mu_) = UINT64_MAX;
     std::uint32_t rnr_tries_ RDMX_GUARDED_BY(mu_) = 0;
     bool rnr_active_ RDMX_GUARDED_BY(mu_) = false; ///< waiting out an RNR delay: no request may start
@@ -505,6 +527,9 @@ private:
     std::uint64_t rx_seg_off_ RDMX_GUARDED_BY(mu_) = 0;
     bool rx_fault_ RDMX_GUARDED_BY(mu_) = false; ///< a destination region vanished during the payload
     seg rx_target_ RDMX_GUARDED_BY(mu_);
+    /// The payload of the atomic frame being received (its operands, or the old value);
+    /// rx_target_ names it then.
+    std::array<std::byte, compare_swap_payload> rx_operands_ RDMX_GUARDED_BY(mu_){};
     std::uint64_t rx_expect_ RDMX_GUARDED_BY(mu_) = 0; ///< next request sequence number from the peer
     bool rnr_wait_ RDMX_GUARDED_BY(mu_) = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;

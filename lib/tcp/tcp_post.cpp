@@ -95,6 +95,13 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             }
         }
         e.length = static_cast<std::uint32_t>(total);
+        if (detail::is_atomic(wr.opcode)) {
+            // The operands travel in the frame's payload, from the slot itself.
+            store_le64(e.operands.data(), wr.compare_add);
+            store_le64(e.operands.data() + 8, wr.opcode == opcode::compare_swap ? wr.swap : 0);
+            e.operand_seg = {nullptr, 0, e.operands.data(),
+                             wr.opcode == opcode::fetch_add ? fetch_add_payload : compare_swap_payload};
+        }
         ++sq_tail_;
     }
     if (posted)

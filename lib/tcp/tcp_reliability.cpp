@@ -70,6 +70,24 @@ void connection_engine::begin_response(const frame_header& h) noexcept
         rx_nseg_ = e.nseg;
         return;
     }
+    case frame_op::atomic_resp: {
+        if (sq_head_ >= tx_next_ || h.seq != sq_head_) {
+            protocol_violation("atomic response out of sequence", true);
+            return;
+        }
+        const opcode op = sq_at(sq_head_).op;
+        if (op != opcode::fetch_add && op != opcode::compare_swap) {
+            protocol_violation("atomic response does not answer an atomic", true);
+            return;
+        }
+        // The value comes to the engine first: it lands in the SGE at the end of the
+        // frame, in host byte order (finish_atomic_response).
+        rx_action_ = rx_action::atomic_resp;
+        rx_target_ = {nullptr, 0, rx_operands_.data(), atomic_resp_payload};
+        rx_segs_ = &rx_target_;
+        rx_nseg_ = 1;
+        return;
+    }
     default: break;
     }
     protocol_violation("unexpected response opcode", true);
@@ -82,8 +100,8 @@ void connection_engine::on_ack(std::uint64_t seq) noexcept
         return;
     }
     while (sq_head_ <= seq && state() == connection_state::established) {
-        if (sq_at(sq_head_).op == opcode::read) {
-            protocol_violation("ack covers a read", true);
+        if (reads_or_atomic(sq_at(sq_head_).op)) {
+            protocol_violation("ack covers a read or an atomic", true);
             return;
         }
         complete_sq_head({}, sq_at(sq_head_).length);

@@ -1,8 +1,10 @@
-// The responses a connection owes its peer (ACK, NAK, read response), sent in the order the
-// requests arrived. Bounded: when it is full, the engine stops reading requests (TCP
-// backpressure). Positions count up from 0 and never wrap; the slot is position % capacity.
+// The responses a connection owes its peer (ACK, NAK, read and atomic responses), sent in
+// the order the requests arrived. Bounded: when it is full, the engine stops reading
+// requests (TCP backpressure). Positions count up from 0 and never wrap; the slot is
+// position % capacity.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -18,7 +20,9 @@ struct response {
     frame_op op = frame_op::ack;
     nak_code code = nak_code::rnr;
     std::uint64_t seq = 0;
-    seg data; ///< read_resp: the target memory to send
+    seg data; ///< read_resp: the target memory to send; atomic_resp: `value` (payload_segs)
+    /// atomic_resp: the target's old value, little endian, sent from this slot
+    std::array<std::byte, atomic_resp_payload> value{};
 };
 
 class response_queue

@@ -1,7 +1,12 @@
-// The target side of the peer's requests: what a send, write or read request does here
-// once its payload is in (finish_frame), and the responses (ACK, NAK, read response) owed
-// for it, sent in the order the requests arrived.
+// The target side of the peer's requests: what a send, write, read or atomic request does
+// here once its payload is in (finish_frame), and the responses (ACK, NAK, read and atomic
+// responses) owed for it, sent in the order the requests arrived.
 #include "tcp/tcp_engine.hpp"
+
+#include <atomic>
+#include <cstring>
+
+#include "validate.hpp"
 
 namespace rdmx::tcp
 {
@@ -59,6 +64,14 @@ void connection_engine::begin_request(const frame_header& h) noexcept
         push_response({.op = frame_op::read_resp, .code = nak_code::rnr, .seq = h.seq, .data = s});
         return;
     }
+    case frame_op::fetch_add_req:
+    case frame_op::compare_swap_req:
+        // The operands first; the target is checked and changed when they are in.
+        rx_action_ = rx_action::atomic;
+        rx_target_ = {nullptr, 0, rx_operands_.data(), h.length};
+        rx_segs_ = &rx_target_;
+        rx_nseg_ = 1;
+        return;
     default: break;
     }
     protocol_violation("unexpected request opcode", false);
@@ -83,6 +96,46 @@ void connection_engine::target_fail(nak_code code, std::uint64_t seq) noexcept
     // too. The NAK is still sent (before our FIN) so that the initiator learns why.
     push_response({.op = frame_op::nak, .code = code, .seq = seq, .data = {}});
     fail(connection_state::error, nak_status(code));
+}
+
+std::optional<std::uint64_t> connection_engine::execute_atomic(const frame_header& h) noexcept
+{
+    seg s;
+    if (h.addr % detail::atomic_size != 0 ||
+        !dom_.find_remote(h.key, h.addr, detail::atomic_size, access::remote_atomic, s) || !pin(s.st, s.tag))
+        return std::nullopt;
+    // The one place where this domain serves atomics. Connections of a domain are served
+    // on the engine thread and on the threads of applications that busy-poll them, so
+    // two of them may be here at once for one target: a CPU atomic (on the 8-byte aligned
+    // target) keeps each one whole among all of them, and against atomics of the owner's
+    // CPU too. Plain writes (the peer's RDMA writes, the owner's stores) are no part of
+    // that promise, as on verbs.
+    std::atomic_ref<std::uint64_t> target(*reinterpret_cast<std::uint64_t*>(s.ptr));
+    std::uint64_t old = load_le64(rx_operands_.data());
+    if (h.op == frame_op::fetch_add_req)
+        old = target.fetch_add(old);
+    else // on failure, `old` becomes the current value; on success it is the compare value
+        target.compare_exchange_strong(old, load_le64(rx_operands_.data() + 8));
+    unpin(s.st);
+    return old;
+}
+
+void connection_engine::finish_atomic_response() noexcept
+{
+    // The local SGE may have been deregistered meanwhile (memory_region's destructor):
+    // the value is written under a pin, or not at all, as a read response's bytes.
+    const seg& sink = sq_segs(sq_head_)[0];
+    if (rx_fault_ || (sink.st && !pin(sink.st, sink.tag))) {
+        complete_sq_head(errc::local_protection, 0);
+        fail(connection_state::error, errc::local_protection);
+        return;
+    }
+    // Little endian on the wire; the caller reads a native std::uint64_t.
+    const std::uint64_t old = load_le64(rx_operands_.data());
+    std::memcpy(sink.ptr, &old, sizeof old);
+    if (sink.st)
+        unpin(sink.st);
+    complete_sq_head({}, atomic_resp_payload);
 }
 
 void connection_engine::finish_frame() noexcept
@@ -145,6 +198,21 @@ void connection_engine::finish_frame() noexcept
         }
         complete_sq_head({}, h.length);
         return;
+    case rx_action::atomic: {
+        auto old = execute_atomic(h);
+        if (!old) {
+            target_fail(nak_code::remote_access, h.seq);
+            return;
+        }
+        // Answered by its ATOMIC_RESP (never by an ACK), as a read by its READ_RESP.
+        ++rx_expect_;
+        rnr_wait_ = false;
+        response r{.op = frame_op::atomic_resp, .code = nak_code::rnr, .seq = h.seq, .data = {}};
+        store_le64(r.value.data(), *old);
+        push_response(r);
+        return;
+    }
+    case rx_action::atomic_resp: finish_atomic_response(); return;
     }
     // A request that was carried out: the next one may come, and it is acknowledged.
     ++rx_expect_;

@@ -30,6 +30,11 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
         case opcode::send: h.op = frame_op::send; break;
         case opcode::write: h.op = frame_op::write; break;
         case opcode::write_with_imm: h.op = frame_op::write_imm; break;
+        case opcode::fetch_add: // the payload is the operands, not the local (8-byte) sink
+        case opcode::compare_swap:
+            h.op = e.op == opcode::fetch_add ? frame_op::fetch_add_req : frame_op::compare_swap_req;
+            h.length = static_cast<std::uint32_t>(e.operand_seg.len);
+            break;
         default: h.op = frame_op::read_req; break;
         }
         if (h.op != frame_op::send) {
@@ -48,6 +53,8 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
             h.status = static_cast<std::uint32_t>(r.code);
         if (r.op == frame_op::read_resp)
             h.length = static_cast<std::uint32_t>(r.data.len);
+        if (r.op == frame_op::atomic_resp)
+            h.length = atomic_resp_payload;
     }
     h.encode(hdr);
 
@@ -108,11 +115,18 @@ std::span<const seg> connection_engine::payload_segs(frame_kind kind, std::uint6
 {
     if (kind == frame_kind::request) {
         const sq_entry& e = sq_at(pos);
+        if (e.op == opcode::fetch_add || e.op == opcode::compare_swap)
+            return {&e.operand_seg, 1};
         if (e.op != opcode::send && e.op != opcode::write && e.op != opcode::write_with_imm)
             return {}; // a read request
         return {sq_segs(pos), e.nseg};
     }
-    const response& r = resp_.at(pos);
+    response& r = resp_.at(pos);
+    if (r.op == frame_op::atomic_resp) {
+        // The old value goes from the slot itself, which stays until the frame is out.
+        r.data = {nullptr, 0, r.value.data(), atomic_resp_payload};
+        return {&r.data, 1};
+    }
     if (r.op != frame_op::read_resp)
         return {};
     return {&r.data, 1};
@@ -174,19 +188,21 @@ void connection_engine::pump() noexcept
             std::uint32_t reads = reads_in_flight_;
             while (!b.closed && b.nitems < max_batch_frames && q < sq_tail_) {
                 const sq_entry& e = sq_at(q);
-                // Fence: this request waits until every earlier read has completed, so
-                // that e.g. a write cannot overtake the read of the same bytes.
+                // Fence: this request waits until every earlier read and atomic has
+                // completed, so that e.g. a write cannot overtake the read of the same
+                // bytes, nor a read the atomic that changes them.
                 if (e.fenced && reads > 0)
                     break;
-                // The peer serves at most max_rd_out_ reads at once (its responder resources).
-                if (e.op == opcode::read && reads >= max_rd_out_)
+                // The peer serves at most max_rd_out_ reads and atomics at once (its
+                // responder resources).
+                if (reads_or_atomic(e.op) && reads >= max_rd_out_)
                     break;
                 if (!add_whole_frame(b, frame_kind::request, q, 0)) {
                     if (q == tx_next_) // else the earlier ones in this batch go first
                         revoked_frame(frame_kind::request, q);
                     break;
                 }
-                if (e.op == opcode::read)
+                if (reads_or_atomic(e.op))
                     ++reads;
                 ++q;
             }
@@ -234,7 +250,7 @@ void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept
         if (!it.was_current && it.kind == frame_kind::request) {
             // Started: from now on it is in flight, and counts against fence / rd limits.
             ++tx_next_;
-            if (sq_at(it.pos).op == opcode::read)
+            if (reads_or_atomic(sq_at(it.pos).op))
                 ++reads_in_flight_;
         }
         std::uint64_t done = it.skip + take;

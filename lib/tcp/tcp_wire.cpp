@@ -63,6 +63,15 @@ std::error_code bad(const char** why, const char* reason) noexcept
 
 } // namespace
 
+std::uint64_t load_le64(const std::byte* p) noexcept
+{
+    return load<std::uint64_t>(p);
+}
+void store_le64(std::byte* p, std::uint64_t v) noexcept
+{
+    store<std::uint64_t>(p, v);
+}
+
 void frame_header::encode(std::byte* out) const noexcept
 {
     put_le(out + 0, static_cast<std::uint8_t>(op), 1);
@@ -94,7 +103,9 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
     case frame_op::send:
     case frame_op::write:
     case frame_op::write_imm:
-    case frame_op::read_req: {
+    case frame_op::read_req:
+    case frame_op::fetch_add_req:
+    case frame_op::compare_swap_req: {
         // Every field a request does not use must be zero (docs/wire-format.md section 2):
         // the version byte of the handshake is the only way to give one a meaning later.
         auto o = static_cast<frame_op>(op);
@@ -109,14 +120,21 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
             return bad(why, "imm on a request other than write_imm");
         if (o == frame_op::send && (h.addr != 0 || h.key != 0))
             return bad(why, "addr or key on a send");
+        if (o == frame_op::fetch_add_req && h.length != fetch_add_payload)
+            return bad(why, "fetch_add request without exactly its 8-byte operand");
+        if (o == frame_op::compare_swap_req && h.length != compare_swap_payload)
+            return bad(why, "compare_swap request without exactly its 16 bytes of operands");
         break;
     }
     case frame_op::ack:
     case frame_op::read_resp:
+    case frame_op::atomic_resp:
         if (h.flags != 0 || h.status != 0 || h.imm != 0 || h.addr != 0 || h.key != 0)
             return bad(why, "unused response fields not zero");
         if (op == static_cast<std::uint8_t>(frame_op::ack) && h.length != 0)
             return bad(why, "ack with a length");
+        if (op == static_cast<std::uint8_t>(frame_op::atomic_resp) && h.length != atomic_resp_payload)
+            return bad(why, "atomic response without exactly its 8-byte value");
         break;
     case frame_op::goodbye:
         if (h.flags != 0 || h.status != 0 || h.imm != 0 || h.seq != 0 || h.addr != 0 || h.key != 0 ||

@@ -21,17 +21,33 @@ inline constexpr std::array<std::byte, 4> handshake_magic = {std::byte{'R'}, std
 /// Frame opcodes. Requests (initiator to target) carry a request sequence number of their
 /// own direction; responses carry the sequence number of the request they answer.
 enum class frame_op : std::uint8_t {
-    send = 1,       ///< request; payload lands in the target's next posted receive
-    write = 2,      ///< request; payload lands at addr in the registration named by key
-    write_imm = 3,  ///< request; as write, then consumes a posted receive carrying imm
-    read_req = 4,   ///< request; no payload, length = bytes wanted from addr/key
+    send = 1,      ///< request; payload lands in the target's next posted receive
+    write = 2,     ///< request; payload lands at addr in the registration named by key
+    write_imm = 3, ///< request; as write, then consumes a posted receive carrying imm
+    read_req = 4,  ///< request; no payload, length = bytes wanted from addr/key
+    /// request; payload (length 8) = the addend; the 8 bytes at addr/key get it added
+    fetch_add_req = 5,
+    /// request; payload (length 16) = compare, then swap; addr/key as fetch_add_req
+    compare_swap_req = 6,
     ack = 16,       ///< response; acknowledges every request up to and including seq
     read_resp = 17, ///< response; payload = the bytes read for request seq
     nak = 18,       ///< response; request seq failed, status = nak_code
     /// the sender ends the connection on purpose: its last frame, FIN follows. Sent only
     /// to a peer whose handshake carried handshake_flag_goodbye.
     goodbye = 19,
+    /// response; payload (length 8) = the target's value before the atomic request seq
+    atomic_resp = 20,
 };
+
+/// Payload bytes of the atomic frames: one or two little-endian 64-bit operands, the old value.
+inline constexpr std::uint32_t fetch_add_payload = 8;
+inline constexpr std::uint32_t compare_swap_payload = 16;
+inline constexpr std::uint32_t atomic_resp_payload = 8;
+
+/// The 64-bit little-endian integer at `p` (any alignment), and the reverse: the atomic
+/// frames' operands and old value.
+std::uint64_t load_le64(const std::byte* p) noexcept;
+void store_le64(std::byte* p, std::uint64_t v) noexcept;
 
 /// Why a NAK was sent (status field of a nak frame).
 enum class nak_code : std::uint32_t {
@@ -62,7 +78,8 @@ struct frame_header {
     void encode(std::byte* out) const noexcept;
     /// Checks everything a frame header can be checked for on its own (known opcode,
     /// reserved bits zero, length within limits, every field its opcode does not use zero,
-    /// the solicited flag only on send and write_imm); errc::protocol_error otherwise.
+    /// the solicited flag only on send and write_imm, the atomic frames' payload length
+    /// exactly theirs); errc::protocol_error otherwise.
     /// `why` names the first violation. Sequence, keys and bounds are the engine's checks.
     static std::error_code decode(const std::byte* in, frame_header& out,
                                   const char** why = nullptr) noexcept;

@@ -1001,6 +1001,75 @@ TEST_F(hostile, write_outside_the_registration_is_nacked_and_memory_untouched)
     ::close(fd);
 }
 
+TEST_F(hostile, atomics_are_served_in_little_endian_and_bad_targets_are_nacked)
+{
+    int fd;
+    auto c = accept_receiving(fd);
+    std::vector<std::uint64_t> words = {0x1122334455667788ull, 40, 0x7777};
+    auto amr = server_dom_->register_memory(words.data(), 16, access::remote_atomic);
+    auto atomic = [&](frame_op op, std::uint64_t seq, std::uint64_t addr, std::uint64_t key, std::uint64_t a,
+                      std::uint64_t b = 0) {
+        frame_header h;
+        h.op = op;
+        h.seq = seq;
+        h.addr = addr;
+        h.key = key;
+        h.length = op == frame_op::fetch_add_req ? tcp::fetch_add_payload : tcp::compare_swap_payload;
+        std::byte payload[16];
+        tcp::store_le64(payload, a);
+        tcp::store_le64(payload + 8, b);
+        return send_header(fd, h) && send_all(fd, payload, h.length);
+    };
+    auto expect_old = [&](std::uint64_t seq, std::uint64_t old) {
+        frame_header r;
+        ASSERT_TRUE(read_header(fd, r));
+        EXPECT_EQ(r.op, frame_op::atomic_resp);
+        EXPECT_EQ(r.seq, seq);
+        ASSERT_EQ(r.length, 8u);
+        std::byte v[8];
+        ASSERT_EQ(recv_all(fd, v, 8), 8u);
+        EXPECT_EQ(tcp::load_le64(v), old) << "the old value, little endian on the wire";
+    };
+    const auto base = reinterpret_cast<std::uintptr_t>(words.data());
+    const std::uint64_t key = amr->remote().key;
+    ASSERT_TRUE(atomic(frame_op::fetch_add_req, 0, base, key, 0x0100000000000001ull));
+    expect_old(0, 0x1122334455667788ull);
+    ASSERT_TRUE(atomic(frame_op::compare_swap_req, 1, base + 8, key, 40, 41)); // matches
+    expect_old(1, 40);
+    ASSERT_TRUE(atomic(frame_op::compare_swap_req, 2, base + 8, key, 40, 42)); // does not
+    expect_old(2, 41);
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(words[0]).load(), 0x1222334455667789ull);
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(words[1]).load(), 41u);
+    // Misaligned: NAK REMOTE_ACCESS, nothing changed, and the target goes to error.
+    ASSERT_TRUE(atomic(frame_op::fetch_add_req, 3, base + 4, key, 1));
+    frame_header r;
+    ASSERT_NO_FATAL_FAILURE(expect_remote_access_nak(fd, r));
+    EXPECT_EQ(r.seq, 3u);
+    expect_flushed_error(*c);
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(words[0]).load(), 0x1222334455667789ull);
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(words[1]).load(), 41u);
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(words[2]).load(), 0x7777u) << "past the registration";
+    ::close(fd);
+
+    // A region without remote_atomic (buf_: remote read and write), past the end of one
+    // with it, and an 8-byte range that wraps around.
+    struct bad {
+        const char* what;
+        std::uint64_t addr, key;
+    };
+    for (auto [what, addr, k] :
+         {bad{"no remote_atomic", reinterpret_cast<std::uintptr_t>(buf_.data()), 0},
+          bad{"past the end", base + 16, key}, bad{"wraps around", ~std::uint64_t{0} - 7, key}}) {
+        SCOPED_TRACE(what);
+        auto c2 = accept_receiving(fd);
+        ASSERT_TRUE(atomic(frame_op::compare_swap_req, 0, addr, k ? k : mr_->remote().key, 0x11111111, 1));
+        ASSERT_NO_FATAL_FAILURE(expect_remote_access_nak(fd, r));
+        expect_flushed_error(*c2);
+        ::close(fd);
+    }
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(words[2]).load(), 0x7777u);
+}
+
 TEST_F(hostile, ranges_that_wrap_around_are_nacked)
 {
     // addr + length overflows 64 bits: a naive "addr + len <= end" check would pass it.

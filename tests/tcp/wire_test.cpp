@@ -134,7 +134,7 @@ TEST(tcp_wire, every_single_byte_opcode_either_decodes_or_is_rejected)
         auto ec = frame_header::decode(b.data(), d);
         bool known = op == 1 || op == 2 || op == 3 || op == 4 || op == 16 || op == 17 || op == 19;
         // nak (18) needs a code, so an all-zero nak is rejected as well; goodbye (19) is
-        // all zero but its opcode.
+        // all zero but its opcode. The atomic frames (5, 6, 20) need their payload length.
         EXPECT_EQ(!ec, known) << "opcode " << op;
     }
 }
@@ -251,6 +251,59 @@ TEST(tcp_wire, request_fields_an_opcode_does_not_use_must_be_zero)
         z.key = 0;
         EXPECT_FALSE(decode_bytes(encoded(z))) << static_cast<int>(op);
     }
+}
+
+TEST(tcp_wire, atomic_frames_carry_exactly_their_operands_and_old_value)
+{
+    // docs/wire-format.md section 2: FETCH_ADD_REQ 8 bytes, COMPARE_SWAP_REQ 16, ATOMIC_RESP 8.
+    struct shape {
+        frame_op op;
+        std::uint32_t length;
+        bool request;
+    };
+    for (auto [op, length, request] : {shape{frame_op::fetch_add_req, fetch_add_payload, true},
+                                       shape{frame_op::compare_swap_req, compare_swap_payload, true},
+                                       shape{frame_op::atomic_resp, atomic_resp_payload, false}}) {
+        SCOPED_TRACE(static_cast<int>(op));
+        frame_header h;
+        h.op = op;
+        h.seq = 3;
+        h.length = length;
+        if (request) {
+            h.addr = 0x1000;
+            h.key = 0xabc;
+        }
+        frame_header d;
+        auto b = encoded(h);
+        EXPECT_EQ(static_cast<int>(b[0]), static_cast<int>(op));
+        ASSERT_FALSE(frame_header::decode(b.data(), d));
+        EXPECT_EQ(d.payload_length(), length);
+        EXPECT_EQ(d.is_request(), request);
+        for (std::uint32_t wrong : {0u, 4u, length - 1, length + 1, length + 8, 24u}) {
+            h.length = wrong;
+            EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "length " << wrong;
+        }
+        h.length = length;
+        h.flags = flag_solicited;
+        EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "solicited on an atomic frame";
+        h.flags = 0;
+        h.imm = 1;
+        EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "imm on an atomic frame";
+        h.imm = 0;
+        h.status = 1;
+        EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "status on an atomic frame";
+        if (!request) {
+            h.status = 0;
+            h.addr = 8;
+            EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "addr on a response";
+        }
+    }
+    // The operands and the old value are little endian.
+    std::byte le[8];
+    store_le64(le, 0x0102030405060708ull);
+    EXPECT_EQ(le[0], std::byte{0x08});
+    EXPECT_EQ(le[7], std::byte{0x01});
+    EXPECT_EQ(load_le64(le), 0x0102030405060708ull);
 }
 
 TEST(tcp_wire, seq_is_a_full_64_bit_counter)
