@@ -56,6 +56,8 @@ inline errc check_send(const work_request& wr, const void* owner, rdmx::backend 
                        const connection_limits& lim, std::uint64_t& total) noexcept
 {
     const bool is_read = wr.opcode == opcode::read;
+    if (wr.wr_id == reserved_wr_id) [[unlikely]]
+        return errc::invalid_argument;
     switch (wr.opcode) {
     case opcode::send:
     case opcode::write:
@@ -79,6 +81,8 @@ inline errc check_send(const work_request& wr, const void* owner, rdmx::backend 
 inline errc check_recv(const recv_request& wr, const void* owner, const connection_limits& lim,
                        std::uint64_t& total) noexcept
 {
+    if (wr.wr_id == reserved_wr_id) [[unlikely]]
+        return errc::invalid_argument;
     return check_local(wr.local, owner, lim.max_recv_sge, true, total);
 }
 

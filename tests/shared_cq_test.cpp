@@ -128,7 +128,7 @@ TEST_P(shared_cq, eight_connections_report_to_one_queue)
         connection_options copts = small(32);
         copts.context = 200 + i;
         s[i].p = connect_with(copts, sopts);
-        EXPECT_EQ(cq->reserved(), 64u * (i + 1));
+        EXPECT_EQ(cq->reserved(), 65u * (i + 1));
         EXPECT_EQ(s[i].p.server->completion_fd(), -1) << "both sides shared: no fd of its own";
         s[i].srv_recv.resize(msgs * msg_size);
         s[i].srv_src = pattern(chunk, 1000 + i);
@@ -256,7 +256,7 @@ TEST_P(shared_cq, send_and_receive_sides_report_to_separate_queues)
     sopts.recv_cq = rcq;
     sopts.context = 42;
     auto p = connect_with(small(8), sopts);
-    EXPECT_EQ(scq->reserved(), 8u);
+    EXPECT_EQ(scq->reserved(), 9u);
     EXPECT_EQ(rcq->reserved(), 8u);
     EXPECT_EQ(p.server->completion_fd(), -1);
     EXPECT_TRUE(p.server->request_notify()) << "nothing of its own to arm";
@@ -323,7 +323,7 @@ TEST_P(shared_cq, connecting_sides_share_a_queue_too)
         sge ss{omr.get(), 0, 512};
         ASSERT_FALSE(ps[i].client->post_send({&ss, 1}, 3));
     }
-    EXPECT_EQ(ccq->reserved(), 16u * nconn);
+    EXPECT_EQ(ccq->reserved(), 17u * nconn);
     // The server echoes each message back.
     for (int i = 0; i < nconn; ++i) {
         auto cs = expect_ok(*ps[i].server, 1);
@@ -502,14 +502,14 @@ TEST_P(shared_cq, event_mode_wakes_a_thread_sleeping_on_the_fd)
 // no_resources naming the queue, and its reservation is free again once it goes.
 TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are_freed)
 {
-    auto cq = server_dom_->create_completion_queue({.depth = 24});
-    EXPECT_EQ(cq->depth(), 24u);
+    auto cq = server_dom_->create_completion_queue({.depth = 26});
+    EXPECT_EQ(cq->depth(), 26u);
     connection_options sopts = small(8);
     sopts.send_cq = sopts.recv_cq = cq;
     auto first = connect_with(small(8), sopts);
-    EXPECT_EQ(cq->reserved(), 16u);
+    EXPECT_EQ(cq->reserved(), 17u);
 
-    // The server side: the send side (8) would fit, the receive side (8 more) not: accept
+    // The server side: the send side (8 + 1) would fit, the receive side (8 more) not: accept
     // refuses, the client's connect fails, and nothing stays reserved.
     {
         auto accepted = std::async(std::launch::async, [&]() -> std::error_code {
@@ -527,7 +527,7 @@ TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are
         });
         EXPECT_THROW(client_dom_->connect(server_address(), small(8)), error);
         EXPECT_EQ(accepted.get(), errc::no_resources);
-        EXPECT_EQ(cq->reserved(), 16u) << "a refused connection keeps nothing reserved";
+        EXPECT_EQ(cq->reserved(), 17u) << "a refused connection keeps nothing reserved";
     }
     // The client side refuses before the peer hears of it.
     {
@@ -535,7 +535,7 @@ TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are
         connection_options copts = small(8);
         copts.send_cq = ccq;
         auto c1 = connect_with(copts, small(8));
-        EXPECT_EQ(ccq->reserved(), 8u);
+        EXPECT_EQ(ccq->reserved(), 9u);
         try {
             client_dom_->connect(server_address(), copts);
             ADD_FAILURE() << "connect should have been refused";
@@ -545,18 +545,18 @@ TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are
             EXPECT_NE(std::string(e.what()).find("send_cq"), std::string::npos) << e.what();
         }
         EXPECT_EQ(listener_->get_request(200ms), nullptr) << "the refused connect reached the listener";
-        EXPECT_EQ(ccq->reserved(), 8u);
+        EXPECT_EQ(ccq->reserved(), 9u);
         c1.client.reset();
         EXPECT_EQ(ccq->reserved(), 0u);
         auto c2 = connect_with(copts, small(8));
-        EXPECT_EQ(ccq->reserved(), 8u);
+        EXPECT_EQ(ccq->reserved(), 9u);
     }
     // The first connection goes: its room is free, and a new one fits.
     first.client.reset();
     first.server.reset();
     EXPECT_EQ(cq->reserved(), 0u);
     auto again = connect_with(small(8), sopts);
-    EXPECT_EQ(cq->reserved(), 16u);
+    EXPECT_EQ(cq->reserved(), 17u);
     EXPECT_EQ(again.server->state(), connection_state::established);
 }
 
@@ -624,7 +624,7 @@ TEST_P(shared_cq, completions_of_a_destroyed_connection_are_not_returned)
     connection* gone = a.server.get();
     a.server.reset();
     a.client.reset();
-    EXPECT_EQ(cq->reserved(), 32u);
+    EXPECT_EQ(cq->reserved(), 33u);
     // A new connection, perhaps with the QP number of the one that went.
     pair c = make(3);
     exchange(c, 3);
@@ -742,9 +742,9 @@ TEST_P(shared_cq, a_shared_receive_queue_is_reserved_once_per_completion_queue)
         o.srq = srq2;
         detail::cq_reservation r3(o, lim, b_, "accept");
         EXPECT_EQ(cq->reserved(), 70u);
-        o.send_cq = cq; // 8 more for a send side
+        o.send_cq = cq; // 8 + 1 more for a send side (own_send_entries)
         detail::cq_reservation r4(o, lim, b_, "accept");
-        EXPECT_EQ(cq->reserved(), 78u);
+        EXPECT_EQ(cq->reserved(), 79u);
         o.srq = std::make_shared<fake_srq>(30); // a third SRQ does not fit
         try {
             detail::cq_reservation r5(o, lim, b_, "accept");
@@ -753,11 +753,11 @@ TEST_P(shared_cq, a_shared_receive_queue_is_reserved_once_per_completion_queue)
             EXPECT_EQ(e.code(), errc::no_resources);
             EXPECT_NE(std::string(e.what()).find("recv_cq"), std::string::npos) << e.what();
         }
-        EXPECT_EQ(cq->reserved(), 78u) << "the refused one's send side was given back";
+        EXPECT_EQ(cq->reserved(), 79u) << "the refused one's send side was given back";
         r1 = {};
-        EXPECT_EQ(cq->reserved(), 78u) << "srq1 still used by r2";
+        EXPECT_EQ(cq->reserved(), 79u) << "srq1 still used by r2";
         r2 = {};
-        EXPECT_EQ(cq->reserved(), 38u);
+        EXPECT_EQ(cq->reserved(), 39u);
     }
     EXPECT_EQ(cq->reserved(), 0u);
     // A queue of another backend is refused.
