@@ -767,6 +767,70 @@ TEST_P(shared_cq, a_shared_receive_queue_is_reserved_once_per_completion_queue)
     EXPECT_THROW(detail::cq_reservation(o, lim, other, "connect"), error);
 }
 
+// A connection's disconnect on a shared queue (verbs: it polls the queue while it waits for
+// its goodbye's completion) keeps every other connection's completions: all of them, in
+// their order, at the next poll, and none of rdmx's own. The same with the connection's
+// own CQ: what the disconnecting connection's peer polls is its own. On every backend.
+TEST_P(shared_cq, a_disconnect_keeps_every_other_connections_completions)
+{
+    auto cq = server_dom_->create_completion_queue({.depth = 64});
+    connection_options sopts = small(8);
+    sopts.send_cq = sopts.recv_cq = cq;
+    pair a = connect_with(small(8), sopts);
+    pair b = connect_with(small(8), sopts);
+    constexpr std::size_t nrecv = 8, nwrite = 4, size = 64;
+    std::vector<std::byte> src = pattern(nrecv * size, 3), inbox(nrecv * size),
+                           wsrc = pattern(nwrite * size, 4), wdst(nwrite * size);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto imr = server_dom_->register_memory(inbox.data(), inbox.size(), access::local_write);
+    auto wsmr = server_dom_->register_memory(wsrc.data(), wsrc.size(), access::local_write);
+    auto wdmr =
+        client_dom_->register_memory(wdst.data(), wdst.size(), access::local_write | access::remote_write);
+    for (std::size_t i = 0; i < nrecv; ++i) {
+        sge r{imr.get(), i * size, size};
+        ASSERT_FALSE(b.server->post_recv({&r, 1}, 100 + i));
+    }
+    for (std::size_t i = 0; i < nrecv; ++i) {
+        sge s{smr.get(), i * size, size};
+        ASSERT_FALSE(b.client->post_send({&s, 1}, i));
+    }
+    expect_ok(*b.client, nrecv);
+    for (std::size_t i = 0; i < nwrite; ++i) {
+        sge w{wsmr.get(), i * size, size};
+        ASSERT_FALSE(b.server->post_write({&w, 1}, *wdmr->remote().slice(i * size, size), 200 + i));
+    }
+    // Everything of b's lands in the queue, unpolled (the sends completed at b's client).
+    std::this_thread::sleep_for(300ms);
+
+    a.server->disconnect();
+    EXPECT_EQ(a.server->state(), connection_state::disconnected);
+
+    auto got = poll_n(*cq, nrecv + nwrite, 10s);
+    auto more = poll_for(*cq, 100ms);
+    got.insert(got.end(), more.begin(), more.end());
+    ASSERT_EQ(got.size(), nrecv + nwrite);
+    std::vector<std::uint64_t> recvs, writes;
+    for (const completion& c : got) {
+        EXPECT_EQ(c.conn, b.server.get()) << "wr_id " << c.wr_id;
+        EXPECT_NE(c.wr_id, reserved_wr_id);
+        EXPECT_FALSE(c.status) << c.wr_id << ": " << c.status.message();
+        (c.opcode == opcode::recv ? recvs : writes).push_back(c.wr_id);
+    }
+    EXPECT_EQ(recvs, (std::vector<std::uint64_t>{100, 101, 102, 103, 104, 105, 106, 107}));
+    EXPECT_EQ(writes, (std::vector<std::uint64_t>{200, 201, 202, 203}));
+    EXPECT_EQ(inbox, src);
+    EXPECT_TRUE(placed_eventually([&] { return wdst == wsrc; }));
+
+    // a's peer saw a clean disconnect (the goodbye arrived); b is untouched.
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (a.client->state() == connection_state::established && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(a.client->state(), connection_state::disconnected);
+    EXPECT_EQ(a.client->last_error(), errc::disconnected) << a.client->last_error().message();
+    EXPECT_EQ(b.server->state(), connection_state::established);
+    EXPECT_EQ(b.client->state(), connection_state::established);
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, shared_cq, testing::ValuesIn(selected_backends()), param_name);
 
 } // namespace
