@@ -786,6 +786,50 @@ TEST_P(conformance, disconnect_flushes_posted_work_on_both_sides)
     EXPECT_EQ(p.server->state(), connection_state::disconnected);
 }
 
+// disconnect() on verbs polls the connection's own CQ while it waits for its goodbye: the
+// completions it finds there are the user's, every one, in order, at the next poll()
+// (successes first, then the flushes of what was still posted), and the peer sees a
+// clean disconnect. The same promise on TCP.
+TEST_P(conformance, disconnect_keeps_the_completions_it_polls_meanwhile_in_order)
+{
+    auto p = connect_pair();
+    constexpr std::uint64_t n = 6, size = 128;
+    std::vector<std::byte> src = pattern(n * size, 5), dst(n * size), spare(size);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    auto spmr = client_dom_->register_memory(spare.data(), spare.size(), access::local_write);
+    for (std::uint64_t i = 0; i < n; ++i) {
+        sge t{dmr.get(), i * size, size};
+        ASSERT_FALSE(p.server->post_recv({&t, 1}, 10 + i));
+    }
+    for (std::uint64_t i = 0; i < n; ++i) {
+        sge s{smr.get(), i * size, size};
+        ASSERT_FALSE(p.client->post_send({&s, 1}, i));
+    }
+    sge r{spmr.get(), 0, size};
+    ASSERT_FALSE(p.client->post_recv({&r, 1}, 99)); // flushed by the disconnect
+    expect_ok(*p.server, n);                        // all arrived: their completions wait unpolled
+    std::this_thread::sleep_for(100ms);
+    p.client->disconnect();
+    auto got = poll_n(*p.client, n + 1);
+    auto more = poll_n(*p.client, 1, 100ms);
+    EXPECT_TRUE(more.empty()) << "a completion too many, wr_id " << more.front().wr_id;
+    ASSERT_EQ(got.size(), n + 1);
+    for (std::uint64_t i = 0; i < n; ++i) {
+        EXPECT_EQ(got[i].wr_id, i);
+        EXPECT_FALSE(got[i].status) << i << ": " << got[i].status.message();
+        EXPECT_EQ(got[i].opcode, opcode::send);
+    }
+    EXPECT_EQ(got[n].wr_id, 99u);
+    EXPECT_EQ(got[n].status, errc::flushed) << got[n].status.message();
+    EXPECT_EQ(dst, src);
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (p.server->state() == connection_state::established && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(p.server->state(), connection_state::disconnected);
+    EXPECT_EQ(p.server->last_error(), errc::disconnected) << p.server->last_error().message();
+}
+
 TEST_P(conformance, send_without_receive_exhausts_rnr_retries)
 {
     connection_options opts;
