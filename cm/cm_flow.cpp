@@ -137,6 +137,7 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
                     "rdma_accept: request arrived on another device than this domain's");
     id_ = std::move(id);
     id_->context = this;
+    passive_ = true;
     peer_private_ = std::move(peer_private_data);
     {
         std::lock_guard lock(cm_.mutex);

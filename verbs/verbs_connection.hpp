@@ -95,6 +95,11 @@ protected:
     /// False while a connection started without waiting is still connecting: post() then
     /// returns errc::not_connected (post_recv works once the QP exists). Set by the flow.
     std::atomic<bool> sendable_{true};
+    /// The passive side (accept): its QP can send before ESTABLISHED reaches this side
+    /// (RTS before rdma_accept; iWARP: once the stream is up), and a receive completion
+    /// shows that the peer is up too, so it makes the connection sendable at once: a
+    /// reply to a request that overtook the peer's RTU must not fail with not_connected.
+    bool passive_ = false;
     /// Its own CQ (null when both sides report to shared ones).
     ibv_cq* cq() const noexcept { return cq_.get(); }
     /// The CQs its QP reports to, shared or its own.

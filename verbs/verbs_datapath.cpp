@@ -284,6 +284,9 @@ bool verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
         c.status = detail::no_error;
         c.opcode = from_ibv(wc.opcode);
         retire(c.opcode);
+        if (passive_ && !sendable_.load(std::memory_order_relaxed)) [[unlikely]]
+            if (c.opcode == opcode::recv || c.opcode == opcode::recv_with_imm)
+                sendable_.store(true, std::memory_order_release);
         c.with_imm = wc.wc_flags & IBV_WC_WITH_IMM;
         c.imm = c.with_imm ? ntohl(wc.imm_data) : 0;
     } else {
