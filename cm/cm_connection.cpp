@@ -15,8 +15,14 @@ namespace rdmx::cm
 {
 
 cm_connection::cm_connection(cm_domain& dom, const connection_options& opts, std::string_view verb)
-    : verbs_connection(dom.pd(), dom.shared_from_this(), opts, verb), domain_(dom), opts_(opts)
+    : verbs_connection(dom.pd(), dom.shared_from_this(), opts, verb), domain_(dom), opts_(opts),
+      goodbye_words_(new std::uint64_t[2]{0, 1})
 {
+    goodbye_mr_.reset(ibv_reg_mr(domain_.native_pd(), goodbye_words_.get(), 2 * sizeof(std::uint64_t),
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+    if (!goodbye_mr_)
+        throw_errno(errno, "ibv_reg_mr(goodbye flag)");
+    cm_.goodbye_flag = &goodbye_words_[0];
     // Terminal events for every connection with a queue; `established` only for the
     // started ones (begin_started binds again with that).
     cm_.events.bind(opts.events, this, opts.context, false);
@@ -24,6 +30,8 @@ cm_connection::cm_connection(cm_domain& dom, const connection_options& opts, std
 
 cm_connection::~cm_connection()
 {
+    // Destroying it is a disconnect, not a crash: the peer gets the goodbye first.
+    say_goodbye();
     if (id_)
         domain_.events().detach(id_.get());
     if (qp()) {
@@ -148,11 +156,16 @@ void cm_connection::modify_qp(ibv_qp_state to, std::uint8_t rd_atomic)
         throw_errno(rc, verb);
 }
 
-rdma_conn_param cm_connection::conn_param(std::span<const std::byte> private_data) const noexcept
+rdma_conn_param cm_connection::conn_param(std::span<const std::byte> user,
+                                          std::span<std::byte> wire) const noexcept
 {
     rdma_conn_param p{};
-    p.private_data = private_data.empty() ? nullptr : private_data.data();
-    p.private_data_len = static_cast<std::uint8_t>(private_data.size());
+    // Always the full size, so that the trailer is at the same offset on IB CM (which pads
+    // to it) and iWARP (which carries what we give it).
+    encode_private_data(user, {goodbye_mr_->rkey, reinterpret_cast<std::uintptr_t>(goodbye_words_.get())},
+                        wire);
+    p.private_data = wire.data();
+    p.private_data_len = static_cast<std::uint8_t>(wire.size());
     p.responder_resources = static_cast<std::uint8_t>(std::min<std::uint32_t>(limits().max_rd_atomic, 255));
     p.initiator_depth = p.responder_resources;
     // Sent for peers that let rdma_cm drive their QP (they take their RNR retry count
@@ -201,15 +214,47 @@ void cm_connection::on_error_completion(std::error_code status) noexcept
     {
         // Flushed while we still thought the connection up: the QP left it (siw flushes
         // before the DISCONNECTED event arrives; an async event may follow with a cause).
-        cm_.state = connection_state::disconnected;
-        cm_.error = errc::disconnected;
-        cm_.what = "work request flushed: the queue pair left the connected state";
+        // An rdmx peer's goodbye came before that, in the same ordered stream.
+        if (cm_.peer_vanished()) {
+            cm_.lose_peer("work request flushed: the queue pair left the connected state without the "
+                          "peer's goodbye");
+        } else {
+            cm_.state = connection_state::disconnected;
+            cm_.error = errc::disconnected;
+            cm_.what = "work request flushed: the queue pair left the connected state";
+        }
         cm_.report();
     }
 }
 
+void cm_connection::say_goodbye() noexcept
+{
+    goodbye_target to;
+    {
+        std::lock_guard lock(cm_.mutex);
+        // Only while the QP can still send: not once the peer left (DISCONNECTED), nor
+        // after an error; and only to a peer that gave us where (an rdmx peer).
+        if (goodbye_sent_ || cm_.state != connection_state::established || !cm_.peer_goodbye || !qp())
+            return;
+        goodbye_sent_ = true;
+        // This side is disconnecting from now on: a flush or DISCONNECTED while it waits
+        // (another thread may poll a shared CQ) is no peer that vanished.
+        cm_.local_disconnect = true;
+        to = *cm_.peer_goodbye;
+    }
+    // Before rdma_disconnect, which moves the QP to error and would flush it. Without the
+    // cm_ lock: the event loop must go on serving every connection meanwhile.
+    const ibv_sge src{reinterpret_cast<std::uintptr_t>(&goodbye_words_[1]), sizeof(std::uint64_t),
+                      goodbye_mr_->lkey};
+    if (!write_goodbye(src, to.rkey, to.addr, goodbye_timeout))
+        RDMX_LOG(debug,
+                 "QP %u: the goodbye to the peer did not complete within %lld ms; disconnecting anyway",
+                 qp()->qp_num, static_cast<long long>(goodbye_timeout.count()));
+}
+
 void cm_connection::disconnect() noexcept
 {
+    say_goodbye();
     std::lock_guard lock(cm_.mutex);
     cm_.local_disconnect = true;
     if (cm_.state == connection_state::established || cm_.state == connection_state::connecting) {

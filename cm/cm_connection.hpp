@@ -6,6 +6,8 @@
 
 #include <rdmx/connection.hpp>
 
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "cm/cm_handles.hpp"
@@ -35,10 +37,11 @@ public:
                        std::span<const recv_request> initial_recvs);
     /// Server side: takes over `id` (from a CONNECT_REQUEST), QP, `initial_recvs`,
     /// rdma_accept; waits unless `wait` is false (start_accept: the event loop sees
-    /// ESTABLISHED, or the deadline).
+    /// ESTABLISHED, or the deadline). `peer_private_data` is the user's part of the
+    /// request's, `peer_goodbye` where the peer wants our goodbye (none: not an rdmx peer).
     void accept(cm_id_ptr id, const rdma_conn_param& request, std::span<const std::byte> private_data,
-                std::vector<std::byte> peer_private_data, std::span<const recv_request> initial_recvs,
-                bool wait = true);
+                std::vector<std::byte> peer_private_data, std::optional<goodbye_target> peer_goodbye,
+                std::span<const recv_request> initial_recvs, bool wait = true);
 
     connection_state state() const noexcept override;
     std::error_code last_error() const noexcept override;
@@ -80,7 +83,15 @@ private:
     /// RTR, max_rd_atomic at RTS (the passive side applies what its accept promised, as
     /// librdmacm's rdma_accept does).
     void modify_qp(ibv_qp_state to, std::uint8_t rd_atomic = 0);
-    rdma_conn_param conn_param(std::span<const std::byte> private_data) const noexcept;
+    /// The parameters of rdma_connect / rdma_accept; the private data is `user` with the
+    /// trailer (cm/private_data.hpp), written into `wire` (connect_wire_size or
+    /// accept_wire_size bytes), which must outlive the call that takes them.
+    rdma_conn_param conn_param(std::span<const std::byte> user, std::span<std::byte> wire) const noexcept;
+    /// Writes the goodbye to an rdmx peer while the connection is still established (once),
+    /// and waits for it within goodbye_timeout: the peer then tells this disconnect from a
+    /// crash. A peer that is gone already does not hold a destructor longer than that.
+    void say_goodbye() noexcept;
+    static constexpr std::chrono::milliseconds goodbye_timeout{200};
 
     cm_domain& domain_;
     connection_options opts_;
@@ -93,6 +104,12 @@ private:
     std::vector<std::byte> connect_private_;  ///< start_connect: sent with rdma_connect
     std::vector<recv_request> initial_recvs_; ///< start_connect: posted once the QP exists
     std::vector<sge> initial_sges_;           ///< what initial_recvs_ point to
+    /// [0]: this side's goodbye flag, which the peer writes; [1]: the nonzero value this
+    /// side writes to the peer's. Registered (goodbye_mr_, remote write) for the
+    /// connection's life; the MR goes before the memory (declared after it).
+    std::unique_ptr<std::uint64_t[]> goodbye_words_;
+    verbs::mr_ptr goodbye_mr_;
+    bool goodbye_sent_ = false; ///< say_goodbye() ran (under cm_.mutex)
     mutable cm_state cm_;
     // Destruction order matters and is done by hand in the destructor: detach from the
     // event loop, destroy the QP, then the CQ, then its channel (destroy_queues), then

@@ -15,6 +15,7 @@
 // addresses is tried address by address, as the TCP backend does.
 #include <poll.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -98,7 +99,8 @@ void cm_connection::connect(const uri& address, std::span<const std::byte> priva
 
     setup_qp();
     post_initial(initial_recvs); // the QP is in INIT: receives wait there for the first send
-    rdma_conn_param param = conn_param(private_data);
+    std::array<std::byte, connect_wire_size> wire;
+    rdma_conn_param param = conn_param(private_data, wire);
     if (rdma_connect(raw, &param))
         throw_cm("rdma_connect", address);
     if (domain_.iwarp()) {
@@ -127,6 +129,7 @@ void cm_connection::connect(const uri& address, std::span<const std::byte> priva
 
 void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
                            std::span<const std::byte> private_data, std::vector<std::byte> peer_private_data,
+                           std::optional<goodbye_target> peer_goodbye,
                            std::span<const recv_request> initial_recvs, bool wait)
 {
     if (id->verbs != domain_.native_context())
@@ -134,7 +137,12 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
                     "rdma_accept: request arrived on another device than this domain's");
     id_ = std::move(id);
     id_->context = this;
+    passive_ = true;
     peer_private_ = std::move(peer_private_data);
+    {
+        std::lock_guard lock(cm_.mutex);
+        cm_.peer_goodbye = peer_goodbye;
+    }
     // The request moved the id to the domain's channel already; from now on its events
     // are this connection's.
     if (!wait)
@@ -142,7 +150,8 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     domain_.events().attach(id_.get(), &cm_);
     setup_qp();
     post_initial(initial_recvs); // before rdma_accept tells the client it may send
-    rdma_conn_param param = conn_param(private_data);
+    std::array<std::byte, accept_wire_size> wire;
+    rdma_conn_param param = conn_param(private_data, wire);
     // Never promise more reads than the initiator asked for, nor accept more than we allow.
     param.responder_resources = std::min(param.responder_resources, request.initiator_depth);
     param.initiator_depth = std::min(param.initiator_depth, request.responder_resources);
@@ -257,7 +266,8 @@ void cm_connection::step() noexcept
                 std::lock_guard lock(cm_.mutex);
                 cm_.deadline = next_deadline;
             }
-            rdma_conn_param param = conn_param(connect_private_);
+            std::array<std::byte, connect_wire_size> wire;
+            rdma_conn_param param = conn_param(connect_private_, wire);
             if (rdma_connect(id_.get(), &param))
                 throw_cm("rdma_connect", address_);
             return; // iWARP: ESTABLISHED makes it established (handle())
@@ -306,9 +316,11 @@ public:
     cm_request(cm_domain& dom, cm_id_ptr id, const rdma_conn_param& param)
         : owner_(dom.shared_from_this()), domain_(dom), param_(param)
     {
+        // The user's bytes and the peer's goodbye target (cm/private_data.hpp).
         auto* p = static_cast<const std::byte*>(param.private_data);
-        if (p)
-            private_.assign(p, p + param.private_data_len);
+        const auto d = decode_private_data({p, p ? param.private_data_len : 0u});
+        private_.assign(d.user.begin(), d.user.end());
+        peer_goodbye_ = d.peer;
         param_.private_data = nullptr;
         param_.private_data_len = 0;
         // Move the new id off the listener's channel at once, onto the domain's, whose
@@ -370,7 +382,8 @@ private:
         detail::check_private_data(detail::private_data_use::accept, private_data, "rdma_accept");
         auto c = std::make_unique<cm_connection>(domain_, opts, wait ? "accept" : "start_accept");
         domain_.events().detach(id_.get()); // the connection attaches its own state
-        c->accept(std::move(id_), param_, private_data, std::move(private_), initial_recvs, wait);
+        c->accept(std::move(id_), param_, private_data, std::move(private_), peer_goodbye_, initial_recvs,
+                  wait);
         return c;
     }
 
@@ -379,7 +392,8 @@ private:
     cm_state cm_;  ///< receives the id's events until accept() hands it over
     cm_id_ptr id_; ///< destroyed before cm_ (declared after it)
     rdma_conn_param param_;
-    std::vector<std::byte> private_;
+    std::vector<std::byte> private_;             ///< the user's part of the request's
+    std::optional<goodbye_target> peer_goodbye_; ///< none: not an rdmx peer
 };
 
 class cm_listener final : public listener

@@ -201,13 +201,20 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         auto* p = static_cast<const std::byte*>(ev.param.conn.private_data);
         st.private_data.assign(p, p + (p ? ev.param.conn.private_data_len : 0));
     };
+    // An accept's: the user's bytes, and where the peer wants our goodbye.
+    auto take_accept_private = [&] {
+        auto* p = static_cast<const std::byte*>(ev.param.conn.private_data);
+        const auto d = decode_private_data({p, p ? ev.param.conn.private_data_len : 0u});
+        st.private_data.assign(d.user.begin(), d.user.end());
+        st.peer_goodbye = d.peer;
+    };
     switch (ev.event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED: st.resolved = resolve_step::addr_resolved; break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: st.resolved = resolve_step::route_resolved; break;
     case RDMA_CM_EVENT_ESTABLISHED:
         // On the client this carries the accept's private data; on the server it is empty.
-        if (ev.param.conn.private_data_len && st.private_data.empty())
-            copy_private();
+        if (ev.param.conn.private_data_len && st.private_data.empty() && !st.peer_goodbye)
+            take_accept_private();
         if (st.state == connection_state::connecting) {
             st.state = connection_state::established;
             if (st.sendable)
@@ -225,10 +232,20 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
     case RDMA_CM_EVENT_DISCONNECTED:
         // The peer left. Our QP goes to the error state, which flushes every posted work
         // request with IBV_WC_WR_FLUSH_ERR: nothing waits forever.
+        // An rdmx peer wrote its goodbye before it disconnected (cm_connection::disconnect);
+        // without it the peer's process died and its kernel sent this DREQ (or closed the
+        // stream, on iWARP). A flushed completion may have said `disconnected` already
+        // (siw flushes before this event): the cause replaces it.
         rdma_disconnect(ev.id);
         verbs::flush_qp(st.qp);
-        if (st.state == connection_state::established || st.state == connection_state::connecting)
-            st.state = connection_state::disconnected;
+        if (st.state == connection_state::established || st.state == connection_state::connecting ||
+            (st.state == connection_state::disconnected && !st.local_disconnect)) {
+            if (st.peer_vanished())
+                st.lose_peer("RDMA_CM_EVENT_DISCONNECTED without the peer's goodbye: its process died or "
+                             "its connection was destroyed under it");
+            else
+                st.state = connection_state::disconnected;
+        }
         break;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
         rdma_disconnect(ev.id);
@@ -248,7 +265,7 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
     case RDMA_CM_EVENT_CONNECT_RESPONSE:
         // Our QPs are not rdma_cm's, so the active side gets this instead of ESTABLISHED:
         // connect() moves the QP to RTR and RTS and calls rdma_establish.
-        copy_private();
+        take_accept_private();
         st.responded = true;
         break;
     case RDMA_CM_EVENT_MULTICAST_JOIN:

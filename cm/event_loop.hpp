@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -19,6 +20,7 @@
 #include <rdmx/connection.hpp>
 
 #include "cm/cm_handles.hpp"
+#include "cm/private_data.hpp"
 #include "connection_events.hpp"
 
 namespace rdmx::verbs
@@ -40,10 +42,17 @@ struct cm_state {
     std::condition_variable changed;
     connection_state state = connection_state::connecting;
     resolve_step resolved = resolve_step::none;
-    std::error_code error;               ///< set with state == error
-    std::string what;                    ///< the event and status that caused `error`
-    std::vector<std::byte> private_data; ///< from CONNECT_RESPONSE / ESTABLISHED, or REJECTED
-    bool responded = false;              ///< CONNECT_RESPONSE arrived (active side)
+    std::error_code error; ///< set with state == error
+    std::string what;      ///< the event and status that caused `error`
+    /// The user's bytes from CONNECT_RESPONSE / ESTABLISHED (cm/private_data.hpp), or all
+    /// of a REJECTED's.
+    std::vector<std::byte> private_data;
+    /// Where the peer wants this side's goodbye (from its connect or accept); none: the
+    /// peer is not rdmx and sends none either.
+    std::optional<goodbye_target> peer_goodbye;
+    /// This side's goodbye flag: the peer writes it nonzero before it disconnects.
+    const std::uint64_t* goodbye_flag = nullptr;
+    bool responded = false; ///< CONNECT_RESPONSE arrived (active side)
     /// disconnect() was called here: a later asynchronous event is no news (otherwise one
     /// that follows a disconnect still names its cause, state error).
     bool local_disconnect = false;
@@ -69,6 +78,24 @@ struct cm_state {
 
     /// Tells the event queue (if any) about `state`; with `mutex` held.
     void report() noexcept { events.report(state, error, !local_disconnect); }
+
+    /// The peer left without the goodbye an rdmx peer writes before it disconnects: its
+    /// process died, or its connection was torn down under it. With `mutex` held.
+    bool peer_vanished() const noexcept
+    {
+        if (local_disconnect || !peer_goodbye || !goodbye_flag)
+            return false;
+        // Written by the device (the peer's RDMA write), read here.
+        return std::atomic_ref<const std::uint64_t>(*goodbye_flag).load(std::memory_order_acquire) == 0;
+    }
+    /// Marks the connection `error` (errc::peer_lost) for a peer that vanished; with
+    /// `mutex` held.
+    void lose_peer(const char* why) noexcept
+    {
+        state = connection_state::error;
+        error = make_error_code(errc::peer_lost);
+        what = why;
+    }
 };
 
 /// Routes the device's asynchronous events (ibv_get_async_event) of `qp` to `st`, and

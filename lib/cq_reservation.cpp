@@ -71,9 +71,10 @@ cq_reservation::cq_reservation(const connection_options& opts, const connection_
     auto send = typed(opts.send_cq, b, verb, "send_cq");
     auto recv = typed(opts.recv_cq, b, verb, "recv_cq");
     if (send) {
-        send->reserve(lim.send_queue_depth, nullptr, verb, "send_cq", "send_queue_depth");
+        send->reserve(lim.send_queue_depth + own_send_entries, nullptr, verb, "send_cq",
+                      "send_queue_depth + 1");
         send_ = std::move(send);
-        send_n_ = lim.send_queue_depth;
+        send_n_ = lim.send_queue_depth + own_send_entries;
     }
     if (recv) {
         // With a shared receive queue, its depth bounds the receive completions of every

@@ -42,8 +42,14 @@ private:
     std::vector<std::pair<const shared_receive_queue*, std::uint32_t>> srq_refs_;
 };
 
+/// Entries a connection reserves on a shared send CQ beyond send_queue_depth for a request
+/// of rdmx's own: the goodbye a verbs connection writes before it disconnects
+/// (cm_connection::disconnect). The TCP backend reserves it too, so that a queue's sizing
+/// is the same on both.
+inline constexpr std::uint32_t own_send_entries = 1;
+
 /// What one connection reserved on the shared queues of its connection_options (send_cq:
-/// send_queue_depth; recv_cq: recv_queue_depth, or with opts.srq that SRQ's depth once per
+/// send_queue_depth + own_send_entries; recv_cq: recv_queue_depth, or with opts.srq that SRQ's depth once per
 /// queue); given back on destruction. Empty when the connection has queues of its own.
 class cq_reservation
 {

@@ -63,6 +63,8 @@ inline bool is_atomic(opcode op) noexcept
 inline errc check_send(const work_request& wr, const void* owner, rdmx::backend b,
                        const connection_limits& lim, std::uint64_t& total) noexcept
 {
+    if (wr.wr_id == reserved_wr_id) [[unlikely]]
+        return errc::invalid_argument;
     const bool atomic = is_atomic(wr.opcode);
     // Reads and atomics land in local memory: the NIC writes it.
     const bool lands_locally = wr.opcode == opcode::read || atomic;
@@ -95,6 +97,8 @@ inline errc check_send(const work_request& wr, const void* owner, rdmx::backend 
 inline errc check_recv(const recv_request& wr, const void* owner, const connection_limits& lim,
                        std::uint64_t& total) noexcept
 {
+    if (wr.wr_id == reserved_wr_id) [[unlikely]]
+        return errc::invalid_argument;
     return check_local(wr.local, owner, lim.max_recv_sge, true, total);
 }
 

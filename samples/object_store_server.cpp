@@ -96,11 +96,11 @@ public:
     server(const std::string& address, std::uint32_t max_clients, std::uint32_t srq_depth, bool use_srq)
         : dom_(rdmx::domain::open(address)), events_(rdmx::event_queue::create())
     {
-        // The CQ holds every connection's send depth and the SRQ's depth once (or each
-        // connection's receive depth): with that size it cannot overrun, and the library
-        // refuses a connection beyond it.
-        cq_ = dom_->create_completion_queue({.depth = use_srq ? srq_depth + max_clients * send_depth
-                                                              : max_clients * (send_depth + recv_depth)});
+        // The CQ holds every connection's send depth (+ 1: rdmx's own goodbye) and the
+        // SRQ's depth once (or each connection's receive depth): with that size it cannot
+        // overrun, and the library refuses a connection beyond it.
+        cq_ = dom_->create_completion_queue({.depth = use_srq ? srq_depth + max_clients * (send_depth + 1)
+                                                              : max_clients * (send_depth + 1 + recv_depth)});
         if (use_srq) {
             rdmx::shared_receive_queue_options sopts;
             sopts.depth = srq_depth;

@@ -841,7 +841,8 @@ rdmx::connection_options multi_opts(const options& o, session& s, std::size_t i)
 {
     rdmx::connection_options c = connection_opts(o);
     if (o.shared_cq && !s.cq)
-        s.cq = s.dom->create_completion_queue({.depth = o.qps * (c.send_queue_depth + c.recv_queue_depth)});
+        s.cq = s.dom->create_completion_queue(
+            {.depth = o.qps * (c.send_queue_depth + 1 + c.recv_queue_depth)}); // + 1: the goodbye
     c.send_cq = s.cq;
     c.recv_cq = s.cq;
     c.context = i;

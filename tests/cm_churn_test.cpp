@@ -6,6 +6,7 @@
 // Part of the conformance binary, so that it runs on every backend and provider.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include <mutex>
 
 #include "cm/event_loop.hpp"
+#include "cm/private_data.hpp"
 #endif
 
 namespace rdmx::test
@@ -245,6 +247,50 @@ TEST_P(cm_event_loop, an_event_discarded_between_poll_and_read_does_not_stall_th
 
 INSTANTIATE_TEST_SUITE_P(backends, cm_event_loop, testing::ValuesIn(verbs_if_selected()), param_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(cm_event_loop);
+
+// The private data trailer (docs/wire-format.md section 10): the user's bytes come back
+// exactly and the goodbye target whole; what lacks the trailer is a peer that is not
+// rdmx, all of whose bytes are the user's and which has no goodbye.
+TEST(cm_private_data, the_trailer_round_trips_and_foreign_data_is_all_the_users)
+{
+    std::array<std::byte, cm::accept_wire_size> wire;
+    std::vector<std::byte> user(cm::accept_wire_size - cm::trailer_size);
+    for (std::size_t i = 0; i < user.size(); ++i)
+        user[i] = static_cast<std::byte>(i * 7 + 1);
+    const cm::goodbye_target own{0x89abcdefu, 0x0123456789abcdefull};
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, user.size()}) {
+        cm::encode_private_data({user.data(), n}, own, wire);
+        for (std::size_t i = n; i < wire.size() - cm::trailer_size; ++i)
+            EXPECT_EQ(wire[i], std::byte{0}) << "padding at " << i;
+        EXPECT_EQ(wire[wire.size() - 16], std::byte{'r'});
+        EXPECT_EQ(wire[wire.size() - 15], std::byte{'x'});
+        EXPECT_EQ(wire[wire.size() - 8], std::byte{0xef}) << "addr, little endian";
+        EXPECT_EQ(wire[wire.size() - 1], std::byte{0x01}) << "addr, little endian";
+        EXPECT_EQ(wire[wire.size() - 12], std::byte{0xef}) << "rkey, little endian";
+        const auto d = cm::decode_private_data(wire);
+        ASSERT_EQ(d.user.size(), n);
+        EXPECT_TRUE(std::equal(d.user.begin(), d.user.end(), user.begin()));
+        ASSERT_TRUE(d.peer);
+        EXPECT_EQ(d.peer->rkey, own.rkey);
+        EXPECT_EQ(d.peer->addr, own.addr);
+    }
+    // Another implementation's: padded with zeros (IB CM), exact (iWARP), short, or with a
+    // length that does not fit, or another version.
+    std::vector<std::byte> foreign(cm::connect_wire_size, std::byte{0});
+    foreign[0] = std::byte{'h'};
+    for (std::size_t len : {cm::connect_wire_size, std::size_t{1}, std::size_t{0}}) {
+        const auto d = cm::decode_private_data({foreign.data(), len});
+        EXPECT_EQ(d.user.size(), len);
+        EXPECT_FALSE(d.peer);
+    }
+    cm::encode_private_data({user.data(), 3}, own, wire);
+    wire[wire.size() - 13] = std::byte{200}; // user length beyond the room
+    EXPECT_FALSE(cm::decode_private_data(wire).peer);
+    EXPECT_EQ(cm::decode_private_data(wire).user.size(), wire.size());
+    wire[wire.size() - 13] = std::byte{3};
+    wire[wire.size() - 14] = std::byte{2}; // version 2
+    EXPECT_FALSE(cm::decode_private_data(wire).peer);
+}
 #endif
 
 INSTANTIATE_TEST_SUITE_P(backends, cm_churn, testing::ValuesIn(selected_backends()), param_name);

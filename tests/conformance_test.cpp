@@ -6,7 +6,12 @@
 #include <cstring>
 #include <numeric>
 
+#include <rdmx/config.hpp>
+
 #include "common/test_util.hpp"
+#if RDMX_HAVE_RDMA
+#include <infiniband/verbs.h>
+#endif
 
 namespace rdmx::test
 {
@@ -781,6 +786,50 @@ TEST_P(conformance, disconnect_flushes_posted_work_on_both_sides)
     EXPECT_EQ(p.server->state(), connection_state::disconnected);
 }
 
+// disconnect() on verbs polls the connection's own CQ while it waits for its goodbye: the
+// completions it finds there are the user's, every one, in order, at the next poll()
+// (successes first, then the flushes of what was still posted), and the peer sees a
+// clean disconnect. The same promise on TCP.
+TEST_P(conformance, disconnect_keeps_the_completions_it_polls_meanwhile_in_order)
+{
+    auto p = connect_pair();
+    constexpr std::uint64_t n = 6, size = 128;
+    std::vector<std::byte> src = pattern(n * size, 5), dst(n * size), spare(size);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    auto spmr = client_dom_->register_memory(spare.data(), spare.size(), access::local_write);
+    for (std::uint64_t i = 0; i < n; ++i) {
+        sge t{dmr.get(), i * size, size};
+        ASSERT_FALSE(p.server->post_recv({&t, 1}, 10 + i));
+    }
+    for (std::uint64_t i = 0; i < n; ++i) {
+        sge s{smr.get(), i * size, size};
+        ASSERT_FALSE(p.client->post_send({&s, 1}, i));
+    }
+    sge r{spmr.get(), 0, size};
+    ASSERT_FALSE(p.client->post_recv({&r, 1}, 99)); // flushed by the disconnect
+    expect_ok(*p.server, n);                        // all arrived: their completions wait unpolled
+    std::this_thread::sleep_for(100ms);
+    p.client->disconnect();
+    auto got = poll_n(*p.client, n + 1);
+    auto more = poll_n(*p.client, 1, 100ms);
+    EXPECT_TRUE(more.empty()) << "a completion too many, wr_id " << more.front().wr_id;
+    ASSERT_EQ(got.size(), n + 1);
+    for (std::uint64_t i = 0; i < n; ++i) {
+        EXPECT_EQ(got[i].wr_id, i);
+        EXPECT_FALSE(got[i].status) << i << ": " << got[i].status.message();
+        EXPECT_EQ(got[i].opcode, opcode::send);
+    }
+    EXPECT_EQ(got[n].wr_id, 99u);
+    EXPECT_EQ(got[n].status, errc::flushed) << got[n].status.message();
+    EXPECT_EQ(dst, src);
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (p.server->state() == connection_state::established && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(p.server->state(), connection_state::disconnected);
+    EXPECT_EQ(p.server->last_error(), errc::disconnected) << p.server->last_error().message();
+}
+
 TEST_P(conformance, send_without_receive_exhausts_rnr_retries)
 {
     connection_options opts;
@@ -1073,6 +1122,113 @@ TEST_P(conformance, private_data_over_its_limit_is_refused_and_at_the_limit_arri
         EXPECT_TRUE(prefix(e.private_data(), reject_max));
     }
     rejecter.get();
+}
+
+// Connect and accept carry at most max_connect_private_data / max_accept_private_data
+// (rdma_cm's 56 / 196 less rdmx's 16-byte trailer) and the peer gets exactly what was sent,
+// length and every byte, with nothing padded: on TCP, on IB CM (which pads to the message
+// size) and iWARP (which carries the exact length). Blocking and started connections both.
+TEST_P(conformance, private_data_at_the_maximum_arrives_exactly_in_both_directions)
+{
+    EXPECT_EQ(max_connect_private_data, 40u);
+    EXPECT_EQ(max_accept_private_data, 180u);
+    auto bytes = [](std::size_t n, unsigned seed) {
+        std::vector<std::byte> v(n);
+        for (std::size_t i = 0; i < n; ++i)
+            v[i] = static_cast<std::byte>((i * 37 + seed) % 251 + 1); // never 0: padding shows
+        return v;
+    };
+    auto same = [](std::span<const std::byte> got, const std::vector<std::byte>& sent) {
+        return got.size() == sent.size() && std::equal(sent.begin(), sent.end(), got.begin());
+    };
+    struct sizes {
+        std::size_t connect, accept;
+    };
+    for (sizes z : {sizes{max_connect_private_data, max_accept_private_data}, sizes{3, 1}, sizes{0, 0}}) {
+        SCOPED_TRACE(std::to_string(z.connect) + " / " + std::to_string(z.accept) + " bytes");
+        const auto cdata = bytes(z.connect, 11), adata = bytes(z.accept, 29);
+        for (bool started : {false, true}) {
+            SCOPED_TRACE(started ? "start_connect" : "connect");
+            std::vector<std::byte> seen_by_server;
+            auto accepter = std::async(std::launch::async, [&]() -> std::unique_ptr<connection> {
+                auto req = listener_->get_request(10s);
+                if (!req)
+                    return nullptr;
+                seen_by_server.assign(req->private_data().begin(), req->private_data().end());
+                return req->accept({}, adata);
+            });
+            std::unique_ptr<connection> client;
+            if (started) {
+                client = client_dom_->start_connect(server_address(), {}, cdata);
+                auto deadline = std::chrono::steady_clock::now() + 10s;
+                while (client->state() == connection_state::connecting &&
+                       std::chrono::steady_clock::now() < deadline)
+                    std::this_thread::sleep_for(1ms);
+                ASSERT_EQ(client->state(), connection_state::established);
+            } else {
+                client = client_dom_->connect(server_address(), {}, cdata);
+            }
+            auto server = accepter.get();
+            ASSERT_NE(server, nullptr);
+            EXPECT_TRUE(same(seen_by_server, cdata)) << seen_by_server.size() << " bytes in the request";
+            EXPECT_TRUE(same(server->peer_private_data(), cdata)) << server->peer_private_data().size();
+            EXPECT_TRUE(same(client->peer_private_data(), adata)) << client->peer_private_data().size();
+        }
+    }
+}
+
+TEST_P(conformance, private_data_over_the_new_limits_is_refused)
+{
+    auto refused = [](const char* what, auto&& call) {
+        try {
+            call();
+            ADD_FAILURE() << what << " took private data over its limit";
+        } catch (const rdmx::error& e) {
+            EXPECT_EQ(e.code(), errc::invalid_argument) << what << ": " << e.what();
+        }
+    };
+    // One byte over the user's room: what rdma_cm alone would still carry.
+    const std::vector<std::byte> connect_over(max_connect_private_data + 1, std::byte{5});
+    const std::vector<std::byte> accept_over(max_accept_private_data + 1, std::byte{6});
+    refused("connect", [&] { client_dom_->connect(server_address(), {}, connect_over); });
+    refused("start_connect", [&] { client_dom_->start_connect(server_address(), {}, connect_over); });
+    EXPECT_EQ(listener_->get_request(200ms), nullptr) << "a refused connect reached the listener";
+    auto accepter = std::async(std::launch::async, [&]() -> std::unique_ptr<connection> {
+        auto req = listener_->get_request(10s);
+        if (!req)
+            return nullptr;
+        refused("accept", [&] { req->accept({}, accept_over); });
+        refused("start_accept", [&] { req->start_accept({}, accept_over); });
+        return req->accept({});
+    });
+    auto client = client_dom_->connect(server_address());
+    EXPECT_NE(accepter.get(), nullptr) << "the request was answered by a refused accept";
+}
+
+// Destroying a connection says goodbye to the peer first (verbs: an RDMA write, waited
+// for): a peer that is already gone, which will never acknowledge it, must not hold the
+// destructor for the connection's retry timeouts (here about 8 x 2 s) but for its bound.
+TEST_P(conformance, destroying_a_connection_whose_peer_is_gone_does_not_wait_past_the_bound)
+{
+    connection_options o;
+    o.ack_timeout = 2000ms;
+    o.retry_count = 7;
+    auto p = connect_pair(o);
+    if (b_ == backend::verbs) {
+#if RDMX_HAVE_RDMA
+        // The peer's QP stops answering (no DREQ, no FIN on RoCE: as a host that vanished).
+        // siw tears its stream down instead, which the client sees at once.
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_ERR;
+        ASSERT_EQ(ibv_modify_qp(p.server->native().qp, &attr, IBV_QP_STATE), 0);
+#endif
+    } else {
+        p.server.reset(); // TCP: the client's destructor never waits for its peer
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    p.client.reset();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, 1500ms) << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
 }
 
 TEST_P(conformance, domains_may_go_before_their_connections_listeners_and_regions)

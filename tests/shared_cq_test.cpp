@@ -128,7 +128,7 @@ TEST_P(shared_cq, eight_connections_report_to_one_queue)
         connection_options copts = small(32);
         copts.context = 200 + i;
         s[i].p = connect_with(copts, sopts);
-        EXPECT_EQ(cq->reserved(), 64u * (i + 1));
+        EXPECT_EQ(cq->reserved(), 65u * (i + 1));
         EXPECT_EQ(s[i].p.server->completion_fd(), -1) << "both sides shared: no fd of its own";
         s[i].srv_recv.resize(msgs * msg_size);
         s[i].srv_src = pattern(chunk, 1000 + i);
@@ -256,7 +256,7 @@ TEST_P(shared_cq, send_and_receive_sides_report_to_separate_queues)
     sopts.recv_cq = rcq;
     sopts.context = 42;
     auto p = connect_with(small(8), sopts);
-    EXPECT_EQ(scq->reserved(), 8u);
+    EXPECT_EQ(scq->reserved(), 9u);
     EXPECT_EQ(rcq->reserved(), 8u);
     EXPECT_EQ(p.server->completion_fd(), -1);
     EXPECT_TRUE(p.server->request_notify()) << "nothing of its own to arm";
@@ -323,7 +323,7 @@ TEST_P(shared_cq, connecting_sides_share_a_queue_too)
         sge ss{omr.get(), 0, 512};
         ASSERT_FALSE(ps[i].client->post_send({&ss, 1}, 3));
     }
-    EXPECT_EQ(ccq->reserved(), 16u * nconn);
+    EXPECT_EQ(ccq->reserved(), 17u * nconn);
     // The server echoes each message back.
     for (int i = 0; i < nconn; ++i) {
         auto cs = expect_ok(*ps[i].server, 1);
@@ -502,14 +502,14 @@ TEST_P(shared_cq, event_mode_wakes_a_thread_sleeping_on_the_fd)
 // no_resources naming the queue, and its reservation is free again once it goes.
 TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are_freed)
 {
-    auto cq = server_dom_->create_completion_queue({.depth = 24});
-    EXPECT_EQ(cq->depth(), 24u);
+    auto cq = server_dom_->create_completion_queue({.depth = 26});
+    EXPECT_EQ(cq->depth(), 26u);
     connection_options sopts = small(8);
     sopts.send_cq = sopts.recv_cq = cq;
     auto first = connect_with(small(8), sopts);
-    EXPECT_EQ(cq->reserved(), 16u);
+    EXPECT_EQ(cq->reserved(), 17u);
 
-    // The server side: the send side (8) would fit, the receive side (8 more) not: accept
+    // The server side: the send side (8 + 1) would fit, the receive side (8 more) not: accept
     // refuses, the client's connect fails, and nothing stays reserved.
     {
         auto accepted = std::async(std::launch::async, [&]() -> std::error_code {
@@ -527,7 +527,7 @@ TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are
         });
         EXPECT_THROW(client_dom_->connect(server_address(), small(8)), error);
         EXPECT_EQ(accepted.get(), errc::no_resources);
-        EXPECT_EQ(cq->reserved(), 16u) << "a refused connection keeps nothing reserved";
+        EXPECT_EQ(cq->reserved(), 17u) << "a refused connection keeps nothing reserved";
     }
     // The client side refuses before the peer hears of it.
     {
@@ -535,7 +535,7 @@ TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are
         connection_options copts = small(8);
         copts.send_cq = ccq;
         auto c1 = connect_with(copts, small(8));
-        EXPECT_EQ(ccq->reserved(), 8u);
+        EXPECT_EQ(ccq->reserved(), 9u);
         try {
             client_dom_->connect(server_address(), copts);
             ADD_FAILURE() << "connect should have been refused";
@@ -545,18 +545,18 @@ TEST_P(shared_cq, a_connection_that_does_not_fit_is_refused_and_reservations_are
             EXPECT_NE(std::string(e.what()).find("send_cq"), std::string::npos) << e.what();
         }
         EXPECT_EQ(listener_->get_request(200ms), nullptr) << "the refused connect reached the listener";
-        EXPECT_EQ(ccq->reserved(), 8u);
+        EXPECT_EQ(ccq->reserved(), 9u);
         c1.client.reset();
         EXPECT_EQ(ccq->reserved(), 0u);
         auto c2 = connect_with(copts, small(8));
-        EXPECT_EQ(ccq->reserved(), 8u);
+        EXPECT_EQ(ccq->reserved(), 9u);
     }
     // The first connection goes: its room is free, and a new one fits.
     first.client.reset();
     first.server.reset();
     EXPECT_EQ(cq->reserved(), 0u);
     auto again = connect_with(small(8), sopts);
-    EXPECT_EQ(cq->reserved(), 16u);
+    EXPECT_EQ(cq->reserved(), 17u);
     EXPECT_EQ(again.server->state(), connection_state::established);
 }
 
@@ -624,7 +624,7 @@ TEST_P(shared_cq, completions_of_a_destroyed_connection_are_not_returned)
     connection* gone = a.server.get();
     a.server.reset();
     a.client.reset();
-    EXPECT_EQ(cq->reserved(), 32u);
+    EXPECT_EQ(cq->reserved(), 33u);
     // A new connection, perhaps with the QP number of the one that went.
     pair c = make(3);
     exchange(c, 3);
@@ -742,9 +742,9 @@ TEST_P(shared_cq, a_shared_receive_queue_is_reserved_once_per_completion_queue)
         o.srq = srq2;
         detail::cq_reservation r3(o, lim, b_, "accept");
         EXPECT_EQ(cq->reserved(), 70u);
-        o.send_cq = cq; // 8 more for a send side
+        o.send_cq = cq; // 8 + 1 more for a send side (own_send_entries)
         detail::cq_reservation r4(o, lim, b_, "accept");
-        EXPECT_EQ(cq->reserved(), 78u);
+        EXPECT_EQ(cq->reserved(), 79u);
         o.srq = std::make_shared<fake_srq>(30); // a third SRQ does not fit
         try {
             detail::cq_reservation r5(o, lim, b_, "accept");
@@ -753,11 +753,11 @@ TEST_P(shared_cq, a_shared_receive_queue_is_reserved_once_per_completion_queue)
             EXPECT_EQ(e.code(), errc::no_resources);
             EXPECT_NE(std::string(e.what()).find("recv_cq"), std::string::npos) << e.what();
         }
-        EXPECT_EQ(cq->reserved(), 78u) << "the refused one's send side was given back";
+        EXPECT_EQ(cq->reserved(), 79u) << "the refused one's send side was given back";
         r1 = {};
-        EXPECT_EQ(cq->reserved(), 78u) << "srq1 still used by r2";
+        EXPECT_EQ(cq->reserved(), 79u) << "srq1 still used by r2";
         r2 = {};
-        EXPECT_EQ(cq->reserved(), 38u);
+        EXPECT_EQ(cq->reserved(), 39u);
     }
     EXPECT_EQ(cq->reserved(), 0u);
     // A queue of another backend is refused.
@@ -765,6 +765,70 @@ TEST_P(shared_cq, a_shared_receive_queue_is_reserved_once_per_completion_queue)
     o.send_cq = nullptr;
     const backend other = b_ == backend::tcp ? backend::verbs : backend::tcp;
     EXPECT_THROW(detail::cq_reservation(o, lim, other, "connect"), error);
+}
+
+// A connection's disconnect on a shared queue (verbs: it polls the queue while it waits for
+// its goodbye's completion) keeps every other connection's completions: all of them, in
+// their order, at the next poll, and none of rdmx's own. The same with the connection's
+// own CQ: what the disconnecting connection's peer polls is its own. On every backend.
+TEST_P(shared_cq, a_disconnect_keeps_every_other_connections_completions)
+{
+    auto cq = server_dom_->create_completion_queue({.depth = 64});
+    connection_options sopts = small(8);
+    sopts.send_cq = sopts.recv_cq = cq;
+    pair a = connect_with(small(8), sopts);
+    pair b = connect_with(small(8), sopts);
+    constexpr std::size_t nrecv = 8, nwrite = 4, size = 64;
+    std::vector<std::byte> src = pattern(nrecv * size, 3), inbox(nrecv * size),
+                           wsrc = pattern(nwrite * size, 4), wdst(nwrite * size);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto imr = server_dom_->register_memory(inbox.data(), inbox.size(), access::local_write);
+    auto wsmr = server_dom_->register_memory(wsrc.data(), wsrc.size(), access::local_write);
+    auto wdmr =
+        client_dom_->register_memory(wdst.data(), wdst.size(), access::local_write | access::remote_write);
+    for (std::size_t i = 0; i < nrecv; ++i) {
+        sge r{imr.get(), i * size, size};
+        ASSERT_FALSE(b.server->post_recv({&r, 1}, 100 + i));
+    }
+    for (std::size_t i = 0; i < nrecv; ++i) {
+        sge s{smr.get(), i * size, size};
+        ASSERT_FALSE(b.client->post_send({&s, 1}, i));
+    }
+    expect_ok(*b.client, nrecv);
+    for (std::size_t i = 0; i < nwrite; ++i) {
+        sge w{wsmr.get(), i * size, size};
+        ASSERT_FALSE(b.server->post_write({&w, 1}, *wdmr->remote().slice(i * size, size), 200 + i));
+    }
+    // Everything of b's lands in the queue, unpolled (the sends completed at b's client).
+    std::this_thread::sleep_for(300ms);
+
+    a.server->disconnect();
+    EXPECT_EQ(a.server->state(), connection_state::disconnected);
+
+    auto got = poll_n(*cq, nrecv + nwrite, 10s);
+    auto more = poll_for(*cq, 100ms);
+    got.insert(got.end(), more.begin(), more.end());
+    ASSERT_EQ(got.size(), nrecv + nwrite);
+    std::vector<std::uint64_t> recvs, writes;
+    for (const completion& c : got) {
+        EXPECT_EQ(c.conn, b.server.get()) << "wr_id " << c.wr_id;
+        EXPECT_NE(c.wr_id, reserved_wr_id);
+        EXPECT_FALSE(c.status) << c.wr_id << ": " << c.status.message();
+        (c.opcode == opcode::recv ? recvs : writes).push_back(c.wr_id);
+    }
+    EXPECT_EQ(recvs, (std::vector<std::uint64_t>{100, 101, 102, 103, 104, 105, 106, 107}));
+    EXPECT_EQ(writes, (std::vector<std::uint64_t>{200, 201, 202, 203}));
+    EXPECT_EQ(inbox, src);
+    EXPECT_TRUE(placed_eventually([&] { return wdst == wsrc; }));
+
+    // a's peer saw a clean disconnect (the goodbye arrived); b is untouched.
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (a.client->state() == connection_state::established && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(a.client->state(), connection_state::disconnected);
+    EXPECT_EQ(a.client->last_error(), errc::disconnected) << a.client->last_error().message();
+    EXPECT_EQ(b.server->state(), connection_state::established);
+    EXPECT_EQ(b.client->state(), connection_state::established);
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, shared_cq, testing::ValuesIn(selected_backends()), param_name);

@@ -52,8 +52,14 @@ public:
     /// The others are moved, in order, to the stash that poll() empties first.
     void purge(std::uint32_t qp_num) noexcept;
 
+    /// For a connection waiting for its goodbye (verbs_connection::write_goodbye): polls
+    /// everything queued, hands each goodbye to its connection and moves the rest, in
+    /// order, to the stash that poll() empties first.
+    void stash_polled() noexcept;
+
 private:
-    /// Hands `wc` to its connection as `out`; false if it has none (dropped).
+    /// Hands `wc` to its connection as `out`; false if it has none (dropped) or it is
+    /// rdmx's own (a goodbye).
     bool route(const ibv_wc& wc, completion& out) noexcept;
 
     std::shared_ptr<const void> keepalive_; ///< owner of the device context; destroyed last

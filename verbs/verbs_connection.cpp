@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <string>
+#include <thread>
 
 #include "validate.hpp"
 #include "verbs/shared_receive_queue.hpp"
@@ -43,8 +44,9 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
                         std::string(verb) + ": the shared completion queue belongs to another device");
     // Own CQ: deep enough for every request of the sides that report to it to complete
     // unpolled. None if both sides are shared.
-    const std::uint32_t own =
-        (send_shared_ ? 0 : limits_.send_queue_depth) + (recv_shared_ ? 0 : limits_.recv_queue_depth);
+    // The send side's includes the goodbye's entry (own_send_entries).
+    const std::uint32_t own = (send_shared_ ? 0 : limits_.send_queue_depth + detail::own_send_entries) +
+                              (recv_shared_ ? 0 : limits_.recv_queue_depth);
     if (own == 0)
         return;
     channel_.reset(ibv_create_comp_channel(pd.native_context()));
@@ -60,6 +62,7 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
     cq_.reset(ibv_create_cq(pd.native_context(), cqe, this, channel_.get(), 0));
     if (!cq_)
         throw_errno(errno, "ibv_create_cq");
+    stash_.resize(static_cast<std::size_t>(std::max(cq_->cqe, cqe)));
 }
 
 verbs_connection::~verbs_connection()
@@ -95,7 +98,8 @@ void verbs_connection::create_qp()
     init.recv_cq = recv_cq();
     init.qp_type = IBV_QPT_RC;
     init.sq_sig_all = 0; // selective signalling: send_flags::signaled decides per request
-    init.cap.max_send_wr = limits_.send_queue_depth;
+    // One slot more than the application may fill: the goodbye's (write_goodbye).
+    init.cap.max_send_wr = limits_.send_queue_depth + detail::own_send_entries;
     init.cap.max_send_sge = limits_.max_send_sge;
     if (srq_) {
         init.srq = srq_->native(); // no receive queue of its own: the recv caps are ignored
@@ -119,12 +123,67 @@ void verbs_connection::drop_completions() noexcept
 {
     if (!srq_ || !cq_)
         return;
+    for (; stash_count_; --stash_count_) {
+        const ibv_wc& w = stash_[stash_head_];
+        stash_head_ = stash_head_ + 1 == stash_.size() ? 0 : stash_head_ + 1;
+        if (srq_->owns(w.wr_id))
+            srq_->complete(w.wr_id);
+    }
     ibv_wc wc[poll_batch];
     int got = 0;
     while ((got = ibv_poll_cq(cq_.get(), poll_batch, wc)) > 0)
         for (int i = 0; i < got; ++i)
             if (srq_->owns(wc[i].wr_id))
                 srq_->complete(wc[i].wr_id);
+}
+
+bool verbs_connection::write_goodbye(const ibv_sge& src, std::uint32_t rkey, std::uint64_t addr,
+                                     std::chrono::milliseconds bound) noexcept
+{
+    if (!qp_)
+        return false;
+    ibv_sge sg = src;
+    ibv_send_wr wr{};
+    wr.wr_id = reserved_wr_id;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    // Signalled: its completion says the peer has it (RC: acknowledged; iWARP: in the
+    // ordered stream ahead of the disconnect). Inline where the QP allows it.
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (limits_.max_inline >= sg.length)
+        wr.send_flags |= IBV_SEND_INLINE;
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+    goodbye_.store(goodbye_state::none, std::memory_order_relaxed);
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(qp_.get(), &wr, &bad))
+        return false;
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    for (;;) {
+        if (send_shared_) {
+            send_shared_->stash_polled();
+        } else {
+            // Everything but the goodbye goes to the stash, in order: entries in the CQ and
+            // the stash together are at most what the CQ holds.
+            ibv_wc wc[poll_batch];
+            int got = ibv_poll_cq(cq_.get(), poll_batch, wc);
+            for (int i = 0; i < got; ++i) {
+                if (wc[i].wr_id == reserved_wr_id) {
+                    completion ignored;
+                    complete(wc[i], ignored, nullptr);
+                } else if (stash_count_ < stash_.size()) { // always: the CQ's depth bounds it
+                    stash_[(stash_head_ + stash_count_++) % stash_.size()] = wc[i];
+                }
+            }
+        }
+        const goodbye_state g = goodbye_.load(std::memory_order_acquire);
+        if (g != goodbye_state::none)
+            return g == goodbye_state::ok;
+        if (std::chrono::steady_clock::now() >= deadline)
+            return false;
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
 }
 
 void verbs_connection::note_error(std::error_code status) noexcept

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 
 #include <rdmx/connection.hpp>
 
@@ -51,8 +52,9 @@ public:
     std::error_code ack_notify() noexcept override;
 
     /// Turns `wc`, a work completion of this QP polled from `from` (null: the own CQ), into
-    /// `out` and frees the queue slots it stands for. Data-path thread (verbs_datapath.cpp).
-    void complete(const ibv_wc& wc, completion& out, const completion_queue* from) noexcept;
+    /// `out` and frees the queue slots it stands for; false (nothing in `out`) for the
+    /// goodbye's, which is rdmx's own (reserved_wr_id). Data-path thread (verbs_datapath.cpp).
+    bool complete(const ibv_wc& wc, completion& out, const completion_queue* from) noexcept;
 
 protected:
     /// Reserves room on the shared completion queues of `opts` (throws errc::no_resources
@@ -77,11 +79,27 @@ protected:
     /// own order requires; idempotent.
     void destroy_queues() noexcept;
 
+    /// The goodbye before a disconnect: posts an RDMA write of the 8 bytes at `src` (a
+    /// region of this PD) to (`rkey`, `addr`) at the peer, signalled, with reserved_wr_id,
+    /// and waits up to `bound` for its completion, polling the CQ its send side reports to.
+    /// The completions of other requests polled meanwhile are kept, in order, for the next
+    /// poll() (the own CQ's here, a shared one's in that queue's stash). It has a send-queue
+    /// slot and a CQ entry of its own (own_send_entries), so it never overruns either.
+    /// True if the write completed successfully within `bound`. Calls the data path: the
+    /// thread that polls, or none polls this connection's own CQ meanwhile.
+    bool write_goodbye(const ibv_sge& src, std::uint32_t rkey, std::uint64_t addr,
+                       std::chrono::milliseconds bound) noexcept;
+
     const protection_domain& pd() const noexcept { return pd_; }
     ibv_qp* qp() const noexcept { return qp_.get(); }
     /// False while a connection started without waiting is still connecting: post() then
     /// returns errc::not_connected (post_recv works once the QP exists). Set by the flow.
     std::atomic<bool> sendable_{true};
+    /// The passive side (accept): its QP can send before ESTABLISHED reaches this side
+    /// (RTS before rdma_accept; iWARP: once the stream is up), and a receive completion
+    /// shows that the peer is up too, so it makes the connection sendable at once: a
+    /// reply to a request that overtook the peer's RTU must not fail with not_connected.
+    bool passive_ = false;
     /// Its own CQ (null when both sides report to shared ones).
     ibv_cq* cq() const noexcept { return cq_.get(); }
     /// The CQs its QP reports to, shared or its own.
@@ -96,6 +114,8 @@ protected:
     virtual void on_error_completion(std::error_code status) noexcept = 0;
 
 private:
+    /// The own CQ's completions that write_goodbye() polled while it waited, for poll().
+    [[gnu::noinline, gnu::cold]] std::size_t poll_stash(std::span<completion> out) noexcept;
     /// Stops counting queue slots and hands `status` to on_error_completion. Slow path,
     /// kept out of poll()'s loop body.
     [[gnu::noinline, gnu::cold]] void note_error(std::error_code status) noexcept;
@@ -180,6 +200,14 @@ private:
     /// overrun a queue others use.
     std::uint32_t owed_send_cq_ = 0;
     std::uint32_t owed_recv_cq_ = 0;
+
+    /// The goodbye's completion: none yet, polled successful, polled with an error.
+    enum class goodbye_state : std::uint8_t { none, ok, failed };
+    std::atomic<goodbye_state> goodbye_{goodbye_state::none};
+    /// Completions of the own CQ that write_goodbye() took out while waiting for its own:
+    /// a ring as large as the CQ (allocated with it), emptied first by poll().
+    std::vector<ibv_wc> stash_;
+    std::size_t stash_head_ = 0, stash_count_ = 0;
 };
 
 } // namespace rdmx::verbs

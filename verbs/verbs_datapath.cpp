@@ -201,10 +201,11 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
         if (detail::is_atomic(wr.opcode) && !pd_.limits().atomics) [[unlikely]]
             return errc::not_supported; // siw: atomic_cap IBV_ATOMIC_NONE
     }
-    const std::size_t room = counting_ ? limits_.send_queue_depth - sq_outstanding_
-                             : send_shared_
-                                 ? shared_.send_entries() - std::min(owed_send_cq_, shared_.send_entries())
-                                 : wrs.size();
+    // After an error on a shared send CQ: what its reservation holds, less the goodbye's.
+    const std::uint32_t user_send_entries = shared_.send_entries() - detail::own_send_entries;
+    const std::size_t room = counting_      ? limits_.send_queue_depth - sq_outstanding_
+                             : send_shared_ ? user_send_entries - std::min(owed_send_cq_, user_send_entries)
+                                            : wrs.size();
     return post_within(wrs, room, posted, [this](std::span<const work_request> some, std::size_t* done) {
         std::error_code ec = post_in_batches<ibv_send_wr>(
             some, done, send_wrs_,
@@ -261,7 +262,8 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
         // After an error: what the receive CQ's reservation still holds (shared with the
         // send side when both use one queue).
         const bool same = recv_shared_ == send_shared_;
-        const std::uint32_t cap = shared_.recv_entries() + (same ? shared_.send_entries() : 0);
+        const std::uint32_t cap =
+            shared_.recv_entries() + (same ? shared_.send_entries() - detail::own_send_entries : 0);
         room = cap - std::min(owed(recv_shared_), cap);
     }
     return post_within(wrs, room, posted, [this](std::span<const recv_request> some, std::size_t* done) {
@@ -276,8 +278,15 @@ std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, s
     });
 }
 
-void verbs_connection::complete(const ibv_wc& wc, completion& c, const completion_queue* from) noexcept
+bool verbs_connection::complete(const ibv_wc& wc, completion& c, const completion_queue* from) noexcept
 {
+    if (wc.wr_id == reserved_wr_id) [[unlikely]] {
+        // The goodbye (write_goodbye): its own slot and CQ entry, no user's completion. An
+        // error here (flushed after the wait gave up) says nothing new about the QP.
+        goodbye_.store(wc.status == IBV_WC_SUCCESS ? goodbye_state::ok : goodbye_state::failed,
+                       std::memory_order_release);
+        return false;
+    }
     c.wr_id = wc.wr_id;
     // A receive of the shared receive queue: polled, so its slot is free; the application
     // gets back the wr_id it posted there.
@@ -293,6 +302,9 @@ void verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
         if (detail::is_atomic(c.opcode)) [[unlikely]]
             c.byte_len = detail::atomic_size;
         retire(c.opcode);
+        if (passive_ && !sendable_.load(std::memory_order_relaxed)) [[unlikely]]
+            if (c.opcode == opcode::recv || c.opcode == opcode::recv_with_imm)
+                sendable_.store(true, std::memory_order_release);
         c.with_imm = wc.wc_flags & IBV_WC_WITH_IMM;
         c.imm = c.with_imm ? ntohl(wc.imm_data) : 0;
     } else {
@@ -309,6 +321,18 @@ void verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
         std::uint32_t& o = owed(from);
         o -= o ? 1 : 0;
     }
+    return true;
+}
+
+std::size_t verbs_connection::poll_stash(std::span<completion> out) noexcept
+{
+    std::size_t n = 0;
+    while (stash_count_ && n < out.size()) {
+        n += complete(stash_[stash_head_], out[n], nullptr) ? 1 : 0;
+        stash_head_ = stash_head_ + 1 == stash_.size() ? 0 : stash_head_ + 1;
+        --stash_count_;
+    }
+    return n;
 }
 
 std::size_t verbs_connection::poll(std::span<completion> out) noexcept
@@ -316,14 +340,14 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
     if (!cq_)
         return 0; // both sides report to shared queues
     ibv_wc wc[poll_batch];
-    std::size_t n = 0;
+    std::size_t n = stash_count_ ? poll_stash(out) : 0;
     while (n < out.size()) {
         int want = static_cast<int>(std::min<std::size_t>(poll_batch, out.size() - n));
         int got = ibv_poll_cq(cq_.get(), want, wc);
         if (got <= 0)
             break;
         for (int i = 0; i < got; ++i)
-            complete(wc[i], out[n++], nullptr);
+            n += complete(wc[i], out[n], nullptr) ? 1 : 0;
         if (got < want)
             break;
     }
@@ -363,8 +387,7 @@ bool completion_queue::route(const ibv_wc& wc, completion& out) noexcept
             release(it->second.srq, wc); // its connection is going (detach): dropped
         return false;
     }
-    it->second.conn->complete(wc, out, this);
-    return true;
+    return it->second.conn->complete(wc, out, this);
 }
 
 std::size_t completion_queue::poll(std::span<completion> out) noexcept
@@ -392,6 +415,25 @@ std::size_t completion_queue::poll(std::span<completion> out) noexcept
             break;
     }
     return n;
+}
+
+void completion_queue::stash_polled() noexcept
+{
+    std::lock_guard lk(mu_);
+    ibv_wc wc[poll_batch];
+    for (;;) {
+        int got = ibv_poll_cq(cq_.get(), poll_batch, wc);
+        for (int i = 0; i < got; ++i) {
+            if (wc[i].wr_id == reserved_wr_id) {
+                completion ignored;
+                route(wc[i], ignored);                 // tells its connection; nothing for the user
+            } else if (stash_count_ < stash_.size()) { // always: the reservations bound both
+                stash_[(stash_head_ + stash_count_++) % stash_.size()] = wc[i];
+            }
+        }
+        if (got < poll_batch)
+            return;
+    }
 }
 
 std::error_code completion_queue::request_notify(bool solicited_only) noexcept

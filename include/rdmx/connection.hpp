@@ -75,6 +75,11 @@ struct sge {
     std::size_t length = 0;
 };
 
+/// The one wr_id that is rdmx's own (the goodbye a verbs connection writes to its peer
+/// before it disconnects, docs/wire-format.md): post() and post_recv() refuse it with
+/// errc::invalid_argument, on every backend, and no completion the user polls carries it.
+inline constexpr std::uint64_t reserved_wr_id = ~std::uint64_t{0};
+
 /// A send-queue work request. `local` must stay valid only during `post()`; the memory it
 /// names must stay untouched until the completion (or a later signalled one) is polled.
 ///
@@ -354,7 +359,12 @@ public:
     /// completion_fd() up to `timeout`. Returns the number polled (0 on timeout).
     std::size_t wait(std::span<completion> out, std::chrono::milliseconds timeout) noexcept;
 
-    /// Disconnects; all posted work completes with errc::flushed. Idempotent.
+    /// Disconnects; all posted work completes with errc::flushed. Idempotent. The peer
+    /// sees `disconnected` (by_peer), not errc::peer_lost as for a process that died: on
+    /// verbs this side first writes a goodbye to the peer and waits for it, at most
+    /// 200 ms, polling the CQ its send side reports to and keeping what it polls for the
+    /// next poll(); so call it (and destroy the connection) on the thread that polls the
+    /// connection's own CQ, or while no thread does. Destroying does the same.
     virtual void disconnect() noexcept = 0;
 
     virtual native_handles native() const noexcept { return {}; }
@@ -436,9 +446,14 @@ struct listen_options {
     int backlog = 64;
 };
 
-/// Limits of private data on connect / accept / reject (those of rdma_cm over RC).
-inline constexpr std::size_t max_connect_private_data = 56;
-inline constexpr std::size_t max_accept_private_data = 196;
+/// Limits of private data on connect / accept / reject, the same on every backend: those
+/// of rdma_cm over RC (56, 196 and 148 bytes) less the 16 bytes rdmx keeps at the end of a
+/// connect's and an accept's for its own use (on verbs, where the peer's goodbye is
+/// written: docs/wire-format.md). A reject carries the user's bytes alone. The peer
+/// receives exactly the bytes sent, on every provider.
+inline constexpr std::size_t private_data_trailer = 16;
+inline constexpr std::size_t max_connect_private_data = 56 - private_data_trailer;
+inline constexpr std::size_t max_accept_private_data = 196 - private_data_trailer;
 inline constexpr std::size_t max_reject_private_data = 148;
 
 /// A protection domain on one device (verbs) or one TCP progress engine: registers

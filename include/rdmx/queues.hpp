@@ -30,7 +30,8 @@ namespace rdmx
 /// context given to that connection (connection_options::context).
 ///
 /// Overrun is impossible by construction: each connection reserves its queue depth
-/// (send_queue_depth on its send CQ; recv_queue_depth on its receive CQ, or, with a shared
+/// (send_queue_depth + 1 on its send CQ, the one for rdmx's own goodbye before a verbs
+/// disconnect; recv_queue_depth on its receive CQ, or, with a shared
 /// receive queue, that queue's depth once per CQ) and frees it when destroyed. A connection
 /// whose reservation does not fit in depth() - reserved() is refused: connect() and
 /// accept() throw errc::no_resources naming the queue.
@@ -88,7 +89,9 @@ struct event {
     rdmx::shared_receive_queue* srq = nullptr;
     /// error: the cause (connection_refused, rejected, unreachable, timed_out for a start
     /// that failed; transport_retry_exceeded, remote_access, ... for an established
-    /// connection; peer_lost for a peer that vanished without disconnecting).
+    /// connection; peer_lost for an rdmx peer that vanished without disconnecting: its
+    /// process died. Both backends tell it from a clean disconnect by a goodbye each side
+    /// sends before it disconnects, TCP in a frame, verbs as an RDMA write).
     /// disconnected: errc::disconnected.
     std::error_code cause;
     bool by_peer = false; ///< disconnected: the peer disconnected (false: this side did)

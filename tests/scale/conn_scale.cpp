@@ -106,7 +106,7 @@ int run_server(const options& o, int to_client, int done_fd)
     auto recv_mr = dom->register_memory(recv_bufs.data(), recv_bufs.size(), rdmx::access::local_write);
     if (o.shared) {
         cq = dom->create_completion_queue(
-            {.depth = static_cast<std::uint32_t>(o.n * send_depth + o.srq_recvs)});
+            {.depth = static_cast<std::uint32_t>(o.n * (send_depth + 1) + o.srq_recvs)}); // + 1: the goodbye
         rdmx::shared_receive_queue_options so;
         so.depth = o.srq_recvs;
         so.max_sge = 1;
