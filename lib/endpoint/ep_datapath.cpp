@@ -489,6 +489,13 @@ void endpoint_impl::progress_rndv(std::uint32_t ri) noexcept
         return;
     }
     peer_entry& p = *peers_[r.peer];
+    if (!p.chosen && !r.status && (r.conn == p.accepted.get() || r.conn == p.dial.get())) {
+        // The request came on a connection whose `established` event is not polled yet
+        // (verbs: the dialler may send before the acceptor sees ESTABLISHED): read once it is.
+        if (!pending_recvs_.contains(ri))
+            pending_recvs_.push_back(ri);
+        return;
+    }
     if (r.conn != p.chosen && !r.status)
         r.status = errc::disconnected;
     while (!r.status && r.posted_bytes < r.to_read) {
@@ -552,6 +559,11 @@ void endpoint_impl::post_ack(std::uint32_t ri) noexcept
 {
     recv_slot& r = recvs_[ri];
     peer_entry& p = *peers_[r.peer];
+    if (!p.chosen && (r.conn == p.accepted.get() || r.conn == p.dial.get())) {
+        if (!pending_recvs_.contains(ri))
+            pending_recvs_.push_back(ri); // not established on this side yet
+        return;
+    }
     if (r.conn != p.chosen) {
         free_recv(ri); // the connection is gone; the sender's send fails with it
         return;
