@@ -330,6 +330,8 @@ void endpoint_impl::on_request(connection_request& req)
         if (p.accepted)
             drop_connection(pi, p.accepted.get(), errc::peer_lost);
     } else if (incarnation_ < id.incarnation && p.dial) {
+        RDMX_LOG(debug, "endpoint %s: %s: duplicate request rejected", self_.text.c_str(),
+                 p.addr.text.c_str());
         // Simultaneous connect (libfabric #7396): the lower incarnation keeps its own dial
         // and refuses the other; the higher accepts, so exactly one connection survives.
         p.remote_inc = id.incarnation;
@@ -338,6 +340,9 @@ void endpoint_impl::on_request(connection_request& req)
     } else {
         // Known incarnation, and the peer dials again: its side of any connection we
         // still hold is gone (it dials only when it has none). Replace ours.
+        if (p.chosen || p.accepted)
+            RDMX_LOG(debug, "endpoint %s: %s dials again: replacing our connection", self_.text.c_str(),
+                     p.addr.text.c_str());
         if (p.chosen)
             drop_connection(pi, p.chosen, errc::peer_lost);
         if (p.accepted)
@@ -373,6 +378,8 @@ void endpoint_impl::on_event(const event& ev) noexcept
     connection* c = ev.conn;
     if (c != p.dial.get() && c != p.accepted.get())
         return; // a connection already replaced
+    RDMX_LOG(debug, "endpoint %s: %s: %s on its %s (%s)", self_.text.c_str(), p.addr.text.c_str(),
+             to_string(ev.type), c == p.dial.get() ? "dial" : "accepted", ev.cause.message().c_str());
     switch (ev.type) {
     case event_type::established:
         if (c == p.dial.get()) {
@@ -481,6 +488,8 @@ void endpoint_impl::on_dial_failed(std::uint32_t pi, std::error_code cause, reje
     }
     // Rejected for a reason that will not change (version, malformed, self, another
     // application), or a failure that is not the network's: the queued operations fail.
+    RDMX_LOG(debug, "endpoint %s: dial to %s failed for good: %s (reject reason: %s)", self_.text.c_str(),
+             p.addr.text.c_str(), cause.message().c_str(), to_string(why));
     fail_queued(pi, cause);
 }
 
