@@ -113,7 +113,8 @@ public:
     /// Inserts a peer's address and returns its handle; connects nothing yet. Inserting an
     /// address already present (inserted, or a peer that contacted this endpoint first)
     /// returns the same handle. Throws rdmx::error for a malformed address or another
-    /// backend's scheme.
+    /// backend's scheme, and (invalid_argument) for this endpoint's own address: sending to
+    /// itself is not supported.
     virtual rdmx::peer insert(std::string_view address) = 0;
     /// Removes a peer: closes its connection deliberately (the peer sees a clean
     /// disconnect), completes its queued and outstanding operations with errc::canceled
