@@ -1,0 +1,65 @@
+// Address resolution for the endpoint's address vector (slow path: insert and open).
+#include "endpoint/ep_address.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <rdmx/error.hpp>
+
+namespace rdmx::ep
+{
+
+std::string to_text(const net_address& key, backend b)
+{
+    char buf[INET6_ADDRSTRLEN] = {};
+    std::string host;
+    if (key.family == 4) {
+        ::inet_ntop(AF_INET, key.ip.data(), buf, sizeof buf);
+        host = buf;
+    } else {
+        ::inet_ntop(AF_INET6, key.ip.data(), buf, sizeof buf);
+        host = std::string("[") + buf + "]";
+    }
+    return std::string(b == backend::tcp ? "tcp://" : "rdma://") + host + ":" + std::to_string(key.port);
+}
+
+resolved_address resolve_address(std::string_view text, backend b, bool allow_port0)
+{
+    uri u = uri::parse(text);
+    if ((b == backend::tcp && u.scheme == scheme::rdma) || (b == backend::verbs && u.scheme == scheme::tcp))
+        throw_error(errc::invalid_argument, "endpoint: address " + std::string(text) +
+                                                " is for another backend than the endpoint's (" +
+                                                to_string(b) + ")");
+    if (u.port == 0 && !allow_port0)
+        throw_error(errc::invalid_argument, "endpoint: address " + std::string(text) + " has no port");
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = ::getaddrinfo(u.host.c_str(), nullptr, &hints, &res);
+    if (rc != 0 || res == nullptr)
+        throw_error(errc::invalid_argument, "endpoint: cannot resolve " + u.host + ": " + ::gai_strerror(rc));
+    resolved_address out;
+    if (res->ai_family == AF_INET) {
+        out.key.family = 4;
+        std::memcpy(out.key.ip.data(), &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, 4);
+    } else {
+        out.key.family = 6;
+        std::memcpy(out.key.ip.data(), &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr, 16);
+    }
+    ::freeaddrinfo(res);
+    const bool wildcard =
+        std::all_of(out.key.ip.begin(), out.key.ip.end(), [](std::uint8_t x) { return x == 0; });
+    if (wildcard)
+        throw_error(errc::invalid_argument, "endpoint: " + std::string(text) +
+                                                " is a wildcard; an endpoint's address names one host");
+    out.key.port = u.port;
+    out.text = to_text(out.key, b);
+    return out;
+}
+
+} // namespace rdmx::ep

@@ -1,0 +1,27 @@
+// Peer addresses of an endpoint: the text a user inserts, resolved once to the numeric
+// listener address that is the key of the address vector (and travels in the identity).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <rdmx/uri.hpp>
+
+#include "endpoint/ep_wire.hpp"
+
+namespace rdmx::ep
+{
+
+struct resolved_address {
+    net_address key;
+    std::string text; ///< canonical: "tcp://10.0.0.1:7471", "rdma://[fe80::1]:7471"
+};
+
+/// Parses and resolves `text` for an endpoint of backend `b` (tcp:// or auto:// on TCP,
+/// rdma:// or auto:// on verbs). A port of 0 is allowed only with `allow_port0` (the
+/// endpoint's own address before listening). Throws rdmx::error(invalid_argument).
+resolved_address resolve_address(std::string_view text, backend b, bool allow_port0 = false);
+/// The canonical text of a key (for a peer that contacted us first).
+std::string to_text(const net_address& key, backend b);
+
+} // namespace rdmx::ep

@@ -1,0 +1,231 @@
+// The endpoint's state: address vector, the peers' connection state machine, the pools of
+// operations and receives, and the shared queues behind them (docs/endpoints.md).
+// ep_connect.cpp drives connections (requests, events, redials, deadlines); ep_datapath.cpp
+// moves messages (posting, completions, matching, rendezvous). One thread calls it all
+// (the endpoint is thread-compatible, rdmx/endpoint.hpp).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <rdmx/endpoint.hpp>
+#include <rdmx/queues.hpp>
+
+#include "endpoint/ep_address.hpp"
+#include "endpoint/ep_wire.hpp"
+#include "endpoint/tag_match.hpp"
+
+namespace rdmx::ep
+{
+
+using clock = std::chrono::steady_clock;
+
+/// SGEs an operation or receive keeps (copied at issue: the caller's span is gone after it).
+inline constexpr std::size_t max_sges = 8;
+/// First redial delay after refused / unreachable / duplicate; doubles up to the maximum.
+inline constexpr std::chrono::milliseconds first_backoff{10};
+inline constexpr std::chrono::milliseconds max_backoff{500};
+
+/// What a work request id names (its top byte); the low 32 bits are a pool index.
+enum class wr_kind : std::uint8_t { srq = 1, op = 2, rndv_read = 3, ack = 4 };
+constexpr std::uint64_t make_wr_id(wr_kind k, std::uint32_t i) noexcept
+{
+    return (static_cast<std::uint64_t>(k) << 56) | i;
+}
+
+/// An outgoing operation: send (eager or rendezvous), write or read.
+struct op_slot {
+    enum class state : std::uint8_t { free, queued, posted };
+    state st = state::free;
+    endpoint_op kind = endpoint_op::send;
+    bool rndv = false;
+    bool awaiting_local = false; ///< its work request's completion is not polled yet
+    bool awaiting_ack = false;   ///< rendezvous: the receiver's ack has not come
+    std::uint8_t nsge = 0;
+    std::uint32_t gen = 0; ///< with the index, the id an ack names
+    std::uint32_t peer = nil;
+    std::uint32_t prev = nil, next = nil; ///< in its peer's queued or outstanding chain
+    std::uint64_t context = 0, tag = 0, length = 0;
+    std::array<sge, max_sges> sges{};
+    remote_buffer remote{};
+    connection* conn = nullptr; ///< where it was posted
+    std::error_code status;
+};
+
+/// A posted tagged receive (and, once matched, its rendezvous reads and ack).
+struct recv_slot {
+    enum class state : std::uint8_t { free, posted, reading, ack_pending, ack_sent };
+    state st = state::free;
+    std::uint8_t nsge = 0, ndesc = 0;
+    std::uint32_t from = nil; ///< peer index, nil for any_peer
+    std::uint32_t from_gen = 0;
+    std::uint64_t tag = 0, ignore = 0, context = 0;
+    std::array<sge, max_sges> sges{};
+    // matched:
+    std::uint32_t peer = nil;
+    std::uint64_t msg_tag = 0, msg_length = 0, remote_id = 0;
+    connection* conn = nullptr;
+    std::array<remote_buffer, max_rts_desc> desc{};
+    std::uint64_t to_read = 0, posted_bytes = 0; ///< rendezvous: bytes to read, and posted so far
+    std::uint32_t reads_outstanding = 0;
+    std::error_code status;
+};
+
+/// A message held in its receive buffer until a receive matches it (or a claim takes it).
+struct unexpected_msg {
+    std::uint32_t peer = nil;
+    connection* conn = nullptr;
+    msg_header hdr;
+    std::uint32_t byte_len = 0;
+    std::uint32_t claim_gen = 0;
+    bool held = false;    ///< on the unexpected list
+    bool claimed = false; ///< taken by peek(claim)
+};
+
+/// A doubly linked chain of op slots (per peer), the links in the slots.
+struct op_chain {
+    std::uint32_t head = nil, tail = nil, size = 0;
+};
+
+/// One entry of the address vector. Its connection state: idle (no connection), connecting
+/// (dial and/or accepted set, chosen null), connected (chosen set; only the chosen one
+/// carries data). `dial` is ours, `accepted` the peer's; at most one is chosen.
+struct peer_entry {
+    bool live = false;
+    std::uint32_t gen = 1;
+    resolved_address addr;
+    std::uint64_t remote_inc = 0; ///< 0: not known yet
+    std::unique_ptr<connection> dial, accepted;
+    connection* chosen = nullptr;
+    std::uint32_t posted_wrs = 0; ///< on `chosen`, all signalled
+    std::uint32_t user_budget = 0, sq_depth = 0;
+    op_chain queued, outstanding;
+    clock::time_point deadline = clock::time_point::max(); ///< of the oldest queued op
+    clock::time_point next_dial = clock::time_point::max();
+    std::chrono::milliseconds backoff = first_backoff;
+    std::error_code last_cause;
+    bool in_timers = false, in_kick = false;
+};
+
+class endpoint_impl final : public endpoint
+{
+public:
+    endpoint_impl(domain& d, std::string_view address, const endpoint_options& opts);
+    ~endpoint_impl() override;
+
+    const std::string& address() const noexcept override { return self_.text; }
+    std::uint64_t incarnation() const noexcept override { return incarnation_; }
+    rdmx::peer insert(std::string_view address) override;
+    void remove(rdmx::peer p) noexcept override;
+    std::optional<std::string> address_of(rdmx::peer p) const override;
+    std::error_code send(rdmx::peer to, std::uint64_t tag, std::span<const sge> local,
+                         std::uint64_t context) noexcept override;
+    std::error_code recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore, std::span<const sge> local,
+                         std::uint64_t context) noexcept override;
+    std::optional<message_info> peek(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
+                                     bool claim) noexcept override;
+    std::error_code recv_claimed(std::uint64_t claim, std::span<const sge> local,
+                                 std::uint64_t context) noexcept override;
+    std::error_code write(rdmx::peer to, std::span<const sge> local, const remote_buffer& remote,
+                          std::uint64_t context) noexcept override;
+    std::error_code read(rdmx::peer from, std::span<const sge> local, const remote_buffer& remote,
+                         std::uint64_t context) noexcept override;
+    std::size_t poll(std::span<endpoint_completion> out) noexcept override;
+    int fd() const noexcept override { return epoll_fd_; }
+    std::size_t wait(std::span<endpoint_completion> out, std::chrono::milliseconds timeout) noexcept override;
+    stats statistics() const noexcept override;
+
+private:
+    // --- address vector (ep_connect.cpp) ---
+    std::uint32_t index_of(rdmx::peer p) const noexcept; ///< nil for a stale handle or any_peer
+    rdmx::peer handle_of(std::uint32_t i) const noexcept;
+    std::uint32_t find_or_add(const resolved_address& a);
+    // --- connection management (ep_connect.cpp) ---
+    void take_requests() noexcept;
+    void on_request(connection_request& req);
+    void poll_events() noexcept;
+    void on_event(const event& ev) noexcept;
+    void start_dial(std::uint32_t pi) noexcept;
+    void on_connected(std::uint32_t pi, connection* c) noexcept;
+    void on_dial_failed(std::uint32_t pi, std::error_code cause, reject_reason why) noexcept;
+    /// Ends `c` (one of the peer's): fails what was posted on it with `cause`, drops it.
+    void drop_connection(std::uint32_t pi, connection* c, std::error_code cause) noexcept;
+    void schedule_redial(std::uint32_t pi) noexcept;
+    void need_timers(std::uint32_t pi) noexcept;
+    void run_timers() noexcept;
+    void arm_timerfd() noexcept;
+    void fail_queued(std::uint32_t pi, std::error_code cause) noexcept;
+    bool connecting(const peer_entry& p) const noexcept { return p.dial || p.accepted; }
+    // --- data path (ep_datapath.cpp) ---
+    std::error_code check_sges(std::span<const sge> local, access need, std::uint64_t* total) const noexcept;
+    std::error_code issue(std::uint32_t pi, std::uint32_t oi) noexcept;
+    enum class post_result { posted, no_room, failed };
+    /// Posts op `oi` on its connected peer (failed: it completed with the error).
+    post_result post_op(std::uint32_t oi) noexcept;
+    void flush_queue(std::uint32_t pi) noexcept;
+    void complete_op(std::uint32_t oi) noexcept;
+    void poll_cq() noexcept;
+    void on_completion(const completion& c) noexcept;
+    void on_message(std::uint32_t buf, std::uint32_t byte_len, std::uint32_t pi, connection* c) noexcept;
+    void deliver(std::uint32_t ri, std::uint32_t buf) noexcept;
+    void progress_rndv(std::uint32_t ri) noexcept;
+    void finish_recv(std::uint32_t ri) noexcept;
+    void post_ack(std::uint32_t ri) noexcept;
+    void repost(std::uint32_t buf) noexcept;
+    void release_unexpected(std::uint32_t buf) noexcept;
+    void push(const endpoint_completion& c) noexcept;
+    std::uint32_t take_recv_slot() noexcept;
+    void free_recv(std::uint32_t ri) noexcept;
+    void chain_push(op_chain& ch, std::uint32_t oi) noexcept;
+    void chain_erase(op_chain& ch, std::uint32_t oi) noexcept;
+    bool pools_full() const noexcept;
+
+    domain& dom_;
+    endpoint_options opts_;
+    std::uint64_t incarnation_ = 0;
+    resolved_address self_;
+    std::uint32_t send_sge_ = 2;  ///< max_send_sge in effect (with the header's)
+    std::uint32_t buf_size_ = 0;  ///< of each receive buffer: header + payload
+    std::uint32_t ctrl_size_ = 0; ///< of each op's header / rts area
+    std::uint64_t max_chunk_ = 0; ///< of one rendezvous read
+
+    // Pools, sized at open.
+    std::vector<op_slot> ops_;
+    free_list free_ops_;
+    std::vector<recv_slot> recvs_;
+    free_list free_recvs_;
+    index_list posted_recvs_;          ///< in posting order
+    index_list pending_recvs_;         ///< rendezvous reads or acks waiting for send-queue room
+    std::vector<unexpected_msg> held_; ///< per receive buffer
+    index_list unexpected_;            ///< held messages in arrival order (not claimed)
+    std::uint32_t held_count_ = 0;     ///< buffers held (unexpected and claimed)
+    std::vector<std::uint32_t> deferred_reposts_;
+    std::vector<endpoint_completion> ring_;
+    std::size_t ring_head_ = 0, ring_count_ = 0;
+    std::uint32_t queued_total_ = 0;
+    std::uint32_t ops_in_use_ = 0, recvs_in_use_ = 0;
+
+    // Address vector (grows; not the data path).
+    std::vector<std::unique_ptr<peer_entry>> peers_;
+    std::vector<std::uint32_t> free_peers_;
+    std::unordered_map<std::string, std::uint32_t> by_address_;
+    std::vector<std::uint32_t> timers_, kick_;
+    std::size_t live_peers_ = 0;
+
+    // The destructor ends the connections (in peers_) first; then, in reverse order of
+    // these members, the listener, the regions, their memory and the queues.
+    std::shared_ptr<event_queue> events_;
+    std::shared_ptr<completion_queue> cq_;
+    std::shared_ptr<shared_receive_queue> srq_;
+    std::vector<std::byte> recv_mem_, ctrl_mem_;
+    std::unique_ptr<memory_region> recv_mr_, ctrl_mr_;
+    std::unique_ptr<listener> listener_;
+    int epoll_fd_ = -1, timer_fd_ = -1, wake_fd_ = -1;
+};
+
+} // namespace rdmx::ep

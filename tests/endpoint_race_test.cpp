@@ -1,0 +1,392 @@
+// The races real users of connectionless endpoints hit (issue 18, item 3), each a test, on
+// every backend: simultaneous connect, a peer restarted at the same address, a client
+// started before its server, a server that never comes, a dead peer, thousands of
+// connect / remove cycles, more peers than 1024, remove and re-insert at once.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "common/endpoint_util.hpp"
+
+namespace rdmx::test
+{
+namespace
+{
+
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RDMX_TEST_UNDER_TSAN 1
+#endif
+#endif
+
+class endpoint_race : public ep_fixture
+{
+protected:
+    /// A port nobody listens on (an endpoint opened there and closed again).
+    std::uint16_t free_port()
+    {
+        auto e = open_ep();
+        auto text = e.ep->address();
+        return static_cast<std::uint16_t>(std::stoi(text.substr(text.rfind(':') + 1)));
+    }
+};
+
+TEST_P(endpoint_race, simultaneous_connect_from_both_sides_keeps_one_connection_and_loses_nothing)
+{
+    const int rounds = b_ == backend::tcp ? 50 : 10;
+    constexpr int per_side = 8;
+    auto m = region(1 << 20);
+    for (int round = 0; round < rounds; ++round) {
+        SCOPED_TRACE(round);
+        auto a = open_ep();
+        auto b = open_ep();
+        rdmx::peer to_b = a.ep->insert(b.ep->address());
+        rdmx::peer to_a = b.ep->insert(a.ep->address());
+        for (int i = 0; i < per_side; ++i) {
+            sge ra{m.get(), 65536 + static_cast<std::size_t>(i) * 64, 64};
+            sge rb{m.get(), 131072 + static_cast<std::size_t>(i) * 64, 64};
+            ASSERT_FALSE(a.ep->recv(to_b, 7, 0, {&ra, 1}, 100 + i));
+            ASSERT_FALSE(b.ep->recv(to_a, 7, 0, {&rb, 1}, 100 + i));
+        }
+        fill(*m, 0, 64 * per_side, round);
+        fill(*m, 4096, 64 * per_side, round + 1000);
+        // Both dial at once: each side's first send starts its own connection.
+        for (int i = 0; i < per_side; ++i) {
+            sge sa{m.get(), static_cast<std::size_t>(i) * 64, 64};
+            sge sb{m.get(), 4096 + static_cast<std::size_t>(i) * 64, 64};
+            ASSERT_FALSE(a.ep->send(to_b, 7, {&sa, 1}, i));
+            ASSERT_FALSE(b.ep->send(to_a, 7, {&sb, 1}, i));
+        }
+        ASSERT_TRUE(
+            pump({&a, &b}, [&] { return a.done.size() == 2 * per_side && b.done.size() == 2 * per_side; }))
+            << a.done.size() << " " << b.done.size();
+        for (auto* e : {&a, &b})
+            for (auto& x : e->done)
+                ASSERT_FALSE(x.status) << to_string(x.op) << " " << x.context << ": " << x.status.message();
+        EXPECT_TRUE(check(*m, 131072, 64 * per_side, round)) << "B got A's messages wrong";
+        EXPECT_TRUE(check(*m, 65536, 64 * per_side, round + 1000)) << "A got B's messages wrong";
+        // Exactly one connection each, and it stays up.
+        pump(
+            {&a, &b}, [] { return false; }, 20ms);
+        EXPECT_EQ(a.ep->statistics().connected, 1u);
+        EXPECT_EQ(b.ep->statistics().connected, 1u);
+        EXPECT_EQ(a.ep->statistics().peers, 1u);
+    }
+}
+
+TEST_P(endpoint_race, a_peer_restarted_at_the_same_address_is_reached_and_the_old_ones_work_fails)
+{
+    auto a = open_ep();
+    auto b = std::make_unique<ep_handle>(open_ep());
+    const std::string b_addr = b->ep->address();
+    const std::uint16_t port = static_cast<std::uint16_t>(std::stoi(b_addr.substr(b_addr.rfind(':') + 1)));
+    auto m = region(1 << 22);
+    rdmx::peer to_b = a.ep->insert(b_addr);
+    sge s{m.get(), 0, 32};
+    sge r{m.get(), 8192, 32};
+    ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
+    ASSERT_FALSE(b->ep->recv(any_peer, 1, 0, {&r, 1}, 1));
+    ASSERT_TRUE(pump({&a, b.get()}, [&] { return a.done.size() == 1 && b->done.size() == 1; }));
+    // Outstanding at the old incarnation: a rendezvous send it never receives.
+    sge big{m.get(), 65536, 1 << 20};
+    ASSERT_FALSE(a.ep->send(to_b, 2, {&big, 1}, 2));
+    pump(
+        {&a, b.get()}, [] { return false; }, 100ms);
+    std::uint64_t old_inc = b->ep->incarnation();
+    b.reset(); // the old one goes (a clean disconnect)
+    auto b2 = open_ep(port);
+    EXPECT_NE(b2.ep->incarnation(), old_inc);
+    ASSERT_TRUE(pump({&a, &b2}, [&] { return a.done.size() == 2; }));
+    EXPECT_TRUE(a.done[1].status) << "the old incarnation's send did not fail";
+    // The next operation reaches the new incarnation, on the same handle.
+    fill(*m, 0, 32, 9);
+    ASSERT_FALSE(a.ep->send(to_b, 3, {&s, 1}, 3));
+    ASSERT_FALSE(b2.ep->recv(any_peer, 3, 0, {&r, 1}, 3));
+    ASSERT_TRUE(pump({&a, &b2}, [&] { return a.done.size() == 3 && b2.done.size() == 1; }));
+    EXPECT_FALSE(a.done[2].status) << a.done[2].status.message();
+    EXPECT_FALSE(b2.done[0].status);
+    EXPECT_TRUE(check(*m, 8192, 32, 9));
+}
+
+TEST_P(endpoint_race, a_crashed_peer_restarted_at_the_same_address_is_reached_again)
+{
+#ifdef RDMX_TEST_UNDER_TSAN
+    GTEST_SKIP() << "ThreadSanitizer: a forked child of a multi-threaded process cannot start threads";
+#endif
+    if (b_ == backend::verbs)
+        GTEST_SKIP() << "rdma_cm state does not survive fork()";
+    const std::uint16_t port = free_port();
+    auto a = open_ep();
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(address(b_, port));
+    // Incarnation 1: a child process that answers one message, then is SIGKILLed.
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        ::close(ready[0]);
+        try {
+            auto d = domain::open(address(b_, 0));
+            auto e = endpoint::open(*d, address(b_, port), small_options());
+            std::vector<std::byte> mem(4096);
+            auto mr = d->register_memory(mem.data(), mem.size(), access::local_write);
+            sge r{mr.get(), 0, 64};
+            e->recv(any_peer, 1, 0, {&r, 1}, 1);
+            char one = 1;
+            [[maybe_unused]] auto n = ::write(ready[1], &one, 1);
+            endpoint_completion out[4];
+            for (;;)
+                e->wait(out, std::chrono::milliseconds(100));
+        } catch (...) {
+            _exit(1);
+        }
+    }
+    ::close(ready[1]);
+    char one = 0;
+    ASSERT_EQ(::read(ready[0], &one, 1), 1);
+    ::close(ready[0]);
+    sge s{m.get(), 0, 64};
+    ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
+    ASSERT_TRUE(pump({&a}, [&] { return a.done.size() == 1; }));
+    EXPECT_FALSE(a.done[0].status) << a.done[0].status.message();
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(pump({&a}, [&] { return a.ep->statistics().connected == 0; })) << "the crash went unnoticed";
+    // Incarnation 2, in this process, at the same port.
+    auto b2 = open_ep(port);
+    fill(*m, 0, 64, 4);
+    ASSERT_FALSE(a.ep->send(to_b, 2, {&s, 1}, 2));
+    sge r{m.get(), 8192, 64};
+    ASSERT_FALSE(b2.ep->recv(any_peer, 2, 0, {&r, 1}, 2));
+    ASSERT_TRUE(pump({&a, &b2}, [&] { return a.done.size() == 2 && b2.done.size() == 1; }));
+    EXPECT_FALSE(a.done[1].status) << a.done[1].status.message();
+    EXPECT_TRUE(check(*m, 8192, 64, 4));
+}
+
+TEST_P(endpoint_race, a_client_started_before_its_server_is_delivered_when_the_server_appears)
+{
+    const std::uint16_t port = free_port();
+    auto a = open_ep();
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(address(b_, port));
+    fill(*m, 0, 128, 6);
+    for (int i = 0; i < 4; ++i) {
+        sge s{m.get(), static_cast<std::size_t>(i) * 32, 32};
+        ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, i));
+    }
+    // Refused meanwhile: redialled with backoff, nothing fails.
+    pump(
+        {&a}, [] { return false; }, 700ms);
+    ASSERT_TRUE(a.done.empty()) << a.done[0].status.message();
+    auto b = open_ep(port);
+    for (int i = 0; i < 4; ++i) {
+        sge r{m.get(), 8192 + static_cast<std::size_t>(i) * 32, 32};
+        ASSERT_FALSE(b.ep->recv(any_peer, 1, 0, {&r, 1}, i));
+    }
+    ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 4 && b.done.size() == 4; }));
+    for (auto& x : b.done)
+        EXPECT_FALSE(x.status) << x.status.message();
+    EXPECT_TRUE(check(*m, 8192, 128, 6));
+}
+
+TEST_P(endpoint_race, a_server_that_never_comes_fails_the_operations_within_the_deadline_without_spinning)
+{
+    const std::uint16_t port = free_port();
+    auto o = small_options();
+    o.connect_deadline = std::chrono::milliseconds(1500);
+    auto a = open_ep(0, &o);
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(address(b_, port));
+    sge s{m.get(), 0, 32};
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
+    ASSERT_FALSE(a.ep->write(to_b, {&s, 1}, m->remote(0, 32), 2));
+    // Waiting on the endpoint (not polling): count the wake-ups.
+    int wakeups = 0;
+    endpoint_completion out[4];
+    while (a.done.size() < 2 && std::chrono::steady_clock::now() - t0 < 10s) {
+        std::size_t n = a.ep->wait(out, 100ms);
+        a.done.insert(a.done.end(), out, out + n);
+        ++wakeups;
+    }
+    auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_EQ(a.done.size(), 2u);
+    for (auto& x : a.done)
+        EXPECT_TRUE(x.status == errc::connection_refused || x.status == errc::timed_out ||
+                    x.status == errc::unreachable)
+            << x.status.message();
+    EXPECT_GE(took, 1400ms);
+    EXPECT_LT(took, 4s);
+    EXPECT_LT(wakeups, 200) << "it spun";
+    // The next operation starts over (and fails the same way).
+    EXPECT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 3));
+}
+
+TEST_P(endpoint_race, a_dead_peer_fails_operations_within_the_bound)
+{
+#ifdef RDMX_TEST_UNDER_TSAN
+    GTEST_SKIP() << "ThreadSanitizer: a forked child of a multi-threaded process cannot start threads";
+#endif
+    if (b_ == backend::verbs)
+        GTEST_SKIP() << "rdma_cm state does not survive fork()";
+    const std::uint16_t port = free_port();
+    auto a = open_ep();
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(address(b_, port));
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        ::close(ready[0]);
+        try {
+            auto d = domain::open(address(b_, 0));
+            auto e = endpoint::open(*d, address(b_, port), small_options());
+            char one = 1;
+            [[maybe_unused]] auto n = ::write(ready[1], &one, 1);
+            endpoint_completion out[4];
+            for (;;)
+                e->wait(out, std::chrono::milliseconds(100)); // never posts a receive
+        } catch (...) {
+            _exit(1);
+        }
+    }
+    ::close(ready[1]);
+    char one = 0;
+    ASSERT_EQ(::read(ready[0], &one, 1), 1);
+    ::close(ready[0]);
+    // A rendezvous send the peer never takes: outstanding until the peer dies.
+    sge big{m.get(), 0, 60000};
+    ASSERT_FALSE(a.ep->send(to_b, 1, {&big, 1}, 1));
+    ASSERT_TRUE(pump({&a}, [&] { return a.ep->statistics().connected == 1; }));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(pump(
+        {&a}, [&] { return a.done.size() == 1; }, 15s));
+    EXPECT_TRUE(a.done[0].status == errc::peer_lost || a.done[0].status == errc::disconnected ||
+                a.done[0].status == errc::transport_retry_exceeded)
+        << a.done[0].status.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST_P(endpoint_race, two_thousand_connect_remove_cycles)
+{
+    const int cycles = b_ == backend::tcp ? 2000 : 200; // rdma_cm connects under TCG are slow
+    auto a = open_ep();
+    auto b = open_ep();
+    auto m = region(1 << 16);
+    for (int i = 0; i < cycles; ++i) {
+        rdmx::peer to_b = a.ep->insert(b.ep->address());
+        fill(*m, 0, 16, i);
+        sge s{m.get(), 0, 16};
+        sge r{m.get(), 4096, 16};
+        ASSERT_FALSE(b.ep->recv(any_peer, 1, 0, {&r, 1}, i));
+        ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, i));
+        std::size_t na = a.done.size() + 1, nb = b.done.size() + 1;
+        ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == na && b.done.size() == nb; }))
+            << "cycle " << i;
+        ASSERT_FALSE(b.done.back().status) << "cycle " << i << ": " << b.done.back().status.message();
+        ASSERT_TRUE(check(*m, 4096, 16, i)) << "cycle " << i;
+        a.ep->remove(to_b);
+    }
+    EXPECT_EQ(a.ep->statistics().peers, 0u);
+}
+
+TEST_P(endpoint_race, more_peers_than_1024_reach_one_endpoint)
+{
+    const int n = b_ == backend::tcp ? 1100 : 40; // rxe under TCG: a few connects per second
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < static_cast<rlim_t>(n) * 10 && rl.rlim_max >= static_cast<rlim_t>(n) * 10) {
+        rl.rlim_cur = static_cast<rlim_t>(n) * 10;
+        ::setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < static_cast<rlim_t>(n) * 8)
+        GTEST_SKIP() << "needs " << n * 8 << " file descriptors (RLIMIT_NOFILE " << rl.rlim_cur << ")";
+    auto so = small_options();
+    so.completion_queue_depth = static_cast<std::uint32_t>(n) * 8 * 2 + 256;
+    so.connection.send_queue_depth = 8;
+    so.receive_buffers = 256;
+    so.unexpected_limit = 200;
+    auto srv = open_ep(0, &so);
+    auto co = small_options();
+    co.receive_buffers = 4;
+    co.unexpected_limit = 4;
+    co.completion_queue_depth = 64;
+    co.connection.send_queue_depth = 8;
+    co.max_queued_ops = 4;
+    co.max_posted_recvs = 4;
+    std::vector<ep_handle> clients;
+    clients.reserve(n);
+    auto m = region(static_cast<std::size_t>(n) * 8 + 65536);
+    for (int i = 0; i < n; ++i)
+        clients.push_back(open_ep(0, &co));
+    std::vector<rdmx::peer> sources(n);
+    int received = 0;
+    for (int i = 0; i < n; i += 50) {
+        int end = std::min(n, i + 50);
+        for (int k = i; k < end; ++k) {
+            rdmx::peer to = clients[k].ep->insert(srv.ep->address());
+            std::memcpy(m->data() + k * 8, &k, sizeof k);
+            sge s{m.get(), static_cast<std::size_t>(k) * 8, 8};
+            ASSERT_FALSE(clients[k].ep->send(to, 5, {&s, 1}, k));
+            sge r{m.get(), static_cast<std::size_t>(n) * 8 + static_cast<std::size_t>(k % 64) * 8, 8};
+            ASSERT_FALSE(srv.ep->recv(any_peer, 5, 0, {&r, 1}, k));
+        }
+        auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (received < end && std::chrono::steady_clock::now() < deadline) {
+            for (int k = i; k < end; ++k)
+                clients[k].poll();
+            endpoint_completion out[64];
+            std::size_t got = srv.ep->poll(out);
+            for (std::size_t j = 0; j < got; ++j) {
+                ASSERT_FALSE(out[j].status) << out[j].status.message();
+                ++received;
+            }
+        }
+        ASSERT_EQ(received, end) << "after " << i;
+    }
+    EXPECT_EQ(srv.ep->statistics().peers, static_cast<std::size_t>(n));
+    EXPECT_EQ(srv.ep->statistics().connected, static_cast<std::size_t>(n));
+    for (auto& c : clients)
+        EXPECT_EQ(srv.ep->insert(c.ep->address()), srv.ep->insert(c.ep->address()));
+}
+
+TEST_P(endpoint_race, an_address_removed_and_reinserted_at_once_works_with_a_new_handle)
+{
+    auto a = open_ep();
+    auto b = open_ep();
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(b.ep->address());
+    sge s{m.get(), 0, 16};
+    sge r{m.get(), 4096, 16};
+    ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
+    ASSERT_FALSE(b.ep->recv(any_peer, 1, 0, {&r, 1}, 1));
+    ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 1 && b.done.size() == 1; }));
+    a.ep->remove(to_b);
+    rdmx::peer again = a.ep->insert(b.ep->address());
+    EXPECT_NE(again, to_b) << "a stale handle must not name the new entry";
+    EXPECT_FALSE(a.ep->address_of(to_b));
+    fill(*m, 0, 16, 3);
+    ASSERT_FALSE(a.ep->send(again, 1, {&s, 1}, 2));
+    ASSERT_FALSE(b.ep->recv(any_peer, 1, 0, {&r, 1}, 2));
+    ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 2 && b.done.size() == 2; }));
+    EXPECT_FALSE(a.done[1].status) << a.done[1].status.message();
+    EXPECT_FALSE(b.done[1].status) << b.done[1].status.message();
+    EXPECT_TRUE(check(*m, 4096, 16, 3));
+}
+
+INSTANTIATE_TEST_SUITE_P(backends, endpoint_race, testing::ValuesIn(selected_backends()), param_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(endpoint_race);
+
+} // namespace
+} // namespace rdmx::test
