@@ -149,10 +149,15 @@ protected:
             if (!errored && r.outstanding < depth && !pending_ctl_.empty()) {
                 std::memcpy(ctl_.data(), pending_ctl_.data(), pending_ctl_.size());
                 sge s{ctl_mr_.get(), 0, pending_ctl_.size()};
-                if (!c.post_send({&s, 1}, ~std::uint64_t{0})) {
+                // A wr_id the stream's own never reach (~0 is rdmx's: reserved_wr_id).
+                auto ec = c.post_send({&s, 1}, std::uint64_t{1} << 62);
+                if (!ec) {
                     pending_ctl_.clear();
                     ++r.posted;
                     ++r.outstanding;
+                } else if (ec != errc::would_block) {
+                    ADD_FAILURE() << "post (control message): " << ec.message();
+                    break;
                 }
             } else if (!errored && r.outstanding < depth) {
                 std::size_t i = r.posted;
