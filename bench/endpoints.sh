@@ -33,7 +33,7 @@ fi_pp() { # label mode
     spid=$!
     sleep 0.5
     out=$(timeout 60 taskset -c 1 fi_pingpong -p "tcp;ofi_rxm" -e rdm -m "$2" -S 8 -I 20000 -P 47600 127.0.0.1 2>&1 |
-        awk '$1 == "8" { print $6 " us/xfer" }')
+        awk '$1 == "8" { print $7 " us/xfer" }')
     wait $spid 2>/dev/null
     echo "$label ${out:-failed}"
 }
