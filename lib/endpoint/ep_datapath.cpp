@@ -113,21 +113,7 @@ std::error_code endpoint_impl::send(rdmx::peer to, std::uint64_t tag, std::span<
     } else if (local.size() + 1 > send_sge_) {
         return errc::invalid_argument;
     }
-    if (free_ops_.empty() || pools_full())
-        return errc::would_block;
-    std::uint32_t oi = free_ops_.take();
-    ++ops_in_use_;
-    op_slot& o = ops_[oi];
-    o.kind = endpoint_op::send;
-    o.rndv = rndv;
-    o.peer = pi;
-    o.context = context;
-    o.tag = tag;
-    o.length = total;
-    o.nsge = static_cast<std::uint8_t>(local.size());
-    std::copy(local.begin(), local.end(), o.sges.begin());
-    o.status.clear();
-    return issue(pi, oi);
+    return start_op(pi, endpoint_op::send, rndv, tag, local, total, {}, context);
 }
 
 std::error_code endpoint_impl::write(rdmx::peer to, std::span<const sge> local, const remote_buffer& remote,
@@ -139,22 +125,7 @@ std::error_code endpoint_impl::write(rdmx::peer to, std::span<const sge> local, 
         return errc::invalid_argument;
     if (auto ec = check_sges(local, access::none, &total))
         return ec;
-    if (free_ops_.empty() || pools_full())
-        return errc::would_block;
-    std::uint32_t oi = free_ops_.take();
-    ++ops_in_use_;
-    op_slot& o = ops_[oi];
-    o.kind = endpoint_op::write;
-    o.rndv = false;
-    o.peer = pi;
-    o.context = context;
-    o.tag = 0;
-    o.length = total;
-    o.nsge = static_cast<std::uint8_t>(local.size());
-    std::copy(local.begin(), local.end(), o.sges.begin());
-    o.remote = remote;
-    o.status.clear();
-    return issue(pi, oi);
+    return start_op(pi, endpoint_op::write, false, 0, local, total, remote, context);
 }
 
 std::error_code endpoint_impl::read(rdmx::peer from, std::span<const sge> local, const remote_buffer& remote,
@@ -166,16 +137,23 @@ std::error_code endpoint_impl::read(rdmx::peer from, std::span<const sge> local,
         return errc::invalid_argument;
     if (auto ec = check_sges(local, access::local_write, &total))
         return ec;
+    return start_op(pi, endpoint_op::read, false, 0, local, total, remote, context);
+}
+
+std::error_code endpoint_impl::start_op(std::uint32_t pi, endpoint_op kind, bool rndv, std::uint64_t tag,
+                                        std::span<const sge> local, std::uint64_t total,
+                                        const remote_buffer& remote, std::uint64_t context) noexcept
+{
     if (free_ops_.empty() || pools_full())
         return errc::would_block;
     std::uint32_t oi = free_ops_.take();
     ++ops_in_use_;
     op_slot& o = ops_[oi];
-    o.kind = endpoint_op::read;
-    o.rndv = false;
+    o.kind = kind;
+    o.rndv = rndv;
     o.peer = pi;
     o.context = context;
-    o.tag = 0;
+    o.tag = tag;
     o.length = total;
     o.nsge = static_cast<std::uint8_t>(local.size());
     std::copy(local.begin(), local.end(), o.sges.begin());

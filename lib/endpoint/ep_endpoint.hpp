@@ -163,6 +163,11 @@ private:
     bool connecting(const peer_entry& p) const noexcept { return p.dial || p.accepted; }
     // --- data path (ep_datapath.cpp) ---
     std::error_code check_sges(std::span<const sge> local, access need, std::uint64_t* total) const noexcept;
+    /// send / write / read's common end, once their checks passed: an op slot (would_block
+    /// when the pools are full) filled and issued to peer `pi`.
+    std::error_code start_op(std::uint32_t pi, endpoint_op kind, bool rndv, std::uint64_t tag,
+                             std::span<const sge> local, std::uint64_t total, const remote_buffer& remote,
+                             std::uint64_t context) noexcept;
     std::error_code issue(std::uint32_t pi, std::uint32_t oi) noexcept;
     enum class post_result { posted, no_room, failed };
     /// Posts op `oi` on its connected peer (failed: it completed with the error).
