@@ -197,11 +197,10 @@ void cm_connection::on_error_completion(std::error_code status) noexcept
     std::lock_guard lock(cm_.mutex);
     if (status != errc::flushed) {
         // A completion's status is the most precise cause there is: it replaces a
-        // disconnect this side did not ask for and a generic IBV_EVENT_QP_FATAL (either
-        // can overtake the completion that caused it).
+        // disconnect this side did not ask for, a lost peer and a generic
+        // IBV_EVENT_QP_FATAL (each can overtake the completion that caused it).
         const bool generic = cm_.state == connection_state::error && cm_.error == errc::completion_error;
-        const bool peer_left = cm_.state == connection_state::disconnected && !cm_.local_disconnect;
-        if (cm_.state == connection_state::established || generic || peer_left) {
+        if (cm_.state == connection_state::established || generic || cm_.guess_yields_to(status)) {
             cm_.state = connection_state::error;
             cm_.error = status;
             cm_.what = "error completion: the QP is in the error state";

@@ -299,10 +299,10 @@ std::unordered_map<ibv_srq*, verbs::shared_receive_queue*> srq_routes;
 void async_fail(cm_state& st, std::error_code ec, const char* why) noexcept
 {
     std::lock_guard lock(st.mutex);
-    // A disconnect this side did not ask for may be followed by the event that caused it
-    // (the CM's DISCONNECTED can overtake it): the cause wins.
+    // A disconnect this side did not ask for, or a lost peer, may be followed by the event
+    // that caused it (the CM's DISCONNECTED can overtake it): the cause wins.
     if (st.state == connection_state::established || st.state == connection_state::connecting ||
-        (st.state == connection_state::disconnected && !st.local_disconnect)) {
+        st.guess_yields_to(ec)) {
         st.state = connection_state::error;
         st.error = ec;
         st.what = why;

@@ -96,6 +96,23 @@ struct cm_state {
         error = make_error_code(errc::peer_lost);
         what = why;
     }
+    /// The connection ended for a reason this side could only guess (a disconnect it did
+    /// not ask for, or a lost peer), and `cause` (an error completion's status or an
+    /// access event, arriving later) is more precise, so it replaces the guess: either can
+    /// be overtaken by the DISCONNECTED or flush it caused (siw terminates the connection
+    /// first and tells the cause after). A peer that vanished explains retries running out,
+    /// this side's QP failing its operation and a generic failure, so those do not replace
+    /// peer_lost. With `mutex` held.
+    bool guess_yields_to(std::error_code cause) const noexcept
+    {
+        if (local_disconnect)
+            return false;
+        if (state == connection_state::disconnected)
+            return true;
+        return state == connection_state::error && error == errc::peer_lost &&
+               cause != errc::completion_error && cause != errc::transport_retry_exceeded &&
+               cause != errc::rnr_retry_exceeded && cause != errc::local_qp_operation;
+    }
 };
 
 /// Routes the device's asynchronous events (ibv_get_async_event) of `qp` to `st`, and
