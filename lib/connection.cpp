@@ -17,6 +17,9 @@ const char* to_string(opcode op) noexcept
     case opcode::unknown: return "unknown";
     case opcode::fetch_add: return "fetch_add";
     case opcode::compare_swap: return "compare_swap";
+    case opcode::bind_window: return "bind_window";
+    case opcode::invalidate_window: return "invalidate_window";
+    case opcode::send_with_invalidate: return "send_with_invalidate";
     }
     return "?";
 }

@@ -26,6 +26,7 @@ public:
     {
         return backend_->register_memory(addr, length, rights);
     }
+    std::unique_ptr<memory_window> allocate_window() override { return backend_->allocate_window(); }
     std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override
     {
         return backend_->listen(address, opts);

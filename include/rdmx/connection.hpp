@@ -48,6 +48,19 @@ enum class opcode : std::uint8_t {
     /// work_request::compare_add it becomes work_request::swap; the old value comes back
     /// in `local` either way (docs/atomics.md).
     compare_swap,
+    /// Binds work_request::window over [bind_offset, bind_offset + bind_length) of
+    /// work_request::bind_region with rights bind_access, for this connection's peer only;
+    /// the window gets a new key (memory_window::remote()). Local: nothing travels.
+    bind_window,
+    /// Revokes work_request::window locally (verbs IBV_WR_LOCAL_INV); later accesses with
+    /// its key fail.
+    invalidate_window,
+    /// A send (it consumes a receive at the peer) that also revokes the peer's window whose
+    /// key is work_request::invalidate_key before the receive completes; the receive's
+    /// completion says which (completion::invalidated_key). A key that names no window of
+    /// the peer bound through this connection fails the connection (remote_invalid_request
+    /// or, on iWARP, tear-down).
+    send_with_invalidate,
 };
 const char* to_string(opcode op) noexcept;
 
@@ -99,6 +112,17 @@ struct work_request {
     std::uint64_t compare_add = 0;
     /// compare_swap only: what the target becomes if it equalled compare_add.
     std::uint64_t swap = 0;
+    /// bind_window, invalidate_window: the window (allocated by this connection's domain).
+    memory_window* window = nullptr;
+    /// bind_window: the region the window covers part of (registered with
+    /// access::bind_window by this connection's domain), the range and the rights
+    /// (remote_read, remote_write, remote_atomic: a subset of the region's).
+    const memory_region* bind_region = nullptr;
+    std::uint64_t bind_offset = 0;
+    std::uint64_t bind_length = 0;
+    rdmx::access bind_access = rdmx::access::none;
+    /// send_with_invalidate: the key of the peer's window to revoke (its remote().key).
+    std::uint64_t invalidate_key = 0;
 };
 
 /// A receive-queue work request.
@@ -115,6 +139,10 @@ struct completion {
     std::uint32_t byte_len = 0; ///< recv / recv_with_imm / read: bytes transferred; atomics: 8
     std::uint32_t imm = 0;      ///< valid when with_imm
     bool with_imm = false;
+    /// recv of a send_with_invalidate: the peer revoked this side's window with this key
+    /// before the receive completed.
+    bool with_invalidate = false;
+    std::uint64_t invalidated_key = 0;
     /// The connection it belongs to and that connection's connection_options::context;
     /// what tells the connections of a shared completion_queue apart.
     std::uint64_t context = 0;
@@ -334,6 +362,62 @@ public:
                         .swap = swap};
         return post({&wr, 1});
     }
+    /// Binds `window` over [offset, offset + length) of `region` with `rights`, for this
+    /// connection's peer; window.remote() is the new descriptor at once (send it after).
+    std::error_code post_bind_window(memory_window& window, const memory_region& region, std::uint64_t offset,
+                                     std::uint64_t length, rdmx::access rights, std::uint64_t wr_id,
+                                     send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{.opcode = opcode::bind_window,
+                        .wr_id = wr_id,
+                        .local = {},
+                        .remote = {},
+                        .flags = flags,
+                        .imm = 0,
+                        .compare_add = 0,
+                        .swap = 0,
+                        .window = &window,
+                        .bind_region = &region,
+                        .bind_offset = offset,
+                        .bind_length = length,
+                        .bind_access = rights};
+        return post({&wr, 1});
+    }
+    /// Revokes `window` (bound through this connection).
+    std::error_code post_invalidate_window(memory_window& window, std::uint64_t wr_id,
+                                           send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{.opcode = opcode::invalidate_window,
+                        .wr_id = wr_id,
+                        .local = {},
+                        .remote = {},
+                        .flags = flags,
+                        .imm = 0,
+                        .compare_add = 0,
+                        .swap = 0,
+                        .window = &window};
+        return post({&wr, 1});
+    }
+    /// Sends `local` and revokes the peer's window whose key is `peer_window_key`.
+    std::error_code post_send_invalidate(std::span<const sge> local, std::uint64_t peer_window_key,
+                                         std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept
+    {
+        work_request wr{.opcode = opcode::send_with_invalidate,
+                        .wr_id = wr_id,
+                        .local = local,
+                        .remote = {},
+                        .flags = flags,
+                        .imm = 0,
+                        .compare_add = 0,
+                        .swap = 0,
+                        .window = nullptr,
+                        .bind_region = nullptr,
+                        .bind_offset = 0,
+                        .bind_length = 0,
+                        .bind_access = rdmx::access::none,
+                        .invalidate_key = peer_window_key};
+        return post({&wr, 1});
+    }
     std::error_code post_recv(std::span<const sge> local, std::uint64_t wr_id) noexcept
     {
         recv_request wr{.wr_id = wr_id, .local = local};
@@ -435,6 +519,11 @@ struct device_limits {
     /// not IBV_ATOMIC_NONE; not on siw); without them post() refuses them with
     /// errc::not_supported. Always on TCP.
     bool atomics = true;
+    /// Whether memory windows exist (verbs: IBV_DEVICE_MEM_WINDOW_TYPE_2B; rxe has them,
+    /// siw not): without them allocate_window() throws and access::bind_window, bind,
+    /// invalidate and send_with_invalidate are refused with errc::not_supported. Always on
+    /// TCP.
+    bool memory_windows = true;
     /// An iWARP device (verbs): a remote error (bad key, no receive, overlong send) tears
     /// the connection down instead of failing the request; see docs/failure-semantics.md.
     bool iwarp = false;
@@ -487,6 +576,9 @@ public:
     /// Registers [addr, addr + length) with the given rights. Throws rdmx::error.
     virtual std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
                                                            rdmx::access rights) = 0;
+    /// An unbound memory window (rdmx/memory.hpp). Throws rdmx::error: not_supported
+    /// without device_limits::memory_windows, or the verb's errno.
+    virtual std::unique_ptr<memory_window> allocate_window() = 0;
     /// Listens on host:port of `address` (port 0: any free port, see listener::port()).
     virtual std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) = 0;
     std::unique_ptr<listener> listen(std::string_view address, int backlog = 64)

@@ -42,6 +42,10 @@ enum class endpoint_op : std::uint8_t {
     recv,  ///< a tagged receive matched a message and holds its bytes
     write, ///< a one-sided write by peer handle
     read,  ///< a one-sided read by peer handle
+    fetch_add,         ///< an atomic fetch-and-add by peer handle (the old value is in `local`)
+    compare_swap,      ///< an atomic compare-and-swap by peer handle (the old value is in `local`)
+    bind_window,       ///< a memory window bound for a peer: its remote() is valid now
+    invalidate_window, ///< a memory window revoked
 };
 const char* to_string(endpoint_op op) noexcept;
 
@@ -160,6 +164,27 @@ public:
                                   std::uint64_t context) noexcept = 0;
     virtual std::error_code read(rdmx::peer from, std::span<const sge> local, const remote_buffer& remote,
                                  std::uint64_t context) noexcept = 0;
+    /// Atomics by peer handle, as connection::post_fetch_add / post_compare_swap
+    /// (docs/atomics.md): 8 aligned bytes at `remote` (access::remote_atomic), the old
+    /// value lands in `local` (8 bytes, access::local_write). not_supported on a device
+    /// without atomics.
+    virtual std::error_code fetch_add(rdmx::peer to, const sge& local, const remote_buffer& remote,
+                                      std::uint64_t add, std::uint64_t context) noexcept = 0;
+    virtual std::error_code compare_swap(rdmx::peer to, const sge& local, const remote_buffer& remote,
+                                         std::uint64_t compare, std::uint64_t swap,
+                                         std::uint64_t context) noexcept = 0;
+    /// Binds `window` over [offset, offset + length) of `region` (access::bind_window)
+    /// with `rights` for peer `to` alone, through its connection (made first if needed, as
+    /// for any operation). window.remote() is valid once this completes. The window lives
+    /// on that connection: if it is replaced (the peer restarted, or was removed and
+    /// inserted again) the window is revoked with it; bind it again. not_supported without
+    /// device_limits::memory_windows.
+    virtual std::error_code bind_window(rdmx::peer to, memory_window& window, const memory_region& region,
+                                        std::uint64_t offset, std::uint64_t length, rdmx::access rights,
+                                        std::uint64_t context) noexcept = 0;
+    /// Revokes `window`, bound for `to` by bind_window; completes as invalidate_window.
+    virtual std::error_code invalidate_window(rdmx::peer to, memory_window& window,
+                                              std::uint64_t context) noexcept = 0;
 
     // --- progress ---
     /// Makes all progress (new peers, connection events, retries and deadlines, matching,

@@ -11,6 +11,7 @@
 #include <rdmx/uri.hpp>
 
 struct ibv_mr;
+struct ibv_mw;
 
 namespace rdmx
 {
@@ -23,6 +24,10 @@ enum class access : std::uint32_t {
     remote_read = 1u << 2,  ///< peers may RDMA-read it
     /// Peers may target it with atomics (fetch_add, compare_swap; implies local_write).
     remote_atomic = 1u << 3,
+    /// Memory windows may be bound over it (verbs IBV_ACCESS_MW_BIND); needs
+    /// device_limits::memory_windows. The window's own rights are a subset of the region's
+    /// remote rights.
+    bind_window = 1u << 4,
 };
 constexpr access operator|(access a, access b) noexcept
 {
@@ -102,6 +107,46 @@ private:
     rdmx::access access_;
     std::uint32_t lkey_;
     std::uint64_t rkey_;
+};
+
+/// A memory window (type 2, as verbs `ibv_alloc_mw(IBV_MW_TYPE_2)`): a key of its own over
+/// a sub-range of a registered region, with rights of its own, that its owner hands to one
+/// peer instead of the region's key and revokes at will (docs/memory-windows.md).
+/// Created by `domain::allocate_window`, unbound. The owner binds it through a connection
+/// (`connection::post_bind_window`, opcode::bind_window); from then on only that
+/// connection's peer can reach [addr, addr + length) with it, and only with the window's
+/// rights. Each bind gives it a new key, so descriptors of earlier binds stop working. It
+/// is revoked by `connection::post_invalidate_window` (opcode::invalidate_window), by the
+/// peer's opcode::send_with_invalidate naming its key, or by destroying it; an access
+/// outside it, with rights it lacks, or after revocation is errc::remote_access (iWARP: the
+/// connection is torn down) and touches nothing. Destroying the region under a bound
+/// window revokes the window too.
+/// Not thread-safe against posts that name it.
+class memory_window
+{
+public:
+    virtual ~memory_window() = default;
+    memory_window(const memory_window&) = delete;
+    memory_window& operator=(const memory_window&) = delete;
+
+    /// The descriptor a peer uses, as of the last bind posted (its key, range and
+    /// backend); all zero before the first bind. Valid for the peer once the bind has
+    /// completed, or at once for messages the owner sends after the bind on the same
+    /// connection (posts on one connection are ordered).
+    const remote_buffer& remote() const noexcept { return remote_; }
+    rdmx::backend backend() const noexcept { return backend_; }
+    /// Verbs backend: the ibv_mw; nullptr on TCP.
+    virtual ibv_mw* native() const noexcept { return nullptr; }
+    /// Identifies the domain that allocated it (checked when posting).
+    const void* owner() const noexcept { return owner_; }
+
+protected:
+    memory_window(const void* owner, rdmx::backend b) noexcept : owner_(owner), backend_(b) {}
+    remote_buffer remote_{};
+
+private:
+    const void* owner_;
+    rdmx::backend backend_;
 };
 
 } // namespace rdmx

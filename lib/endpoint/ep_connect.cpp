@@ -26,6 +26,10 @@ const char* to_string(endpoint_op op) noexcept
     case endpoint_op::recv: return "recv";
     case endpoint_op::write: return "write";
     case endpoint_op::read: return "read";
+    case endpoint_op::fetch_add: return "fetch_add";
+    case endpoint_op::compare_swap: return "compare_swap";
+    case endpoint_op::bind_window: return "bind_window";
+    case endpoint_op::invalidate_window: return "invalidate_window";
     }
     return "?";
 }

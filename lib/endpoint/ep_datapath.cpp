@@ -140,6 +140,30 @@ std::error_code endpoint_impl::read(rdmx::peer from, std::span<const sge> local,
     return start_op(pi, endpoint_op::read, false, 0, local, total, remote, context);
 }
 
+// Atomics and windows by peer handle: not built yet (issue 19); refused, never faked.
+std::error_code endpoint_impl::fetch_add(rdmx::peer, const sge&, const remote_buffer&, std::uint64_t,
+                                         std::uint64_t) noexcept
+{
+    return errc::not_supported;
+}
+
+std::error_code endpoint_impl::compare_swap(rdmx::peer, const sge&, const remote_buffer&, std::uint64_t,
+                                            std::uint64_t, std::uint64_t) noexcept
+{
+    return errc::not_supported;
+}
+
+std::error_code endpoint_impl::bind_window(rdmx::peer, memory_window&, const memory_region&, std::uint64_t,
+                                           std::uint64_t, rdmx::access, std::uint64_t) noexcept
+{
+    return errc::not_supported;
+}
+
+std::error_code endpoint_impl::invalidate_window(rdmx::peer, memory_window&, std::uint64_t) noexcept
+{
+    return errc::not_supported;
+}
+
 std::error_code endpoint_impl::start_op(std::uint32_t pi, endpoint_op kind, bool rndv, std::uint64_t tag,
                                         std::span<const sge> local, std::uint64_t total,
                                         const remote_buffer& remote, std::uint64_t context) noexcept
@@ -232,7 +256,11 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
         for (std::uint8_t i = 0; i < o.nsge; ++i)
             s[n++] = o.sges[i];
         break;
-    case endpoint_op::recv: break;
+    case endpoint_op::recv:
+    case endpoint_op::fetch_add:
+    case endpoint_op::compare_swap:
+    case endpoint_op::bind_window:
+    case endpoint_op::invalidate_window: break; // not started by start_op yet
     }
     wr.local = std::span<const sge>(s.data(), n);
     std::error_code ec = p.chosen->post({&wr, 1});

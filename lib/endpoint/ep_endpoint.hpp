@@ -135,6 +135,14 @@ public:
                           std::uint64_t context) noexcept override;
     std::error_code read(rdmx::peer from, std::span<const sge> local, const remote_buffer& remote,
                          std::uint64_t context) noexcept override;
+    std::error_code fetch_add(rdmx::peer to, const sge& local, const remote_buffer& remote, std::uint64_t add,
+                              std::uint64_t context) noexcept override;
+    std::error_code compare_swap(rdmx::peer to, const sge& local, const remote_buffer& remote,
+                                 std::uint64_t compare, std::uint64_t swap, std::uint64_t context) noexcept override;
+    std::error_code bind_window(rdmx::peer to, memory_window& window, const memory_region& region,
+                                std::uint64_t offset, std::uint64_t length, rdmx::access rights,
+                                std::uint64_t context) noexcept override;
+    std::error_code invalidate_window(rdmx::peer to, memory_window& window, std::uint64_t context) noexcept override;
     std::size_t poll(std::span<endpoint_completion> out) noexcept override;
     int fd() const noexcept override { return epoll_fd_; }
     std::size_t wait(std::span<endpoint_completion> out, std::chrono::milliseconds timeout) noexcept override;

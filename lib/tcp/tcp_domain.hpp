@@ -80,6 +80,11 @@ public:
 
     rdmx::backend backend() const noexcept override { return backend::tcp; }
     const device_limits& limits() const noexcept override { return limits_; }
+    // Memory windows: not built yet (issue 19); refused, never faked.
+    std::unique_ptr<memory_window> allocate_window() override
+    {
+        throw error(make_error_code(errc::not_supported), "allocate_window: memory windows are not built yet");
+    }
     std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
                                                    rdmx::access rights) override;
     std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override;
