@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +39,7 @@
 #include <string>
 #include <system_error>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <rdmx/rdmx.hpp>
@@ -50,9 +52,9 @@ namespace os = object_store;
 namespace
 {
 
-/// Send-queue requests a connection may have outstanding: one RDMA read or write and the
-/// reply (the client has one request at a time), with room to spare.
-constexpr std::uint32_t send_depth = 4;
+/// Send-queue requests a connection may have outstanding: a window bind, one RDMA read or
+/// write and the reply (the client has one request at a time), with room to spare.
+constexpr std::uint32_t send_depth = 8;
 /// --no-srq: receives per connection (one request outstanding, one to spare).
 constexpr std::uint32_t recv_depth = 2;
 /// Retired connections whose flushed completions never came are destroyed after this.
@@ -60,7 +62,7 @@ constexpr auto retire_bound = 10s;
 
 /// wr_id of the send-queue requests (the connection is in completion::context), and the
 /// bit that marks a receive of the SRQ (the rest of its wr_id is the buffer's slot).
-enum wr_kind : std::uint64_t { wr_read = 1, wr_write = 2, wr_reply = 3, wr_recv = 1ull << 63 };
+enum wr_kind : std::uint64_t { wr_read = 1, wr_write = 2, wr_reply = 3, wr_bind = 4, wr_recv = 1ull << 63 };
 
 /// A stored object: its bytes, registered so that the NIC can read a PUT into it and
 /// write it out for a GET. Shared: a GET in flight keeps an object alive that a PUT of
@@ -68,6 +70,7 @@ enum wr_kind : std::uint64_t { wr_read = 1, wr_write = 2, wr_reply = 3, wr_recv 
 struct object {
     std::vector<std::byte> data;
     std::unique_ptr<rdmx::memory_region> mr;
+    std::uint64_t version = 0;
 };
 
 enum class client_state { connecting, established, retired };
@@ -79,23 +82,40 @@ struct client {
     // this memory until the connection is gone.
     std::shared_ptr<object> op_object; ///< the object the RDMA in flight reads into / writes from
     std::uint64_t op_key = 0;
+    std::uint64_t op_version = 0;
+    std::uint64_t op_invalidate = 0; ///< the client's window to revoke with the reply (0: none)
     std::array<std::byte, os::message_size * recv_depth> recv_buf{}; ///< --no-srq only
     std::unique_ptr<rdmx::memory_region> recv_mr;
     std::array<std::byte, os::message_size> reply_buf{};
     std::unique_ptr<rdmx::memory_region> reply_mr;
     bool reply_busy = false;          ///< reply_buf is in flight
     std::optional<os::reply> pending; ///< a reply that waits for reply_buf
+    std::uint64_t pending_invalidate = 0;
     int inflight = 0;                 ///< send-queue requests posted and not completed
     std::chrono::steady_clock::time_point retired_at;
     std::unique_ptr<rdmx::connection> conn;
+    // After `conn`, so destroyed before it: windows this server bound for this client over
+    // the version words of the keys it was told about (key -> window).
+    std::unordered_map<std::uint64_t, std::unique_ptr<rdmx::memory_window>> words;
 };
 
 class server
 {
 public:
-    server(const std::string& address, std::uint32_t max_clients, std::uint32_t srq_depth, bool use_srq)
-        : dom_(rdmx::domain::open(address)), events_(rdmx::event_queue::create())
+    server(const std::string& address, std::uint32_t max_clients, std::uint32_t srq_depth, bool use_srq,
+           std::uint32_t max_objects)
+        : dom_(rdmx::domain::open(address)), events_(rdmx::event_queue::create()), versions_(max_objects)
     {
+        // The version words, one per key, that clients compare-and-swap to claim an update;
+        // each client reaches only those of keys it was told about, through a window of 8
+        // bytes each (where the device has windows).
+        atomics_ = dom_->limits().atomics;
+        windows_ = dom_->limits().memory_windows;
+        if (atomics_) {
+            auto rights = rdmx::access::remote_read | rdmx::access::remote_atomic;
+            versions_mr_ = dom_->register_memory(versions_.data(), versions_.size() * sizeof versions_[0],
+                                                 windows_ ? rights | rdmx::access::bind_window : rights);
+        }
         // The CQ holds every connection's send depth (+ 1: rdmx's own goodbye) and the
         // SRQ's depth once (or each connection's receive depth): with that size it cannot
         // overrun, and the library refuses a connection beyond it.
@@ -112,9 +132,12 @@ public:
                 repost(i);
         }
         listener_ = dom_->listen(address);
-        std::printf("object_store_server: listening on %s (backend %s, device %s, port %u)\n",
+        std::printf("object_store_server: listening on %s (backend %s, device %s, port %u; %s)\n",
                     address.c_str(), rdmx::to_string(dom_->backend()), dom_->limits().device_name.c_str(),
-                    listener_->port());
+                    listener_->port(),
+                    !atomics_   ? "no atomics: versions checked by the server alone"
+                    : windows_ ? "a window per client and version word"
+                               : "no memory windows: the version table's key");
         std::fflush(stdout);
     }
 
@@ -362,12 +385,16 @@ private:
             return;
         }
         switch (wc.wr_id) {
-        case wr_read: // the PUT's data is in: the object replaces the key's
-            objects_[c->op_key] = std::move(c->op_object);
+        case wr_read: { // the PUT's data is in: the object replaces the key's
+            c->op_object->version = c->op_version;
+            auto& obj = objects_[c->op_key] = std::move(c->op_object);
+            if (!atomics_) // no client can claim the version: the server keeps the word
+                versions_[slots_.at(c->op_key)] = obj->version;
             ++stats_.puts;
-            send_reply(
-                *c, {.status = os::status::ok, .key = c->op_key, .size = objects_[c->op_key]->data.size()});
+            reply_about(*c, c->op_key, {.status = os::status::ok, .size = obj->data.size()});
             break;
+        }
+        case wr_bind: break;
         case wr_write: // the GET's data is out (its reply is already posted behind it)
             c->op_object.reset();
             ++stats_.gets;
@@ -378,6 +405,7 @@ private:
             if (c->pending) {
                 auto r = *c->pending;
                 c->pending.reset();
+                c->op_invalidate = c->pending_invalidate;
                 send_reply(*c, r);
             }
             break;
@@ -386,35 +414,40 @@ private:
 
     void handle(client& c, const os::request& req)
     {
+        // The client's window is revoked by whatever reply this request gets.
+        auto buf = rdmx::remote_buffer::parse(req.buffer);
+        c.op_invalidate = buf && (req.flags & os::buffer_is_window) ? buf->key : 0;
         switch (req.op) {
         case os::op::put: {
-            auto src = rdmx::remote_buffer::parse(req.buffer);
-            if (!src || req.size < 1 || req.size > os::max_object || src->length < req.size)
+            if (!buf || req.size < 1 || req.size > os::max_object || buf->length < req.size)
                 return send_reply(c, {.status = os::status::bad_request, .key = req.key});
+            if (auto st = admit_put(req); st != os::status::ok) {
+                stats_.conflicts += st == os::status::conflict;
+                return send_reply(c, {.status = st, .key = req.key});
+            }
             auto obj = std::make_shared<object>();
             obj->data.resize(req.size);
             obj->mr = dom_->register_memory(obj->data.data(), obj->data.size(), rdmx::access::local_write);
             rdmx::sge s{obj->mr.get(), 0, obj->data.size()};
             c.op_object = std::move(obj);
             c.op_key = req.key;
-            return post(c, [&] { return c.conn->post_read({&s, 1}, *src, wr_read); });
+            c.op_version = req.version;
+            return post(c, [&] { return c.conn->post_read({&s, 1}, *buf, wr_read); });
         }
         case os::op::get: {
-            auto dst = rdmx::remote_buffer::parse(req.buffer);
             auto it = objects_.find(req.key);
-            if (!dst)
+            if (!buf)
                 return send_reply(c, {.status = os::status::bad_request, .key = req.key});
             if (it == objects_.end())
                 return send_reply(c, {.status = os::status::not_found, .key = req.key});
-            if (dst->length < it->second->data.size())
+            if (buf->length < it->second->data.size())
                 return send_reply(c, {.status = os::status::too_small, .key = req.key});
             c.op_object = it->second;
             rdmx::sge s{c.op_object->mr.get(), 0, c.op_object->data.size()};
             // The reply goes right behind the write: RC delivers them in order, so the
             // client sees the data before the reply.
-            post(c, [&] { return c.conn->post_write({&s, 1}, *dst, wr_write); });
-            return send_reply(c,
-                              {.status = os::status::ok, .key = req.key, .size = c.op_object->data.size()});
+            post(c, [&] { return c.conn->post_write({&s, 1}, *buf, wr_write); });
+            return reply_about(c, req.key, {.status = os::status::ok, .size = c.op_object->data.size()});
         }
         case os::op::shutdown:
             std::printf("object_store_server: shutdown requested by client %llu\n",
@@ -425,18 +458,78 @@ private:
         send_reply(c, {.status = os::status::bad_request, .key = req.key});
     }
 
+    /// Whether a PUT may store its version (object_store.hpp): version 0 creates a key;
+    /// version v + 1 of a key whose data is version v needs the key's version word at v + 1
+    /// (the writer's compare-and-swap claimed it; without atomics the server alone orders
+    /// the versions).
+    os::status admit_put(const os::request& req)
+    {
+        auto it = objects_.find(req.key);
+        if (it == objects_.end()) {
+            if (req.version != 0)
+                return os::status::conflict;
+            if (!slots_.count(req.key)) {
+                if (slots_.size() == versions_.size())
+                    return os::status::bad_request; // --max-objects reached
+                std::uint32_t slot = static_cast<std::uint32_t>(slots_.size());
+                slots_.emplace(req.key, slot);
+                word(slot).store(0);
+            }
+            return os::status::ok;
+        }
+        if (req.version != it->second->version + 1)
+            return os::status::conflict;
+        if (atomics_ && word(slots_.at(req.key)).load() != req.version)
+            return os::status::conflict;
+        return os::status::ok;
+    }
+
+    /// A key's version word, which clients' compare-and-swap changes under the server.
+    std::atomic_ref<std::uint64_t> word(std::uint32_t slot) { return std::atomic_ref(versions_[slot]); }
+
+    /// Replies about an existing key: its data's version and the descriptor of its version
+    /// word for this client (a window bound for it on first use).
+    void reply_about(client& c, std::uint64_t key, os::reply r)
+    {
+        r.key = key;
+        r.version = objects_.at(key)->version;
+        if (atomics_) {
+            std::uint64_t off = std::uint64_t{slots_.at(key)} * sizeof versions_[0];
+            if (!windows_)
+                r.version_word = versions_mr_->remote(off, sizeof versions_[0]).serialize();
+            else {
+                auto& w = c.words[key];
+                if (!w) {
+                    w = dom_->allocate_window();
+                    // Bound before the reply is sent: posts on one connection are ordered.
+                    post(c, [&] {
+                        return c.conn->post_bind_window(*w, *versions_mr_, off, sizeof versions_[0],
+                                                        rdmx::access::remote_read | rdmx::access::remote_atomic,
+                                                        wr_bind);
+                    });
+                }
+                r.version_word = w->remote().serialize();
+            }
+        }
+        send_reply(c, r);
+    }
+
     void send_reply(client& c, const os::reply& r)
     {
         if (c.state == client_state::retired)
             return;
         if (c.reply_busy) {
             c.pending = r;
+            c.pending_invalidate = c.op_invalidate;
             return;
         }
         std::memcpy(c.reply_buf.data(), &r, sizeof r);
         rdmx::sge s{c.reply_mr.get(), 0, sizeof r};
         c.reply_busy = true;
-        post(c, [&] { return c.conn->post_send({&s, 1}, wr_reply); });
+        const std::uint64_t key = std::exchange(c.op_invalidate, 0);
+        post(c, [&] {
+            return key ? c.conn->post_send_invalidate({&s, 1}, key, wr_reply) : c.conn->post_send({&s, 1}, wr_reply);
+        });
     }
 
     /// Posts one send-queue request; a failure (the connection went down) retires the client.
@@ -460,6 +553,10 @@ private:
     std::unique_ptr<rdmx::memory_region> recv_mr_;
     std::unique_ptr<rdmx::listener> listener_;
     std::unordered_map<std::uint64_t, std::shared_ptr<object>> objects_;
+    std::vector<std::uint64_t> versions_;                    ///< the version words
+    std::unordered_map<std::uint64_t, std::uint32_t> slots_; ///< key -> its version word
+    std::unique_ptr<rdmx::memory_region> versions_mr_;
+    bool atomics_ = false, windows_ = false;
     std::unordered_map<std::uint64_t, std::unique_ptr<client>> clients_; // after the queues: destroyed first
     std::uint64_t next_id_ = 1;
     std::size_t retired_count_ = 0;
@@ -486,17 +583,21 @@ int main(int argc, char** argv)
         ->capture_default_str()
         ->check(CLI::Range(16u, 65536u));
     app.add_flag("--no-srq", no_srq, "receives per connection instead of one shared receive queue");
+    std::uint32_t max_objects = 4096;
+    app.add_option("--max-objects", max_objects, "keys the version table has room for")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 1u << 24));
     CLI11_PARSE(app, argc, argv);
 
     try {
-        server s(address, max_clients, srq_depth, !no_srq);
+        server s(address, max_clients, srq_depth, !no_srq, max_objects);
         auto st = s.run();
         std::printf("object_store_server: done: accepted %llu, closed %llu, lost %llu, puts %llu, gets %llu, "
-                    "failed operations %llu, still open %llu\n",
+                    "failed operations %llu, conflicts %llu, still open %llu\n",
                     static_cast<unsigned long long>(st.accepted), static_cast<unsigned long long>(st.closed),
                     static_cast<unsigned long long>(st.lost), static_cast<unsigned long long>(st.puts),
                     static_cast<unsigned long long>(st.gets), static_cast<unsigned long long>(st.failed),
-                    static_cast<unsigned long long>(st.open));
+                    static_cast<unsigned long long>(st.conflicts), static_cast<unsigned long long>(st.open));
     } catch (const std::exception& e) {
         std::fprintf(stderr, "object_store_server: %s\n", e.what());
         return 1;
