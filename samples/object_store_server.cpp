@@ -132,7 +132,7 @@ public:
                 repost(i);
         }
         listener_ = dom_->listen(address);
-        std::printf("object_store_server: listening on %s (backend %s, device %s, port %u; %s)\n",
+        std::printf("object_store_server: listening on %s (backend %s, device %s, port %u): %s\n",
                     address.c_str(), rdmx::to_string(dom_->backend()), dom_->limits().device_name.c_str(),
                     listener_->port(),
                     !atomics_   ? "no atomics: versions checked by the server alone"
