@@ -32,7 +32,9 @@
 //   fetch_add_bw      a window of --depth fetch-and-adds, --outs of them executing at the
 //                     server at once (as ib_atomic_bw -t DEPTH -o OUTS, ucp_fadd -O DEPTH)
 //   compare_swap_bw   the same with compare-and-swaps (RC order: each one's compare holds)
-// As perftest's atomic and read latencies, the latency is the whole round trip.
+// As perftest's atomic and read latencies, the latency is the whole round trip. The server
+// sleeps meanwhile, as perftest's; --target-poll makes it busy-poll its connection, as
+// ucx_perftest's responder progresses its worker (on TCP its thread then serves them).
 //
 // Many connections (as perftest's -q N, fabtests' fi_multi_ep): -q N on both sides opens N
 // measured connections; the bandwidth tests keep a window of --depth on each, -n
@@ -53,8 +55,10 @@
 #include <memory>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <rdmx/rdmx.hpp>
@@ -155,6 +159,7 @@ struct control {
     std::uint32_t spin_only = 0;         ///< write_lat: the server spins on memory without polling
     std::uint32_t signal_every = 1;      ///< latency: the server's sends / writes, as the client's
     std::uint32_t atomics = 0;           ///< hello: the server's buffer takes atomics (remote_atomic)
+    std::uint32_t target_poll = 0;       ///< hello: atomics: the server busy-polls while they run
     std::uint64_t cpu_ns = 0;            ///< -q N, the server's ready after a test: its CPU time in it
     rdmx::remote_buffer::bytes region{}; ///< hello / ready: the sender's data buffer
 };
@@ -175,6 +180,7 @@ struct options {
     std::uint32_t inline_max = 64;
     bool event = false;
     bool spin_only = false;
+    bool target_poll = false; ///< atomics: the server busy-polls its connection meanwhile
     std::string cpus;
     bool json = false;
     int timeout_ms = 10000;
@@ -383,6 +389,28 @@ struct session {
             std::memcpy(&m, ctl_buf.data(), sizeof m);
             post_control_recv();
             return m;
+        }
+    }
+    /// As recv_control, busy-polling the measured connection meanwhile (the server posts
+    /// nothing there when it does this: a poll only progresses it), without a timeout of
+    /// its own but the control wait's.
+    control recv_control_polling(std::chrono::milliseconds timeout)
+    {
+        poller p(*ctl, false, timeout), measured(*data, false, timeout);
+        rdmx::completion wc[4];
+        auto deadline = clock_type::now() + timeout;
+        for (std::uint32_t n = 1;; ++n) {
+            measured.try_get(wc);
+            for (std::size_t i = 0, got = p.try_get(wc); i < got; ++i) {
+                if (wc[i].opcode != rdmx::opcode::recv)
+                    continue; // our own send's completion
+                control m;
+                std::memcpy(&m, ctl_buf.data(), sizeof m);
+                post_control_recv();
+                return m;
+            }
+            if (n % 4096 == 0 && clock_type::now() > deadline)
+                throw std::runtime_error("no control message within the timeout (client gone?)");
         }
     }
 };
@@ -1047,15 +1075,17 @@ int run_server(const options& o)
         s.data = accept(connection_opts(o));
     s.ctl = accept(connection_opts(o));
     s.setup_control();
-    bool event = false, spin_only = false;
+    bool event = false, spin_only = false, target_poll = false;
+    std::optional<control> next; // the message a busy-polling wait already received
     for (;;) {
-        control m = s.recv_control(std::chrono::hours(24));
+        control m = next ? *std::exchange(next, std::nullopt) : s.recv_control(std::chrono::hours(24));
         switch (m.kind) {
         case control::hello: {
             s.register_buffers(m.size, m.atomics != 0);
             s.peer = *rdmx::remote_buffer::parse(m.region);
             event = m.event != 0;
             spin_only = m.spin_only != 0;
+            target_poll = m.target_poll != 0;
             control r{.kind = control::ready};
             r.region = s.mr->remote(0, m.size).serialize();
             s.send_control(r);
@@ -1079,7 +1109,12 @@ int run_server(const options& o)
                             std::max(1u, m.signal_every));
             else if (m.t == test::send_bw || m.t == test::write_imm_bw)
                 run_bw_receiver(s, m.t, m.size, total, event);
-            else // write_bw, read_bw, read_lat, atomics: nothing to do, the transport serves them
+            else if (is_atomic(m.t) && target_poll) {
+                // On TCP this thread's polls then serve the atomics, as ucx_perftest's
+                // responder progresses its worker (the engine thread otherwise).
+                s.send_control({.kind = control::ready});
+                next = s.recv_control_polling(std::chrono::hours(24));
+            } else // write_bw, read_bw, read_lat, atomics: nothing to do, the transport serves them
                 s.send_control({.kind = control::ready});
             break;
         }
@@ -1128,7 +1163,8 @@ int run_client(const options& o)
                   .size = largest,
                   .event = o.event ? 1u : 0u,
                   .spin_only = o.spin_only ? 1u : 0u,
-                  .atomics = is_atomic(o.t) ? 1u : 0u};
+                  .atomics = is_atomic(o.t) ? 1u : 0u,
+                  .target_poll = o.target_poll ? 1u : 0u};
     hello.region = s.mr->remote(0, largest).serialize();
     s.send_control(hello);
     control r = s.recv_control(s.timeout);
@@ -1222,6 +1258,9 @@ int main(int argc, char** argv)
     app.add_flag(
         "--spin-only", o.spin_only,
         "write_lat: spin on memory without polling meanwhile (as perftest; default polls, as ucx_perftest)");
+    app.add_flag("--target-poll", o.target_poll,
+                 "atomics: the server busy-polls its connection while they run (as ucx_perftest's "
+                 "responder; on TCP its thread then serves them; default: it sleeps, as perftest's)");
     app.add_option("--cpu", o.cpus, "pin to these CPUs (taskset list: 0 | 0,1 | 0-1)");
     app.add_flag("--json", o.json, "print one JSON document instead of the table");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on connecting and on every wait")
