@@ -557,4 +557,4 @@ mkdir -p bench/results
 stamp=${OUT:-$(date +%Y-%m-%d)}
 python3 bench/summarize.py "$RAW" "bench/results/$stamp" $(((MANY)) && echo --many-conn --no-plot) $(((ATOMICS)) && echo --atomics --no-plot) --reps "$REPS" --tcp-lat-pairs "$TCP_LAT_PAIRS" --guest-bw-iters "$GUEST_BW_ITERS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
     --machine "$(nproc) CPUs, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), TCP congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown) (the system default, for every tool)"
-echo "=== wrote bench/results/$stamp.md, .json, .png (raw data in $RAW)"
+echo "=== wrote bench/results/$stamp.md, .json$(((MANY || ATOMICS)) || echo ", .png") (raw data in $RAW)"
