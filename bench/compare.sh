@@ -3,8 +3,20 @@
 # bench/results/<date>.md, .json and .png (bandwidth and latency against size):
 #
 #   bench/compare.sh [--reps N] [--tcp-lat-pairs N] [--guest-reps N] [--guest-bw-iters N]
-#                    [--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--out NAME]
+#                    [--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--atomics] [--out NAME]
 #
+#   --atomics narrows both parts to the rows of issue 19's "Measure" (8 B remote atomics):
+#   TCP: rdmx_perf fetch_add_lat / compare_swap_lat (one at a time) and fetch_add_bw /
+#   compare_swap_bw (a window of 128, 128 executing: -d 128 -o 128, every one signalled, as
+#   each of UCX's has its own completion) vs ucx_perftest ucp_fadd / ucp_cswap (-O 1, and
+#   -O 128) and ucp_add -O 128 (no fetch), over UCX_TLS=tcp. rxe: the same rdmx_perf tests
+#   vs ib_atomic_lat and ib_atomic_bw -t 128 -o 128 (perftest's -Q 100 kept: rdmx_perf -c 100).
+#   TCP also: the rdmx_perf server busy-polling meanwhile (--target-poll, as ucx_perftest's
+#   responder progresses its worker; its thread then serves the atomics, not the engine
+#   thread), and rdmx_perf read_lat 8 B, the same round trip through the target's engine.
+#   Run lengths (environment): ATOMIC_LAT_ITERS (TCP, both tools), ATOMIC_BW_ITERS (TCP,
+#   rdmx_perf), UCX_ATOMIC_BW_ITERS (TCP, ucx_perftest), GUEST_ATOMIC_LAT_ITERS,
+#   GUEST_ATOMIC_BW_ITERS (rxe, both tools).
 #   --many-conn narrows both parts to the rows of issue 17 (bench/many_conn_tcp.sh runs it):
 #   TCP: rdmx_perf -q 8 (8 CQs, one shared CQ, shared CQ in event mode) vs iperf3 -P 8 and
 #   ucx_perftest tag_bw -T 8; 8 B send/recv latency and the server's CPU, busy polling vs
@@ -48,6 +60,7 @@ GUEST_LAT_REPS=9
 GUEST=1
 TCP=1
 MANY=0
+ATOMICS=0
 OUT=""
 while (($#)); do
     case $1 in
@@ -59,10 +72,12 @@ while (($#)); do
     --no-guest) GUEST=0; shift ;;
     --no-tcp) TCP=0; shift ;;
     --many-conn) MANY=1; shift ;;
+    --atomics) ATOMICS=1; shift ;;
     --out) OUT=$2; shift 2 ;;
     guest-verbs) shift; guest_mode=1; break ;;
+    guest-atomics) shift; guest_mode=2; break ;;
     *) echo "usage: $0 [--reps N] [--tcp-lat-pairs N] [--guest-reps N] [--guest-bw-iters N]" \
-        "[--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--out NAME]" >&2
+        "[--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--atomics] [--out NAME]" >&2
         exit 2 ;;
     esac
 done
@@ -125,6 +140,8 @@ for r in doc["results"]:
     else:
         print(r["test"], r["size"], "mb_s", r["mb_per_s"])
         print(r["test"], r["size"], "cpu_s_per_gb", r["cpu_s_per_gb"])
+        if r["test"] in ("fetch_add_bw", "compare_swap_bw"):  # atomics: the rate is the row
+            print(r["test"], r["size"], "msg_s", r["msg_per_s"])
 EOF
     [ -z "${SRV_CPU:-}" ] || server_cpu rdmx "${as:-$test}" "$size"
 }
@@ -309,6 +326,52 @@ many_conn_rep() {
     rotate "$rep" ev_poll ev_event ev_ucx_poll ev_ucx_sleep ev_fi_msg ev_fi_rdm
 }
 
+# --atomics, TCP: 8 B atomics against UCX's, over UCX's tcp transport alone (its atomics are
+# then emulated in software by the target's worker, as rdmx's TCP engine serves them).
+ucx_atomic_run() { # test iters [client args: -O N]; AS=name records under another test name
+    local test=$1 iters=$2 out line as=${AS:-$1} f
+    shift 2
+    if ! out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo pair 90 "ucx_perftest -p 13338" \
+        "ucx_perftest 127.0.0.1 -p 13338 -t $test -s 8 -n $iters -w 1000 $*"); then
+        fail_note ucx "$as" "$out"
+        return
+    fi
+    line=$(grep '^Final:' <<<"$out" || true)
+    [ -n "$line" ] || { fail_note ucx "$as" "$out"; return; }
+    # Final: iters lat50% lat_avg lat_overall bw_avg bw_overall(MiB/s) rate_avg rate_overall:
+    # with -O 1 the per-iteration time is one whole atomic round trip (as rdmx_perf's).
+    read -r -a f <<<"$(awk '{ for (i = 2; i <= NF && $i ~ /^[0-9.]+$/; i++) printf "%s ", $i }' <<<"$line")"
+    record ucx "$as" 8 lat_us "${f[1]}"
+    record ucx "$as" 8 lat_avg_us "${f[3]}" # the mean over the whole run
+    record ucx "$as" 8 msg_s "${f[7]}"
+}
+# Each run lasts about 0.5-6 s here: UCX's atomics over tcp run at some thousands per
+# second with long stalls (means far above medians), rdmx's at some hundred thousands, so
+# the windowed runs get different counts.
+ATOMIC_LAT_ITERS=${ATOMIC_LAT_ITERS:-10000}
+ATOMIC_BW_ITERS=${ATOMIC_BW_ITERS:-200000}
+UCX_ATOMIC_BW_ITERS=${UCX_ATOMIC_BW_ITERS:-20000}
+at_fadd_lat() { rdmx_run $ATA fetch_add_lat 8 "$ATOMIC_LAT_ITERS" -w 1000; }
+at_cswap_lat() { rdmx_run $ATA compare_swap_lat 8 "$ATOMIC_LAT_ITERS" -w 1000; }
+at_fadd_bw() { SRV="-o 128" rdmx_run $ATA fetch_add_bw 8 "$ATOMIC_BW_ITERS" -w 1000 -d 128 -o 128 -c 1; }
+at_cswap_bw() { SRV="-o 128" rdmx_run $ATA compare_swap_bw 8 "$ATOMIC_BW_ITERS" -w 1000 -d 128 -o 128 -c 1; }
+at_fadd_lat_tp() { AS=fetch_add_lat_target_poll rdmx_run $ATA fetch_add_lat 8 "$ATOMIC_LAT_ITERS" -w 1000 --target-poll; }
+at_cswap_lat_tp() { AS=compare_swap_lat_target_poll rdmx_run $ATA compare_swap_lat 8 "$ATOMIC_LAT_ITERS" -w 1000 --target-poll; }
+at_fadd_bw_tp() { SRV="-o 128" AS=fetch_add_bw_target_poll rdmx_run $ATA fetch_add_bw 8 "$ATOMIC_BW_ITERS" -w 1000 -d 128 -o 128 -c 1 --target-poll; }
+at_read_lat() { rdmx_run $ATA read_lat 8 "$ATOMIC_LAT_ITERS" -w 1000; }
+at_ucx_fadd() { ucx_atomic_run ucp_fadd "$ATOMIC_LAT_ITERS"; }
+at_ucx_cswap() { ucx_atomic_run ucp_cswap "$ATOMIC_LAT_ITERS"; }
+at_ucx_fadd_w() { AS=ucp_fadd_O128 ucx_atomic_run ucp_fadd "$UCX_ATOMIC_BW_ITERS" -O 128; }
+at_ucx_cswap_w() { AS=ucp_cswap_O128 ucx_atomic_run ucp_cswap "$UCX_ATOMIC_BW_ITERS" -O 128; }
+at_ucx_add_w() { AS=ucp_add_O128 ucx_atomic_run ucp_add "$UCX_ATOMIC_BW_ITERS" -O 128; }
+atomics_tcp_rep() {
+    ATA=tcp://127.0.0.1:18600
+    echo "  8 B atomics, one at a time: rdmx_perf fetch_add_lat, compare_swap_lat; ucx_perftest ucp_fadd, ucp_cswap"
+    rotate "$rep" at_fadd_lat at_ucx_fadd at_cswap_lat at_ucx_cswap at_fadd_lat_tp at_cswap_lat_tp at_read_lat
+    echo "  8 B atomics, a window of 128: rdmx_perf fetch_add_bw, compare_swap_bw; ucx_perftest -O 128 ucp_fadd, ucp_cswap, ucp_add"
+    rotate "$rep" at_fadd_bw at_ucx_fadd_w at_cswap_bw at_ucx_cswap_w at_ucx_add_w at_fadd_bw_tp
+}
+
 # ---------------------------------------------------------------------------------------
 # verbs on soft-RoCE: runs inside the guest (compare.sh guest-verbs RAW BW_REPS LAT_REPS [BW_ITERS])
 
@@ -385,6 +448,59 @@ guest_verbs() { # RAW BW_REPS LAT_REPS [BW_ITERS]; env GUEST_LAT_SIZES, GUEST_LA
     done
 }
 
+# --atomics, in the guest (compare.sh guest-atomics RAW REPS): ib_atomic_lat / ib_atomic_bw
+# against rdmx_perf, each pair back to back, the order rotating from rep to rep. rxe has
+# atomics (atomic_cap IBV_ATOMIC_HCA); siw has none, and these rows are not run there.
+atomic_perftest_run() { # tool FETCH_AND_ADD|CMP_AND_SWAP iters [perftest args]; records under AS
+    local tool=$1 op=$2 n=$3 out line
+    shift 3
+    local args="-d rxe0 -R -A $op -n $n $*"
+    if ! out=$(pair 120 "$tool $args" "$tool $args $RDMX_GUEST_IP") &&
+        ! out=$(PAIR_DELAY=1.5 pair 120 "$tool $args" "$tool $args $RDMX_GUEST_IP"); then
+        fail_note perftest "$AS" "$out"
+        return
+    fi
+    line=$(awk '$1 == 8' <<<"$out" | tail -n 1)
+    [ -n "$line" ] || { fail_note perftest "$AS" "$out"; return; }
+    case $tool in
+    # #bytes #iterations t_min t_max t_typical t_avg ...: the whole round trip, as for reads
+    *lat) record perftest "$AS" 8 lat_us "$(awk '{ print $5 }' <<<"$line")"
+        record perftest "$AS" 8 lat_avg_us "$(awk '{ print $6 }' <<<"$line")" ;;
+    # #bytes #iterations BW_peak BW_average[MiB/s] MsgRate[Mpps]
+    *) record perftest "$AS" 8 msg_s "$(awk '{ printf "%.0f", $5 * 1e6 }' <<<"$line")" ;;
+    esac
+}
+GUEST_ATOMIC_LAT_ITERS=${GUEST_ATOMIC_LAT_ITERS:-1000}
+# rxe under TCG: some thousands of atomics per second in a window (either tool), so a
+# bandwidth run of 5000 (perftest's default -n for bandwidth) lasts one or two seconds.
+GUEST_ATOMIC_BW_ITERS=${GUEST_ATOMIC_BW_ITERS:-5000}
+ga_pt_fadd_lat() { AS=fetch_add_lat atomic_perftest_run ib_atomic_lat FETCH_AND_ADD "$GUEST_ATOMIC_LAT_ITERS"; }
+ga_pt_cswap_lat() { AS=compare_swap_lat atomic_perftest_run ib_atomic_lat CMP_AND_SWAP "$GUEST_ATOMIC_LAT_ITERS"; }
+ga_pt_fadd_bw() { AS=fetch_add_bw atomic_perftest_run ib_atomic_bw FETCH_AND_ADD "$GUEST_ATOMIC_BW_ITERS" -t 128 -o 128; }
+ga_pt_cswap_bw() { AS=compare_swap_bw atomic_perftest_run ib_atomic_bw CMP_AND_SWAP "$GUEST_ATOMIC_BW_ITERS" -t 128 -o 128; }
+# perftest's latency tests have no warm-up; rdmx_perf's usual -w 100, as the other rxe rows.
+# Its bandwidth tests time from the first post (rdmx_perf -w 0 too).
+ga_fadd_lat() { guest_run rdmx fetch_add_lat 8 "$GUEST_ATOMIC_LAT_ITERS" -w 100; }
+ga_cswap_lat() { guest_run rdmx compare_swap_lat 8 "$GUEST_ATOMIC_LAT_ITERS" -w 100; }
+ga_fadd_bw() { SRV="-o 128" guest_run rdmx fetch_add_bw 8 "$GUEST_ATOMIC_BW_ITERS" -w 0 -d 128 -o 128 -c 100; }
+ga_cswap_bw() { SRV="-o 128" guest_run rdmx compare_swap_bw 8 "$GUEST_ATOMIC_BW_ITERS" -w 0 -d 128 -o 128 -c 100; }
+guest_atomics() { # RAW REPS
+    RAW=$1
+    backend=verbs
+    for ((rep = 1; rep <= $2; rep++)); do
+        echo "verbs atomics rep $rep (load $(load_now))"
+        record load - 0 load "$(load_now)"
+        rotate "$rep" ga_pt_fadd_lat ga_fadd_lat
+        rotate "$rep" ga_pt_cswap_lat ga_cswap_lat
+        rotate "$rep" ga_pt_fadd_bw ga_fadd_bw
+        rotate "$rep" ga_pt_cswap_bw ga_cswap_bw
+    done
+}
+
+if [ "${guest_mode:-0}" = 2 ]; then
+    guest_atomics "$@"
+    exit 0
+fi
 if [ "${guest_mode:-0}" = 1 ]; then
     guest_verbs "$@"
     exit 0
@@ -414,25 +530,31 @@ if ((TCP)); then
     for ((rep = 1; rep <= REPS; rep++)); do
         echo "=== TCP rep $rep/$REPS (load $(load_now))"
         record load - 0 load "$(load_now)"
-        if ((MANY)); then many_conn_rep; else tcp_rep; fi
+        if ((ATOMICS)); then atomics_tcp_rep; elif ((MANY)); then many_conn_rep; else tcp_rep; fi
     done
 fi
 if ((GUEST)); then
     # --many-conn: the -q 8 rows only (no latency reps, no 64 KiB bandwidth runs)
     narrow=()
     ((MANY == 0)) || { narrow=(env GUEST_BW_TESTS=); GUEST_LAT_REPS=0; }
-    echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS bandwidth and $GUEST_LAT_REPS latency reps"
+    guest_cmd=(guest-verbs "$RAW" "$GUEST_REPS" "$GUEST_LAT_REPS" "$GUEST_BW_ITERS")
+    ((ATOMICS == 0)) || guest_cmd=(guest-atomics "$RAW" "$GUEST_REPS")
+    if ((ATOMICS)); then
+        echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS atomics reps"
+    else
+        echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS bandwidth and $GUEST_LAT_REPS latency reps"
+    fi
     backend=verbs rep=0
     # The guest's load average is its own; the host's, every 30 s, goes to host-load.txt.
     (while uptime >>"$RAW/host-load.txt"; do sleep 30; done) &
     sampler=$!
     tests/guest/rxe-guest.sh --cache "${RDMX_GUEST_CACHE:-$BUILD/guest-cache}" --share "$ROOT" --share "$(realpath "$BUILD")" \
-        --share "$RAW" --timeout 1200 -- "${narrow[@]}" bash "$ROOT/bench/compare.sh" guest-verbs "$RAW" "$GUEST_REPS" "$GUEST_LAT_REPS" "$GUEST_BW_ITERS" ||
+        --share "$RAW" --timeout 1200 -- "${narrow[@]}" bash "$ROOT/bench/compare.sh" "${guest_cmd[@]}" ||
         fail_note guest boot "rxe-guest.sh exited with $?"
     kill "$sampler"
 fi
 mkdir -p bench/results
 stamp=${OUT:-$(date +%Y-%m-%d)}
-python3 bench/summarize.py "$RAW" "bench/results/$stamp" $(((MANY)) && echo --many-conn --no-plot) --reps "$REPS" --tcp-lat-pairs "$TCP_LAT_PAIRS" --guest-bw-iters "$GUEST_BW_ITERS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
+python3 bench/summarize.py "$RAW" "bench/results/$stamp" $(((MANY)) && echo --many-conn --no-plot) $(((ATOMICS)) && echo --atomics --no-plot) --reps "$REPS" --tcp-lat-pairs "$TCP_LAT_PAIRS" --guest-bw-iters "$GUEST_BW_ITERS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
     --machine "$(nproc) CPUs, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), TCP congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown) (the system default, for every tool)"
-echo "=== wrote bench/results/$stamp.md, .json, .png (raw data in $RAW)"
+echo "=== wrote bench/results/$stamp.md, .json$(((MANY || ATOMICS)) || echo ", .png") (raw data in $RAW)"

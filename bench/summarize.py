@@ -25,6 +25,8 @@ ap.add_argument("--seconds", type=int, default=0)
 ap.add_argument("--machine", default="")
 ap.add_argument("--many-conn", action="store_true",
                 help="compare.sh --many-conn: the rows of issue 17 only (many connections, event mode)")
+ap.add_argument("--atomics", action="store_true",
+                help="compare.sh --atomics: the rows of issue 19 only (8 B remote atomics)")
 ap.add_argument("--no-plot", action="store_true", help="write .md and .json only (no gnuplot needed)")
 a = ap.parse_args()
 
@@ -145,8 +147,46 @@ many = [("send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate)", "tc
          (*Q8, 64, "msg_s"), ("perftest", "send_bw_q8", 64, "msg_s"), None, True),
         ("send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate)", "verbs",
          (*Q8S, 64, "msg_s"), (*Q8, 64, "msg_s"), None, True)]
+# Atomics (issue 19): 8 B fetch-and-add and compare-and-swap, one at a time (the whole round
+# trip) and a window of 128 (the rate). TCP: against UCX's software atomics over its tcp
+# transport; rxe: against perftest.
+atomics = []
+for op, ucx_op, pt_op in (("fetch_add", "ucp_fadd", "FETCH_AND_ADD"), ("compare_swap", "ucp_cswap", "CMP_AND_SWAP")):
+    atomics += [(f"{op} 8 B latency (round trip, median) vs UCX {ucx_op}", "tcp",
+                 ("rdmx", f"{op}_lat", 8, "lat_us"), ("ucx", ucx_op, 8, "lat_us"), None, False),
+                (f"{op} 8 B latency, means, vs UCX {ucx_op}", "tcp",
+                 ("rdmx", f"{op}_lat", 8, "lat_avg_us"), ("ucx", ucx_op, 8, "lat_avg_us"), None, False),
+                (f"{op} 8 B rate, window 128 vs UCX {ucx_op} -O 128", "tcp",
+                 ("rdmx", f"{op}_bw", 8, "msg_s"), ("ucx", f"{ucx_op}_O128", 8, "msg_s"), None, True)]
+atomics.append(("fetch_add 8 B rate, window 128 vs UCX ucp_add -O 128 (no fetch)", "tcp",
+                ("rdmx", "fetch_add_bw", 8, "msg_s"), ("ucx", "ucp_add_O128", 8, "msg_s"), None, True))
+# The rdmx_perf server busy-polling (--target-poll): on TCP its thread serves the atomics, as
+# UCX's responder does; and rdmx's own 8 B read, the same round trip through the target.
+for op, ucx_op in (("fetch_add", "ucp_fadd"), ("compare_swap", "ucp_cswap")):
+    atomics += [(f"{op} 8 B latency, server busy-polling (--target-poll) vs UCX {ucx_op}", "tcp",
+                 ("rdmx", f"{op}_lat_target_poll", 8, "lat_us"), ("ucx", ucx_op, 8, "lat_us"), None, False),
+                (f"{op} 8 B latency, means, server busy-polling vs UCX {ucx_op}", "tcp",
+                 ("rdmx", f"{op}_lat_target_poll", 8, "lat_avg_us"), ("ucx", ucx_op, 8, "lat_avg_us"), None, False),
+                (f"{op} 8 B latency, server busy-polling vs sleeping", "tcp",
+                 ("rdmx", f"{op}_lat_target_poll", 8, "lat_us"), ("rdmx", f"{op}_lat", 8, "lat_us"), None, False)]
+atomics += [("fetch_add 8 B latency vs rdmx read_lat 8 B (round trips)", "tcp",
+             ("rdmx", "fetch_add_lat", 8, "lat_us"), ("rdmx", "read_lat", 8, "lat_us"), None, False),
+            ("fetch_add 8 B rate, window 128, server busy-polling vs UCX ucp_fadd -O 128", "tcp",
+             ("rdmx", "fetch_add_bw_target_poll", 8, "msg_s"), ("ucx", "ucp_fadd_O128", 8, "msg_s"), None, True),
+            ("fetch_add 8 B rate, window 128, server busy-polling vs sleeping", "tcp",
+             ("rdmx", "fetch_add_bw_target_poll", 8, "msg_s"), ("rdmx", "fetch_add_bw", 8, "msg_s"), None, True)]
+for op, pt_op in (("fetch_add", "FETCH_AND_ADD"), ("compare_swap", "CMP_AND_SWAP")):
+    atomics += [(f"{op} 8 B latency (round trip, median) vs ib_atomic_lat -A {pt_op}", "verbs",
+                 ("rdmx", f"{op}_lat", 8, "lat_us"), ("perftest", f"{op}_lat", 8, "lat_us"), None, False),
+                (f"{op} 8 B latency, means, vs ib_atomic_lat -A {pt_op}", "verbs",
+                 ("rdmx", f"{op}_lat", 8, "lat_avg_us"), ("perftest", f"{op}_lat", 8, "lat_avg_us"), None, False),
+                (f"{op} 8 B rate, window 128 vs ib_atomic_bw -A {pt_op} -t 128 -o 128", "verbs",
+                 ("rdmx", f"{op}_bw", 8, "msg_s"), ("perftest", f"{op}_bw", 8, "msg_s"), None, True)]
+narrow = a.many_conn or a.atomics
 if a.many_conn:
     targets, others = [], many
+elif a.atomics:
+    targets, others = [], atomics
 else:
     others += [m for m in many if m not in others]
 
@@ -221,15 +261,19 @@ md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
       "The 90 % range resamples each tool's runs of this report (bootstrap): how far the spread of",
       "the reps alone could move the ratio. A goal inside it is not settled by this run either way.", "",
       "| target | rdmx | peer | ratio | 90 % range | goal | met |", "| --- | ---: | ---: | ---: | --- | --- | --- |"]
-if a.many_conn:
-    md = [f"# rdmx benchmark, {os.path.basename(a.out)}: many connections and event mode (issue 17)", "",
+if narrow:
+    what = "many connections and event mode (issue 17)" if a.many_conn else "8 B remote atomics (issue 19)"
+    md = [f"# rdmx benchmark, {os.path.basename(a.out)}: {what}", "",
           f"Machine: {a.machine}. Reps: {a.reps} TCP" +
           (f", {a.guest_reps} verbs (rxe)" if any(r["backend"] == "verbs" for r in rows) else ", no rxe guest") +
           f", interleaved, {a.seconds} s in all. "
           f"Regime: {doc['regime']}.",
           "Load average at the start of each rep: " + "; ".join(f"{b}: {', '.join(map(str, l))}" for b, l in loads.items()) + ".",
-          "Produced by `bench/compare.sh --many-conn`. Bandwidth in MB/s (1e6 B/s), message rate in msg/s "
-          "(all connections), latency in us one way, CPU in us per message or per round trip; medians over reps.",
+          ("Produced by `bench/compare.sh --many-conn`. Bandwidth in MB/s (1e6 B/s), message rate in msg/s "
+           "(all connections), latency in us one way, CPU in us per message or per round trip; medians over reps."
+           if a.many_conn else
+           "Produced by `bench/compare.sh --atomics`. Latency in us, the whole round trip of one atomic (as "
+           "perftest and ucx_perftest report it for atomics); rate in atomics per second; medians over reps."),
           *(["Host load average during the guest run (every 30 s, 1/5/15 min): " +
               "; ".join(l.split("load average:")[-1].strip() for l in open(os.path.join(a.raw, "host-load.txt")) if "load average" in l) + "."]
             if os.path.exists(os.path.join(a.raw, "host-load.txt")) else []),
@@ -237,7 +281,7 @@ if a.many_conn:
           "The 90 % range resamples each side's runs (bootstrap): a ratio whose range holds 1 is parity.", "",
           "| comparison | first | second | ratio | 90 % range |", "| --- | ---: | ---: | ---: | --- |"]
 for i, c in enumerate(checked):
-    if a.many_conn:
+    if narrow:
         md.append(f"| {c['backend']}: {c['target']} | {fmt(c['rdmx'])} {c['unit']} | {fmt(c['peer'])} {c['unit']} | "
                   f"{fmt(c['ratio'], 'x')} | {fmt_range(c['ratio_90'])} |")
         continue
@@ -254,10 +298,10 @@ if stalled:
            ", ".join(f"{r['tool']} {r['test']} {size_name(int(r['size']))} rep {r['rep']} ({float(r['value']):.0f} us)"
                      for r in stalled) + "."]
 md += ["", "## The runs behind each target (rep order; a failed run leaves no value)", ""]
-for c in (checked if a.many_conn else checked[:len(targets)]):
+for c in (checked if narrow else checked[:len(targets)]):
     md.append(f"- {c['backend']}: {c['target']}: rdmx " + (" ".join(f"{v:.4g}" for v in c["rdmx_runs"]) or "-") +
               "; peer " + (" ".join(f"{v:.4g}" for v in c["peer_runs"]) or "-"))
-if a.many_conn:  # every run, by rep, with the load average at the rep's start
+if narrow:  # every run, by rep, with the load average at the rep's start
     by = defaultdict(dict)
     nrep = max((int(r["rep"]) for r in rows), default=0)
     for r in rows:

@@ -24,6 +24,18 @@
 //   read_bw       a window of RDMA reads from the server's buffer
 //   write_imm_bw  a window of RDMA writes with immediate (each consumes a server receive)
 //
+// Atomics (docs/atomics.md; 8 B each, -s is 8 or absent), on an 8-byte counter at the
+// server: every fetch_add adds 1 and every compare_swap swaps k for k + 1, so that the
+// client, the only one changing it, knows each old value and checks every one it is given.
+//   fetch_add_lat     one fetch-and-add at a time (as ib_atomic_lat, ucx_perftest ucp_fadd)
+//   compare_swap_lat  one compare-and-swap at a time (ib_atomic_lat -A CMP_AND_SWAP, ucp_cswap)
+//   fetch_add_bw      a window of --depth fetch-and-adds, --outs of them executing at the
+//                     server at once (as ib_atomic_bw -t DEPTH -o OUTS, ucp_fadd -O DEPTH)
+//   compare_swap_bw   the same with compare-and-swaps (RC order: each one's compare holds)
+// As perftest's atomic and read latencies, the latency is the whole round trip. The server
+// sleeps meanwhile, as perftest's; --target-poll makes it busy-poll its connection, as
+// ucx_perftest's responder progresses its worker (on TCP its thread then serves them).
+//
 // Many connections (as perftest's -q N, fabtests' fi_multi_ep): -q N on both sides opens N
 // measured connections; the bandwidth tests keep a window of --depth on each, -n
 // iterations each, served on each side by one thread that polls either N per-connection
@@ -43,8 +55,10 @@
 #include <memory>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <rdmx/rdmx.hpp>
@@ -84,11 +98,30 @@ struct tick_rate {
     }
 };
 
-enum class test : std::uint32_t { send_lat, write_lat, read_lat, send_bw, write_bw, read_bw, write_imm_bw };
-const std::vector<std::pair<std::string, test>> test_names = {
-    {"send_lat", test::send_lat},        {"write_lat", test::write_lat}, {"read_lat", test::read_lat},
-    {"send_bw", test::send_bw},          {"write_bw", test::write_bw},   {"read_bw", test::read_bw},
-    {"write_imm_bw", test::write_imm_bw}};
+enum class test : std::uint32_t {
+    send_lat,
+    write_lat,
+    read_lat,
+    send_bw,
+    write_bw,
+    read_bw,
+    write_imm_bw,
+    fetch_add_lat,
+    compare_swap_lat,
+    fetch_add_bw,
+    compare_swap_bw
+};
+const std::vector<std::pair<std::string, test>> test_names = {{"send_lat", test::send_lat},
+                                                              {"write_lat", test::write_lat},
+                                                              {"read_lat", test::read_lat},
+                                                              {"send_bw", test::send_bw},
+                                                              {"write_bw", test::write_bw},
+                                                              {"read_bw", test::read_bw},
+                                                              {"write_imm_bw", test::write_imm_bw},
+                                                              {"fetch_add_lat", test::fetch_add_lat},
+                                                              {"compare_swap_lat", test::compare_swap_lat},
+                                                              {"fetch_add_bw", test::fetch_add_bw},
+                                                              {"compare_swap_bw", test::compare_swap_bw}};
 const char* name_of(test t)
 {
     for (auto& [n, v] : test_names)
@@ -98,8 +131,16 @@ const char* name_of(test t)
 }
 bool is_latency(test t)
 {
-    return t == test::send_lat || t == test::write_lat || t == test::read_lat;
+    return t == test::send_lat || t == test::write_lat || t == test::read_lat || t == test::fetch_add_lat ||
+           t == test::compare_swap_lat;
 }
+bool is_atomic(test t)
+{
+    return t == test::fetch_add_lat || t == test::compare_swap_lat || t == test::fetch_add_bw ||
+           t == test::compare_swap_bw;
+}
+/// The size of an atomic's operand and of its old value.
+constexpr std::size_t atomic_size = 8;
 /// As perftest's --cq-mod: request k of total is signalled if it is one in `every`, or the last.
 bool signal_at(std::uint64_t k, std::uint64_t total, std::uint32_t every)
 {
@@ -117,6 +158,8 @@ struct control {
     std::uint32_t event = 0;             ///< the server waits in event mode too
     std::uint32_t spin_only = 0;         ///< write_lat: the server spins on memory without polling
     std::uint32_t signal_every = 1;      ///< latency: the server's sends / writes, as the client's
+    std::uint32_t atomics = 0;           ///< hello: the server's buffer takes atomics (remote_atomic)
+    std::uint32_t target_poll = 0;       ///< hello: atomics: the server busy-polls while they run
     std::uint64_t cpu_ns = 0;            ///< -q N, the server's ready after a test: its CPU time in it
     rdmx::remote_buffer::bytes region{}; ///< hello / ready: the sender's data buffer
 };
@@ -132,10 +175,12 @@ struct options {
     std::uint64_t warmup = 100;
     std::uint32_t depth = 128;
     std::uint32_t post_list = 1;
+    std::uint32_t outs = 16;          ///< connection_options::max_rd_atomic (perftest's -o, --outs)
     std::uint32_t signal_every = 100; ///< perftest's default CQ moderation (--cq-mod 100)
     std::uint32_t inline_max = 64;
     bool event = false;
     bool spin_only = false;
+    bool target_poll = false; ///< atomics: the server busy-polls its connection meanwhile
     std::string cpus;
     bool json = false;
     int timeout_ms = 10000;
@@ -297,16 +342,23 @@ struct session {
     std::size_t half = 0;
     std::chrono::milliseconds timeout{10000};
 
+    /// The atomic tests' counter at the server (the first 8 bytes of its buffer): what the
+    /// client knows it holds between tests (it starts at 0 and only the client changes it).
+    std::uint64_t counter = 0;
+
     std::byte* target() { return buf.data(); }
     std::byte* source() { return buf.data() + half; }
 
-    void register_buffers(std::size_t max)
+    /// `atomics`: the peer may target the buffer with atomics too (only then: a device
+    /// without atomics may refuse the right).
+    void register_buffers(std::size_t max, bool atomics)
     {
         half = page_buffer::padded(max);
         buf.assign(2 * half);
-        mr = dom->register_memory(buf.data(), buf.size(),
-                                  rdmx::access::local_write | rdmx::access::remote_write |
-                                      rdmx::access::remote_read);
+        auto rights = rdmx::access::local_write | rdmx::access::remote_write | rdmx::access::remote_read;
+        if (atomics)
+            rights = rights | rdmx::access::remote_atomic;
+        mr = dom->register_memory(buf.data(), buf.size(), rights);
     }
     void setup_control()
     {
@@ -337,6 +389,28 @@ struct session {
             std::memcpy(&m, ctl_buf.data(), sizeof m);
             post_control_recv();
             return m;
+        }
+    }
+    /// As recv_control, busy-polling the measured connection meanwhile (the server posts
+    /// nothing there when it does this: a poll only progresses it), without a timeout of
+    /// its own but the control wait's.
+    control recv_control_polling(std::chrono::milliseconds timeout)
+    {
+        poller p(*ctl, false, timeout), measured(*data, false, timeout);
+        rdmx::completion wc[4];
+        auto deadline = clock_type::now() + timeout;
+        for (std::uint32_t n = 1;; ++n) {
+            measured.try_get(wc);
+            for (std::size_t i = 0, got = p.try_get(wc); i < got; ++i) {
+                if (wc[i].opcode != rdmx::opcode::recv)
+                    continue; // our own send's completion
+                control m;
+                std::memcpy(&m, ctl_buf.data(), sizeof m);
+                post_control_recv();
+                return m;
+            }
+            if (n % 4096 == 0 && clock_type::now() > deadline)
+                throw std::runtime_error("no control message within the timeout (client gone?)");
         }
     }
 };
@@ -553,6 +627,124 @@ void run_bw_receiver(session& s, test t, std::size_t size, std::uint64_t total, 
 }
 
 // ---------------------------------------------------------------------------------------
+// Atomic tests: the client alone; the server's transport serves them.
+
+/// The old value in the 8-byte sink at `offset` of the client's source half.
+std::uint64_t old_value(const session& s, std::size_t offset)
+{
+    std::uint64_t v = 0;
+    std::memcpy(&v, s.buf.data() + s.half + offset, sizeof v);
+    return v;
+}
+
+/// Throws unless atomic number k of a test returned what the counter held before it.
+void check_old(const session& s, test t, std::size_t offset, std::uint64_t k)
+{
+    std::uint64_t got = old_value(s, offset), want = s.counter + k;
+    if (got != want)
+        throw std::runtime_error(std::string(name_of(t)) + ": atomic " + std::to_string(k) + " returned " +
+                                 std::to_string(got) + ", the counter held " + std::to_string(want));
+}
+
+/// Atomic k: fetch_add adds 1, compare_swap swaps counter + k for counter + k + 1 (which
+/// holds: RC executes a connection's atomics in posting order).
+rdmx::work_request atomic_request(const session& s, test t, std::uint64_t k, const rdmx::sge& sink,
+                                  const rdmx::remote_buffer& remote, rdmx::send_flags flags)
+{
+    bool add = t == test::fetch_add_lat || t == test::fetch_add_bw;
+    return {.opcode = add ? rdmx::opcode::fetch_add : rdmx::opcode::compare_swap,
+            .wr_id = k,
+            .local = {&sink, 1},
+            .remote = remote,
+            .flags = flags,
+            .compare_add = add ? 1 : s.counter + k,
+            .swap = s.counter + k + 1};
+}
+
+/// fetch_add_lat, compare_swap_lat: one atomic at a time, each signalled (its completion
+/// is the measurement, as a read's), the whole round trip per sample.
+std::vector<double> run_atomic_latency(session& s, test t, std::uint64_t warmup, std::uint64_t iters,
+                                       bool event)
+{
+    std::vector<double> samples;
+    samples.reserve(iters);
+    poller p(*s.data, event, s.timeout);
+    const std::uint64_t total = warmup + iters;
+    rdmx::sge sink{s.mr.get(), s.half, atomic_size};
+    rdmx::remote_buffer remote = *s.peer.slice(0, atomic_size);
+    tick_rate rate;
+    std::uint64_t t0 = ticks();
+    for (std::uint64_t i = 0; i < total; ++i) {
+        rdmx::work_request wr = atomic_request(s, t, i, sink, remote, rdmx::send_flags::signaled);
+        check(s.data->post({&wr, 1}), name_of(t));
+        p.one();
+        check_old(s, t, 0, i); // a few nanoseconds; one clock read per iteration, as perftest
+        std::uint64_t t1 = ticks();
+        if (i >= warmup)
+            samples.push_back(static_cast<double>(t1 - t0));
+        t0 = t1;
+    }
+    s.counter += total;
+    const double scale = rate.us_per_tick();
+    for (double& x : samples)
+        x *= scale;
+    return samples;
+}
+
+/// fetch_add_bw, compare_swap_bw: up to `depth` atomics outstanding, posted in lists of
+/// `post_list`, one in `signal_every` signalled (and the last). Each window slot has its own
+/// 8-byte sink, so a signalled atomic's old value is still there when its completion is
+/// polled (the next atomic of that slot waits for it) and is checked.
+bw_result run_atomic_bw(session& s, test t, std::uint64_t warmup, std::uint64_t iters, std::uint32_t depth,
+                        std::uint32_t post_list, std::uint32_t signal_every, bool event)
+{
+    poller p(*s.data, event, s.timeout);
+    const std::uint64_t total = warmup + iters;
+    rdmx::remote_buffer remote = *s.peer.slice(0, atomic_size);
+    std::vector<rdmx::sge> sinks(depth);
+    for (std::uint32_t j = 0; j < depth; ++j)
+        sinks[j] = {s.mr.get(), s.half + j * atomic_size, atomic_size};
+    std::vector<rdmx::work_request> list(post_list);
+    std::vector<rdmx::completion> wc(64);
+
+    std::uint64_t posted = 0, completed = 0, measured_from = 0;
+    clock_type::time_point t0 = clock_type::now();
+    double cpu0 = cpu_seconds();
+    bool measuring = warmup == 0;
+    while (completed < total) {
+        while (posted < total && posted - completed + post_list <= depth) {
+            std::size_t n = std::min<std::uint64_t>(post_list, total - posted);
+            for (std::size_t j = 0; j < n; ++j) {
+                std::uint64_t k = posted + j;
+                list[j] = atomic_request(s, t, k, sinks[k % depth], remote,
+                                         signal_at(k, total, signal_every) ? rdmx::send_flags::signaled
+                                                                           : rdmx::send_flags::none);
+            }
+            std::size_t done = 0;
+            auto ec = s.data->post({list.data(), n}, &done);
+            posted += done;
+            if (ec == rdmx::errc::would_block)
+                break;
+            check(ec, name_of(t));
+        }
+        std::size_t got = p.get(wc);
+        for (std::size_t i = 0; i < got; ++i) {
+            check_old(s, t, (wc[i].wr_id % depth) * atomic_size, wc[i].wr_id);
+            completed = std::max(completed, wc[i].wr_id + 1);
+        }
+        if (!measuring && completed >= warmup) {
+            measuring = true;
+            measured_from = completed;
+            t0 = clock_type::now();
+            cpu0 = cpu_seconds();
+        }
+    }
+    std::chrono::duration<double> dt = clock_type::now() - t0;
+    s.counter += total;
+    return {dt.count(), cpu_seconds() - cpu0, total - measured_from};
+}
+
+// ---------------------------------------------------------------------------------------
 // Many connections (-q N): N measured connections, one thread per side.
 
 /// The completions of N connections: one shared completion queue (each completion names
@@ -736,14 +928,23 @@ double percentile(const std::vector<double>& v, double q)
     return v[std::min(i, v.size() - 1)];
 }
 
+/// The reads and atomics a measured connection lets execute at once (-o, clamped by the device).
+std::uint32_t max_rd_atomic(const session& s, const options& o)
+{
+    return s.data            ? s.data->limits().max_rd_atomic
+           : s.conns.empty() ? o.outs
+                             : s.conns[0]->limits().max_rd_atomic;
+}
+
 void print_header(test t, const session& s, const options& o)
 {
     std::printf("---------------------------------------------------------------------------------------\n");
     std::printf(" rdmx_perf %s   backend %s (device %s)   %s mode\n", name_of(t),
                 rdmx::to_string(s.dom->backend()), s.dom->limits().device_name.c_str(),
                 o.event ? "event" : "polling");
-    std::printf(" depth %u   post list %u   signal every %u   inline up to %u B   cpus %s\n", o.depth,
-                o.post_list, o.signal_every, o.inline_max, o.cpus.empty() ? "any" : o.cpus.c_str());
+    std::printf(" depth %u   post list %u   signal every %u   inline up to %u B   outs %u   cpus %s\n",
+                o.depth, o.post_list, o.signal_every, o.inline_max, max_rd_atomic(s, o),
+                o.cpus.empty() ? "any" : o.cpus.c_str());
     if (multi(o))
         std::printf(" connections %u   completion queues %s\n", o.qps,
                     o.shared_cq ? "one shared" : "one per connection");
@@ -784,13 +985,14 @@ void print_row(const result& r, const options& o)
 void print_json(const std::vector<result>& rs, const session& s, const options& o)
 {
     std::printf("{\"tool\": \"rdmx_perf\", \"backend\": \"%s\", \"device\": \"%s\", \"mode\": \"%s\", "
-                "\"depth\": %u, \"post_list\": %u, \"signal_every\": %u, \"inline\": %u, \"cpus\": \"%s\", "
+                "\"depth\": %u, \"post_list\": %u, \"signal_every\": %u, \"inline\": %u, \"outs\": %u, "
+                "\"cpus\": \"%s\", "
                 "\"units\": {\"latency\": \"us\", \"bandwidth\": \"MB/s (1e6 B/s)\", \"cpu\": \"s per GB "
                 "(1e9 B)\"},\n"
                 " \"results\": [\n",
                 rdmx::to_string(s.dom->backend()), s.dom->limits().device_name.c_str(),
                 o.event ? "event" : "polling", o.depth, o.post_list, o.signal_every, o.inline_max,
-                o.cpus.c_str());
+                max_rd_atomic(s, o), o.cpus.c_str());
     for (std::size_t i = 0; i < rs.size(); ++i) {
         const result& r = rs[i];
         std::printf("  {\"test\": \"%s\", \"size\": %zu, \"iterations\": %llu, ", name_of(r.t), r.size,
@@ -830,6 +1032,7 @@ rdmx::connection_options connection_opts(const options& o)
     // whole window (the sender would see receiver-not-ready retries).
     c.recv_queue_depth = 2 * o.depth;
     c.max_inline = o.inline_max;
+    c.max_rd_atomic = o.outs;
     c.timeout = std::chrono::milliseconds(o.timeout_ms);
     c.tcp.takeover_check = std::chrono::microseconds(o.takeover_check_us);
     c.tcp.congestion = o.congestion;
@@ -872,15 +1075,17 @@ int run_server(const options& o)
         s.data = accept(connection_opts(o));
     s.ctl = accept(connection_opts(o));
     s.setup_control();
-    bool event = false, spin_only = false;
+    bool event = false, spin_only = false, target_poll = false;
+    std::optional<control> next; // the message a busy-polling wait already received
     for (;;) {
-        control m = s.recv_control(std::chrono::hours(24));
+        control m = next ? *std::exchange(next, std::nullopt) : s.recv_control(std::chrono::hours(24));
         switch (m.kind) {
         case control::hello: {
-            s.register_buffers(m.size);
+            s.register_buffers(m.size, m.atomics != 0);
             s.peer = *rdmx::remote_buffer::parse(m.region);
             event = m.event != 0;
             spin_only = m.spin_only != 0;
+            target_poll = m.target_poll != 0;
             control r{.kind = control::ready};
             r.region = s.mr->remote(0, m.size).serialize();
             s.send_control(r);
@@ -904,7 +1109,12 @@ int run_server(const options& o)
                             std::max(1u, m.signal_every));
             else if (m.t == test::send_bw || m.t == test::write_imm_bw)
                 run_bw_receiver(s, m.t, m.size, total, event);
-            else // write_bw, read_bw, read_lat: nothing to do, the transport serves them
+            else if (is_atomic(m.t) && target_poll) {
+                // On TCP this thread's polls then serve the atomics, as ucx_perftest's
+                // responder progresses its worker (the engine thread otherwise).
+                s.send_control({.kind = control::ready});
+                next = s.recv_control_polling(std::chrono::hours(24));
+            } else // write_bw, read_bw, read_lat, atomics: nothing to do, the transport serves them
                 s.send_control({.kind = control::ready});
             break;
         }
@@ -923,14 +1133,19 @@ int run_client(const options& o)
     for (auto& str : o.sizes)
         sizes.push_back(parse_size(str));
     if (sizes.empty())
-        sizes.push_back(o.t == test::send_lat || o.t == test::write_lat || o.t == test::read_lat ? 2 : 65536);
+        sizes.push_back(is_atomic(o.t) ? atomic_size : is_latency(o.t) ? 2 : 65536);
     std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
     if (*std::min_element(sizes.begin(), sizes.end()) < 1)
         throw std::invalid_argument("sizes must be at least 1 byte");
+    if (is_atomic(o.t) && (sizes.size() != 1 || sizes[0] != atomic_size))
+        throw std::invalid_argument(std::string(name_of(o.t)) + ": atomics are 8 bytes (-s 8 or no -s)");
 
     session s;
     s.timeout = std::chrono::milliseconds(o.timeout_ms);
     s.dom = rdmx::domain::open(o.address);
+    if (is_atomic(o.t) && !s.dom->limits().atomics) // siw: atomic_cap is IBV_ATOMIC_NONE
+        throw std::runtime_error(std::string(name_of(o.t)) + ": device " + s.dom->limits().device_name +
+                                 " has no atomics (device_limits::atomics)");
     auto co = connection_opts(o);
     if (multi(o))
         for (std::uint32_t i = 0; i < o.qps; ++i)
@@ -939,12 +1154,17 @@ int run_client(const options& o)
         s.data = s.dom->connect(o.address, co);
     s.ctl = s.dom->connect(o.address, co);
     s.setup_control();
-    s.register_buffers(largest);
+    // Atomics: the client's half holds a sink per window slot.
+    if (is_atomic(o.t))
+        largest = std::max<std::size_t>(largest, std::size_t{o.depth} * atomic_size);
+    s.register_buffers(largest, is_atomic(o.t));
 
     control hello{.kind = control::hello,
                   .size = largest,
                   .event = o.event ? 1u : 0u,
-                  .spin_only = o.spin_only ? 1u : 0u};
+                  .spin_only = o.spin_only ? 1u : 0u,
+                  .atomics = is_atomic(o.t) ? 1u : 0u,
+                  .target_poll = o.target_poll ? 1u : 0u};
     hello.region = s.mr->remote(0, largest).serialize();
     s.send_control(hello);
     control r = s.recv_control(s.timeout);
@@ -968,6 +1188,11 @@ int run_client(const options& o)
             // Tell the server the test is over; it answers with its CPU time.
             s.send_control({.kind = control::start, .t = o.t, .size = size});
             res.server_cpu = static_cast<double>(s.recv_control(s.timeout).cpu_ns) * 1e-9;
+        } else if (o.t == test::fetch_add_lat || o.t == test::compare_swap_lat) {
+            res.lat = run_atomic_latency(s, o.t, o.warmup, o.iters, o.event);
+            std::sort(res.lat.begin(), res.lat.end());
+        } else if (o.t == test::fetch_add_bw || o.t == test::compare_swap_bw) {
+            res.bw = run_atomic_bw(s, o.t, o.warmup, o.iters, o.depth, o.post_list, o.signal_every, o.event);
         } else if (is_latency(o.t)) {
             res.lat = run_latency(s, o.t, size, o.warmup, o.iters, true, o.event, o.spin_only, o.inline_max,
                                   o.signal_every);
@@ -1022,12 +1247,20 @@ int main(int argc, char** argv)
                    "perftest's --cq-mod)")
         ->capture_default_str()
         ->check(CLI::Range(1u, 16384u));
+    app.add_option("-o,--outs", o.outs,
+                   "reads and atomics executing at the peer at once, both sides (connection_options::"
+                   "max_rd_atomic, clamped to the device's; as perftest's -o, --outs)")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 65536u));
     app.add_option("-I,--inline", o.inline_max, "send payloads up to this size inline")
         ->capture_default_str();
     app.add_flag("-e,--event", o.event, "sleep on the completion channel instead of busy polling");
     app.add_flag(
         "--spin-only", o.spin_only,
         "write_lat: spin on memory without polling meanwhile (as perftest; default polls, as ucx_perftest)");
+    app.add_flag("--target-poll", o.target_poll,
+                 "atomics: the server busy-polls its connection while they run (as ucx_perftest's "
+                 "responder; on TCP its thread then serves them; default: it sleeps, as perftest's)");
     app.add_option("--cpu", o.cpus, "pin to these CPUs (taskset list: 0 | 0,1 | 0-1)");
     app.add_flag("--json", o.json, "print one JSON document instead of the table");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on connecting and on every wait")
@@ -1051,8 +1284,9 @@ int main(int argc, char** argv)
             o.t = v;
     o.signal_every = std::min(o.signal_every, o.depth); // a full window must hold a signalled one
     // The server learns the test from its client (its -t is the default, send_lat).
-    if (!o.server && multi(o) && is_latency(o.t)) {
-        std::fprintf(stderr, "rdmx_perf: -q and --shared-cq are for the bandwidth tests\n");
+    if (!o.server && multi(o) && (is_latency(o.t) || is_atomic(o.t))) {
+        std::fprintf(stderr,
+                     "rdmx_perf: -q and --shared-cq are for the send, write and read bandwidth tests\n");
         return 2;
     }
     if (multi(o) && o.event && !o.shared_cq) {

@@ -123,6 +123,29 @@ class Summarize(unittest.TestCase):
         self.assertIn("| tcp | load | - | 0 B | load | 1.5 | 2.5 | 3.5 |", md)
         self.assertIn("| tcp | rdmx | send_bw_q8 | 64 B | msg_s | 8e+05 | 7e+05 | 7.5e+05 |", md)
 
+    def test_atomics_rows(self):
+        # compare.sh --atomics: issue 19's rows only; rates higher-is-better, latencies lower.
+        lines = []
+        for rep, (lat, ucx_lat, rate, pt_rate) in enumerate(
+                zip([20, 22, 21], [9, 8, 10], [50e3, 55e3, 60e3], [100e3, 110e3, 90e3]), 1):
+            lines.append(line(rep, "tcp", "load", "-", 0, "load", rep + 1.5))
+            lines.append(line(rep, "tcp", "rdmx", "fetch_add_lat", 8, "lat_us", lat))
+            lines.append(line(rep, "tcp", "ucx", "ucp_fadd", 8, "lat_us", ucx_lat))
+            lines.append(line(rep, "verbs", "rdmx", "compare_swap_bw", 8, "msg_s", rate))
+            lines.append(line(rep, "verbs", "perftest", "compare_swap_bw", 8, "msg_s", pt_rate))
+        rows, md = self.run_summarize(lines, "--atomics")
+        self.assertNotIn(("tcp", "send/recv 8 B latency vs UCX tag_lat"), rows)
+        self.assertNotIn(("tcp", "send 64 B x 8 connections, one shared CQ vs 8 CQs (message rate)"), rows)
+        lat = rows["tcp", "fetch_add 8 B latency (round trip, median) vs UCX ucp_fadd"]
+        self.assertAlmostEqual(lat["ratio"], 21 / 9)
+        self.assertEqual(lat["unit"], "us")
+        rate = rows["verbs", "compare_swap 8 B rate, window 128 vs ib_atomic_bw -A CMP_AND_SWAP -t 128 -o 128"]
+        self.assertAlmostEqual(rate["ratio"], 55e3 / 100e3)
+        self.assertEqual(rate["unit"], "msg/s")
+        self.assertIsNone(rows["tcp", "fetch_add 8 B rate, window 128 vs UCX ucp_add -O 128 (no fetch)"]["ratio"])
+        self.assertIn("8 B remote atomics (issue 19)", md)
+        self.assertIn("| tcp | load | - | 0 B | load | 2.5 | 3.5 | 4.5 |", md)
+
 
 if __name__ == "__main__":
     unittest.main()
