@@ -321,20 +321,30 @@ TEST_P(windows, rebinding_gives_a_new_key_and_revokes_the_old_one)
     auto w = server_dom_->allocate_window();
     auto first = bind(*p.server, *w, *r, 0, 1024, access::remote_read | access::remote_write);
     EXPECT_FALSE(write(*p.client, first, 16));
-    // Rebinds over another range, each with a key never seen before (verbs: only the low
-    // 8 bits change per bind, so no repeat within 255 rebinds; docs/memory-windows.md).
+    // Rebinds over another range and back, each with a key never seen before (verbs: only
+    // the low 8 bits change per bind, so no repeat within 255 rebinds;
+    // docs/memory-windows.md).
     std::set<std::uint64_t> keys = {first.key};
-    remote_buffer last{};
+    remote_buffer moved{}, last{};
     for (std::uint64_t i = 0; i < 16; ++i) {
-        last = bind(*p.server, *w, *r, 4096, 1024, access::remote_read | access::remote_write, 100 + i);
-        EXPECT_TRUE(keys.insert(last.key).second) << "bind " << i << " repeated key " << std::hex << last.key;
-        EXPECT_EQ(last.addr, reinterpret_cast<std::uint64_t>(target_.data() + 4096));
+        moved = bind(*p.server, *w, *r, 4096, 1024, access::remote_read | access::remote_write, 100 + i);
+        EXPECT_TRUE(keys.insert(moved.key).second)
+            << "bind " << i << " repeated key " << std::hex << moved.key;
+        EXPECT_EQ(moved.addr, reinterpret_cast<std::uint64_t>(target_.data() + 4096));
     }
     std::fill(target_.begin(), target_.end(), fill);
-    EXPECT_FALSE(write(*p.client, last, 1024)) << "the new key does not work";
+    EXPECT_FALSE(write(*p.client, moved, 1024)) << "the new key does not work";
     EXPECT_TRUE(untouched_except(4096, 1024));
+    // Back over the first range: the range of `first` again, under yet another key.
+    last = bind(*p.server, *w, *r, 0, 1024, access::remote_read | access::remote_write, 200);
+    EXPECT_TRUE(keys.insert(last.key).second) << "the last bind repeated a key";
+    EXPECT_EQ(last.addr, first.addr);
     std::fill(target_.begin(), target_.end(), fill);
-    // The first descriptor names the old range under the old key: refused.
+    EXPECT_FALSE(write(*p.client, last, 16)) << "the new key does not work";
+    EXPECT_TRUE(untouched_except(0, 16));
+    std::fill(target_.begin(), target_.end(), fill);
+    // The first descriptor names exactly the window's range, but under a key two binds
+    // old: refused, and nothing written.
     expect_refused(p, write(*p.client, first, 16), "write with the first bind's descriptor");
     EXPECT_TRUE(untouched_except());
 }
