@@ -8,7 +8,8 @@
 //          which the rest of the suite uses, are never touched.
 // What the endpoint promises (docs/endpoints.md, "A link that goes down"): an outage shorter
 // than the connection's detection bound (ack_timeout x (retry_count + 1)) delays what was
-// issued meanwhile and loses nothing, in order (the transport retransmits); a longer one
+// issued meanwhile and loses nothing, in order (the transport retransmits; not on rxe, which
+// fails a QP at once when a packet finds no route: there it is a failed connection); a longer one
 // fails what was outstanding with the connection's cause and what is issued afterwards
 // within connect_deadline, and the next operation to the same handle once the link is back
 // reaches the peer.
@@ -104,14 +105,16 @@ protected:
                 GTEST_SKIP() << "creates a dummy netdev and an RDMA device on it: only in the test guest "
                                 "(RDMX_GUEST_IP unset)";
             const char* type = dom_->limits().iwarp ? "siw" : "rxe";
-            sh(std::string("rdma link delete ") + dummy_rdma + " 2>/dev/null; ip link del " + dummy_dev +
-               " 2>/dev/null");
-            std::string cmd = std::string("ip link add ") + dummy_dev + " type dummy && ip addr add " +
-                              dummy_ip + "/24 dev " + dummy_dev + " && ip link set " + dummy_dev +
-                              " up && rdma link add " + dummy_rdma + " type " + type + " netdev " + dummy_dev;
-            if (sh(cmd) != 0)
-                GTEST_SKIP() << "could not set up a link of the test's own: " << cmd;
-            made_dummy_ = true;
+            // Made once per guest and left there: librdmacm keeps the device's context open
+            // until the process exits, and rxe cannot disassociate it, so `rdma link
+            // delete` would wait for this very process forever.
+            if (::access((std::string("/sys/class/infiniband/") + dummy_rdma).c_str(), F_OK) != 0) {
+                std::string cmd = std::string("ip link add ") + dummy_dev + " type dummy && ip addr add " +
+                                  dummy_ip + "/24 dev " + dummy_dev + " && rdma link add " + dummy_rdma +
+                                  " type " + type + " netdev " + dummy_dev;
+                if (sh(cmd) != 0)
+                    GTEST_SKIP() << "could not set up a link of the test's own: " << cmd;
+            }
             link_ = dummy_dev;
             host_ = dummy_ip;
         }
@@ -130,9 +133,6 @@ protected:
         if (!link_.empty())
             set_link(link_, true); // before any connection goes (rxe: see wait_port_active)
         dom_.reset();
-        if (made_dummy_)
-            sh(std::string("rdma link delete ") + dummy_rdma + " 2>/dev/null; ip link del " + dummy_dev +
-               " 2>/dev/null");
         if (in_ns_)
             ::setns(orig_ns_, CLONE_NEWNET);
         if (orig_ns_ >= 0)
@@ -211,7 +211,6 @@ protected:
     std::string host_;
     int orig_ns_ = -1;
     bool in_ns_ = false;
-    bool made_dummy_ = false;
 };
 
 TEST_P(endpoint_link, a_short_outage_delays_messages_and_loses_none)
@@ -225,39 +224,81 @@ TEST_P(endpoint_link, a_short_outage_delays_messages_and_loses_none)
     ASSERT_EQ(a.ep->statistics().connected, 1u);
 
     // Receives first (nothing unexpected), then the link goes down and the sends are issued.
+    // Message i: its index in the first 4 bytes, then a pattern of its own.
     constexpr int k = 16;
+    constexpr std::size_t len = 64, tx = 16384, rx = 32768;
     for (int i = 0; i < k; ++i) {
-        sge r{m.get(), 32768 + static_cast<std::size_t>(i) * 64, 64};
-        ASSERT_FALSE(b.ep->recv(any_peer, 2, 0, {&r, 1}, 200 + i));
+        sge r{m.get(), rx + static_cast<std::size_t>(i) * len, len};
+        ASSERT_FALSE(b.ep->recv(any_peer, 2, 0, {&r, 1}, static_cast<std::uint64_t>(i)));
     }
-    fill(*m, 16384, 64 * k, 5);
+    for (int i = 0; i < k; ++i) {
+        fill(*m, tx + static_cast<std::size_t>(i) * len, len, 500 + i);
+        std::memcpy(m->data() + tx + static_cast<std::size_t>(i) * len, &i, sizeof i);
+    }
     std::size_t a0 = a.done.size(), b0 = b.done.size();
     link(false);
     auto down = clock::now();
     for (int i = 0; i < k; ++i) {
-        sge s{m.get(), 16384 + static_cast<std::size_t>(i) * 64, 64};
-        ASSERT_FALSE(a.ep->send(to_b, 2, {&s, 1}, 200 + i));
+        sge s{m.get(), tx + static_cast<std::size_t>(i) * len, len};
+        ASSERT_FALSE(a.ep->send(to_b, 2, {&s, 1}, static_cast<std::uint64_t>(i)));
     }
     pump(
         {&a, &b}, [] { return false; }, 300ms);
     EXPECT_EQ(b.done.size(), b0) << "a message crossed a link that was down";
     link(true);
-    auto outage = clock::now() - down;
+    auto outage = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - down);
     ASSERT_TRUE(pump(
         {&a, &b}, [&] { return a.done.size() == a0 + k; }, 20s))
-        << "sends issued during a " << std::chrono::duration_cast<std::chrono::milliseconds>(outage).count()
-        << " ms outage did not complete";
-    ASSERT_TRUE(pump(
-        {&a, &b}, [&] { return b.done.size() == b0 + k; }, 5s));
+        << "sends issued during a " << outage.count() << " ms outage did not complete";
+    std::vector<bool> sent_ok(k);
+    int ok = 0;
+    std::string failure;
+    for (std::size_t i = a0; i < a.done.size(); ++i) {
+        const auto& x = a.done[i];
+        ASSERT_LT(x.context, static_cast<std::uint64_t>(k));
+        if (!x.status) {
+            sent_ok[x.context] = true;
+            ++ok;
+        } else {
+            EXPECT_TRUE(is_connection_failure(x.status))
+                << "send " << x.context << ": " << x.status.message();
+            failure = x.status.message();
+        }
+    }
+    // Every successful send arrives; a failed one may have arrived too (its data got
+    // through, its acknowledgement did not), but nothing twice and in send order.
     pump(
-        {&a, &b}, [] { return false; }, 50ms); // nothing more may come
-    ASSERT_EQ(b.done.size(), b0 + k);
-    for (std::size_t i = a0; i < a.done.size(); ++i)
-        EXPECT_FALSE(a.done[i].status) << "send " << a.done[i].context << ": " << a.done[i].status.message();
-    // In order and every byte: receive i (posting order) holds message i.
-    for (std::size_t i = b0; i < b.done.size(); ++i)
-        EXPECT_FALSE(b.done[i].status) << "recv " << b.done[i].context << ": " << b.done[i].status.message();
-    EXPECT_TRUE(check(*m, 32768, 64 * k, 5)) << "messages lost, doubled or reordered";
+        {&a, &b}, [&] { return b.done.size() >= b0 + static_cast<std::size_t>(ok); }, 5s);
+    pump(
+        {&a, &b}, [] { return false; }, 100ms); // nothing more may come
+    std::vector<bool> got(k);
+    int last = -1;
+    for (std::size_t i = b0; i < b.done.size(); ++i) {
+        const auto& x = b.done[i];
+        ASSERT_FALSE(x.status) << "recv " << x.context << ": " << x.status.message();
+        std::size_t off = rx + x.context * len;
+        int idx = -1;
+        std::memcpy(&idx, m->data() + off, sizeof idx);
+        ASSERT_GE(idx, 0);
+        ASSERT_LT(idx, k);
+        EXPECT_GT(idx, last) << "message " << idx << " out of order or doubled";
+        last = idx;
+        got[idx] = true;
+        EXPECT_EQ(std::memcmp(m->data() + off, m->data() + tx + static_cast<std::size_t>(idx) * len, len), 0)
+            << "message " << idx << " damaged";
+    }
+    for (int i = 0; i < k; ++i)
+        EXPECT_TRUE(!sent_ok[i] || got[i]) << "message " << i << " was sent but never arrived";
+    std::printf("[ link     ] %s: a %lld ms outage: %d of %d sends completed, %zu delivered%s%s\n",
+                to_string(b_), static_cast<long long>(outage.count()), ok, k, b.done.size() - b0,
+                failure.empty() ? "" : "; failed: ", failure.c_str());
+    // TCP retransmits through an outage shorter than its timeouts: nothing may fail there.
+    // verbs: rxe (Linux 6.1) moves a QP to the error state as soon as a packet finds no
+    // route (its requester's local QP operation error), so there even a short outage ends
+    // the connection; what was outstanding then fails with that, as in a long one.
+    if (b_ == backend::tcp) {
+        EXPECT_EQ(ok, k) << "a short outage failed sends on TCP";
+    }
     // And the same handle goes on working.
     exchange(a, b, to_b, *m, 3, 3, 20s);
 }
