@@ -79,9 +79,13 @@ bool is_connection_failure(std::error_code ec)
 class endpoint_link : public ep_fixture
 {
 protected:
-    static constexpr const char* dummy_dev = "rdmxeplnk0";
-    static constexpr const char* dummy_rdma = "rdmxeplnk0_rdma";
-    static constexpr const char* dummy_ip = "10.203.0.1";
+    /// rxe (Linux 6.1): a CM message sent while the netdev is down (the DREQ of the connection
+    /// the outage failed) puts the device's management QP in the error state, and no
+    /// connection on that device works afterwards (seen here, and by tests/fault, which
+    /// therefore brings its link up before a connection goes).
+    static constexpr const char* rxe_dead_after_outage =
+        "rxe (Linux 6.1): a CM message sent while the netdev is down breaks the device's management QP; "
+        "no connection on the device works after the outage";
 
     void SetUp() override
     {
@@ -104,24 +108,28 @@ protected:
             if (!std::getenv("RDMX_GUEST_IP"))
                 GTEST_SKIP() << "creates a dummy netdev and an RDMA device on it: only in the test guest "
                                 "(RDMX_GUEST_IP unset)";
-            const char* type = dom_->limits().iwarp ? "siw" : "rxe";
-            // Made once per guest and left there: librdmacm keeps the device's context open
-            // until the process exits, and rxe cannot disassociate it, so `rdma link
-            // delete` would wait for this very process forever.
-            if (::access((std::string("/sys/class/infiniband/") + dummy_rdma).c_str(), F_OK) != 0) {
-                std::string cmd = std::string("ip link add ") + dummy_dev + " type dummy && ip addr add " +
-                                  dummy_ip + "/24 dev " + dummy_dev + " && rdma link add " + dummy_rdma +
-                                  " type " + type + " netdev " + dummy_dev;
-                if (sh(cmd) != 0)
-                    GTEST_SKIP() << "could not set up a link of the test's own: " << cmd;
-            }
-            link_ = dummy_dev;
-            host_ = dummy_ip;
+            iwarp_ = dom_->limits().iwarp;
+            // A device of each test's own (an outage can leave rxe's unusable, above), made
+            // once and left there: librdmacm keeps the device's context open until the
+            // process exits, and rxe cannot disassociate it, so `rdma link delete` would wait
+            // for this very process forever. The guest is thrown away after the run.
+            static int made = 0;
+            const int n = made++;
+            const std::string dev = "rdmxeplnk" + std::to_string(n);
+            const std::string rdma = dev + "_rdma";
+            host_ = "10.203." + std::to_string(n) + ".1";
+            const std::string cmd = "ip link add " + dev + " type dummy && ip addr add " + host_ +
+                                    "/24 dev " + dev + " && rdma link add " + rdma + " type " +
+                                    (iwarp_ ? "siw" : "rxe") + " netdev " + dev;
+            if (sh(cmd) != 0)
+                GTEST_SKIP() << "could not set up a link of the test's own: " << cmd;
+            link_ = dev;
+            rdma_dev_ = rdma;
         }
         if (auto why = set_link(link_, true); !why.empty())
             GTEST_SKIP() << why;
         if (b_ == backend::verbs) {
-            ASSERT_TRUE(wait_port_active()) << dummy_rdma << " did not become ACTIVE";
+            ASSERT_TRUE(wait_port_active()) << rdma_dev_ << " did not become ACTIVE";
         }
         // The domain of the test: in the namespace (tcp) / on the link's own device (verbs).
         dom_.reset();
@@ -146,7 +154,7 @@ protected:
             return true;
         auto deadline = clock::now() + 10s;
         while (clock::now() < deadline) {
-            std::ifstream f(std::string("/sys/class/infiniband/") + dummy_rdma + "/ports/1/state");
+            std::ifstream f("/sys/class/infiniband/" + rdma_dev_ + "/ports/1/state");
             std::string s;
             std::getline(f, s);
             if (s.find("ACTIVE") != std::string::npos)
@@ -209,12 +217,16 @@ protected:
 
     std::string link_;
     std::string host_;
+    std::string rdma_dev_;
+    bool iwarp_ = false;
     int orig_ns_ = -1;
     bool in_ns_ = false;
 };
 
 TEST_P(endpoint_link, a_short_outage_delays_messages_and_loses_none)
 {
+    if (b_ == backend::verbs && !iwarp_)
+        GTEST_SKIP() << rxe_dead_after_outage << " (and rxe fails a QP at once when a packet finds no route)";
     auto o = link_options();
     auto a = open_here(o);
     auto b = open_here(o);
@@ -371,6 +383,12 @@ TEST_P(endpoint_link, a_long_outage_fails_operations_within_the_bounds_and_the_p
     EXPECT_LT(wakeups, 400) << "the caller spun";
     EXPECT_EQ(b.done.size(), b0) << "something sent over the dead link arrived";
 
+    if (b_ == backend::verbs && !iwarp_) {
+        link(true);
+        std::printf("[ link     ] verbs: reaching the peer again not checked on rxe: %s\n",
+                    rxe_dead_after_outage);
+        return;
+    }
     // 3. The link comes back: the next operation to the same handle reaches the peer (a
     //    first dial may still meet the tail of the outage: within the connect deadline).
     link(true);
