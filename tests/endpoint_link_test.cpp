@@ -364,25 +364,34 @@ TEST_P(endpoint_link, a_long_outage_fails_operations_within_the_bounds_and_the_p
                 a.done[a0].status.message().c_str());
     EXPECT_LT(took, detection_bound(o) + 2s);
     // 2. Issued while the link is still down: the peer is redialled, and the operations fail
-    //    at the connect deadline with the last cause.
-    std::size_t a1 = a.done.size();
-    for (int i = 0; i < 2; ++i)
-        ASSERT_FALSE(a.ep->send(to_b, 2, {&s, 1}, 20 + i));
-    wakeups = 0;
-    took = wait_for(a1 + 2, 20s, wakeups);
-    ASSERT_EQ(a.done.size(), a1 + 2) << "operations queued for a dead link did not complete";
-    for (std::size_t i = a1; i < a.done.size(); ++i)
-        EXPECT_TRUE(a.done[i].status && is_connection_failure(a.done[i].status))
-            << to_string(a.done[i].op) << " " << a.done[i].context << ": " << a.done[i].status.message();
-    std::printf("[ link     ] %s: queued operations failed %lld ms after issue (%s), %d wake-ups\n",
-                to_string(b_),
-                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()),
-                a.done[a1].status.message().c_str(), wakeups);
-    EXPECT_GE(took, o.connect_deadline - 100ms);
-    EXPECT_LT(took, o.connect_deadline + o.connection.timeout + 2s);
-    EXPECT_LT(wakeups, 400) << "the caller spun";
-    EXPECT_EQ(b.done.size(), b0) << "something sent over the dead link arrived";
-
+    //    at the connect deadline with the last cause. Not on siw: it ends its connections
+    //    when its netdev goes down, but its kernel TCP still reaches an address of this host
+    //    over lo whatever that link's state (seen here: a new dial worked), so for a new
+    //    connection there is no outage to meet.
+    if (iwarp_) {
+        std::printf(
+            "[ link     ] verbs: dialling during the outage not checked on siw (its TCP reaches a local "
+            "address over lo)\n");
+    } else {
+        std::size_t a1 = a.done.size();
+        for (int i = 0; i < 2; ++i)
+            ASSERT_FALSE(a.ep->send(to_b, 2, {&s, 1}, 20 + i));
+        wakeups = 0;
+        took = wait_for(a1 + 2, 20s, wakeups);
+        ASSERT_EQ(a.done.size(), a1 + 2) << "operations queued for a dead link did not complete";
+        for (std::size_t i = a1; i < a.done.size(); ++i)
+            EXPECT_TRUE(a.done[i].status && is_connection_failure(a.done[i].status))
+                << to_string(a.done[i].op) << " " << a.done[i].context << ": " << a.done[i].status.message();
+        std::printf(
+            "[ link     ] %s: queued operations failed %lld ms after issue (%s), %d wake-ups\n",
+            to_string(b_),
+            static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()),
+            a.done[a1].status.message().c_str(), wakeups);
+        EXPECT_GE(took, o.connect_deadline - 100ms);
+        EXPECT_LT(took, o.connect_deadline + o.connection.timeout + 2s);
+        EXPECT_LT(wakeups, 400) << "the caller spun";
+        EXPECT_EQ(b.done.size(), b0) << "something sent over the dead link arrived";
+    }
     if (b_ == backend::verbs && !iwarp_) {
         link(true);
         std::printf("[ link     ] verbs: reaching the peer again not checked on rxe: %s\n",
