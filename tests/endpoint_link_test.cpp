@@ -6,13 +6,14 @@
 //   verbs: a dummy netdev with an rxe or siw device of its own (ip link add, rdma link add),
 //          only inside the throwaway test guest (RDMX_GUEST_IP set), so that rxe0 / siw0,
 //          which the rest of the suite uses, are never touched.
-// What the endpoint promises (docs/endpoints.md, "A link that goes down"): an outage shorter
-// than the connection's detection bound (ack_timeout x (retry_count + 1)) delays what was
-// issued meanwhile and loses nothing, in order (the transport retransmits; not on rxe, which
-// fails a QP at once when a packet finds no route: there it is a failed connection); a longer one
-// fails what was outstanding with the connection's cause and what is issued afterwards
-// within connect_deadline, and the next operation to the same handle once the link is back
-// reaches the peer.
+// What the endpoint promises (docs/endpoints.md, "A link that goes down and comes back"): an
+// outage shorter than the connection's detection bound (ack_timeout x (retry_count + 1))
+// delays what was issued meanwhile and loses nothing, in order, where the transport
+// retransmits (TCP); a longer one fails what was outstanding with the connection's cause
+// within that bound and what is issued afterwards at connect_deadline, and once the link is
+// back the next operation to the same handle reaches the peer. Whatever the provider, nothing
+// hangs, nothing arrives twice or out of order. rxe and siw end the connection at an outage
+// of any length; what each test checks on them is said where it differs.
 #include <gtest/gtest.h>
 #include <net/if.h>
 #include <sched.h>
