@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <map>
 #include <vector>
 
 #include "common/endpoint_util.hpp"
@@ -440,6 +441,139 @@ TEST_P(endpoint_race, an_address_removed_and_reinserted_at_once_works_with_a_new
     EXPECT_FALSE(a.done[1].status) << a.done[1].status.message();
     EXPECT_FALSE(b.done[1].status) << b.done[1].status.message();
     EXPECT_TRUE(check(*m, 4096, 16, 3));
+}
+
+// Unexpected-message back-pressure (issue 18, item 4): two senders flood tagged messages
+// that nobody receives. The receiver holds them in its fixed receive buffers, never more
+// than receive_buffers (from unexpected_limit on it gives no buffer back, so its shared
+// receive queue runs dry), the senders are held back by receiver-not-ready (their sends
+// stay pending; none fails, rnr_retry_count 7 retries forever), and once receives are
+// posted every message arrives exactly once, in send order per sender, every byte right.
+TEST_P(endpoint_race, a_flood_nobody_receives_is_held_bounded_back_pressures_the_senders_and_loses_nothing)
+{
+    if (dom_->limits().iwarp)
+        GTEST_SKIP() << "iWARP has no receiver-not-ready: a receiver out of buffers ends the sender's "
+                        "connection (docs/endpoints.md), so a flood is not held back losslessly";
+    constexpr int senders = 2;
+    constexpr int n = 200; // per sender: 400 messages against 64 receive buffers
+    constexpr std::size_t len = 64;
+    constexpr std::size_t total = senders * n;
+    auto ro = small_options();
+    ro.receive_buffers = 64;
+    ro.unexpected_limit = 32;
+    ro.connection.min_rnr_timer = 18; // 5.12 ms between a sender's retries (less spinning)
+    ro.connection.rnr_retry_count = 7;
+    auto so = small_options();
+    so.connection.min_rnr_timer = 18;
+    so.connection.rnr_retry_count = 7;
+    auto b = open_ep(0, &ro);
+    std::vector<ep_handle> a;
+    std::vector<rdmx::peer> to_b;
+    for (int s = 0; s < senders; ++s) {
+        a.push_back(open_ep(0, &so));
+        to_b.push_back(a.back().ep->insert(b.ep->address()));
+    }
+    auto m = region(2 * senders * n * len);
+    const std::size_t rx = senders * n * len; // the receive slots
+    auto seed = [](int s, int i) { return s * 100000 + i; };
+    for (int s = 0; s < senders; ++s)
+        for (int i = 0; i < n; ++i) {
+            std::size_t off = (static_cast<std::size_t>(s) * n + i) * len;
+            fill(*m, off, len, seed(s, i));
+            std::int32_t id[2] = {s, i};
+            std::memcpy(m->data() + off, id, sizeof id);
+        }
+    auto poll_all = [&] {
+        std::size_t got = b.poll();
+        for (auto& e : a)
+            got += e.poll();
+        return got;
+    };
+    std::size_t max_held = 0;
+    auto pump_all = [&](const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        while (!done() && std::chrono::steady_clock::now() < deadline) {
+            if (poll_all() == 0)
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
+            max_held = std::max(max_held, b.ep->statistics().unexpected);
+        }
+        return done();
+    };
+    // Interleaved, as two clients would.
+    for (int i = 0; i < n; ++i)
+        for (int s = 0; s < senders; ++s) {
+            sge sg{m.get(), (static_cast<std::size_t>(s) * n + i) * len, len};
+            ASSERT_FALSE(a[s].ep->send(to_b[s], 9, {&sg, 1}, static_cast<std::uint64_t>(i)))
+                << "sender " << s << ", message " << i;
+            if (i % 16 == 0)
+                poll_all();
+        }
+    // Let the flood run against the receiver: it settles with its buffers held.
+    auto sends_done = [&] {
+        std::size_t k = 0;
+        for (auto& e : a)
+            k += e.done.size();
+        return k;
+    };
+    std::size_t last = ~std::size_t{0};
+    auto settle = std::chrono::steady_clock::now() + (b_ == backend::tcp ? 10s : 30s);
+    while (std::chrono::steady_clock::now() < settle) {
+        pump_all([] { return false; }, 300ms);
+        std::size_t now = sends_done() + b.ep->statistics().unexpected;
+        if (now == last)
+            break;
+        last = now;
+    }
+    auto held = b.ep->statistics().unexpected;
+    std::printf(
+        "[ flood    ] %s: %zu held (at most %zu seen), %zu of %d sends completed before any receive\n",
+        to_string(b_), held, max_held, sends_done(), senders * n);
+    EXPECT_GT(held, 0u);
+    EXPECT_LE(max_held, ro.receive_buffers) << "the unexpected store grew past its buffers";
+    EXPECT_GE(max_held, ro.unexpected_limit) << "held back before unexpected_limit";
+    EXPECT_LT(sends_done(), total) << "the senders were not held back";
+    for (auto& e : a)
+        for (auto& x : e.done)
+            ASSERT_FALSE(x.status) << "a back-pressured send failed: " << x.status.message();
+    // Now the receives: every message, once, in order per sender.
+    for (int i = 0; i < senders * n; ++i) {
+        sge r{m.get(), rx + static_cast<std::size_t>(i) * len, len};
+        ASSERT_FALSE(b.ep->recv(any_peer, 9, 0, {&r, 1}, static_cast<std::uint64_t>(i))) << i;
+    }
+    ASSERT_TRUE(pump_all([&] { return b.done.size() == total && sends_done() == total; },
+                         b_ == backend::tcp ? 30s : 120s))
+        << b.done.size() << " received, " << sends_done() << " sent";
+    pump_all([] { return false; }, 50ms); // nothing more may come
+    EXPECT_EQ(b.done.size(), total);
+    EXPECT_LE(max_held, ro.receive_buffers);
+    for (auto& e : a)
+        for (auto& x : e.done)
+            EXPECT_FALSE(x.status) << x.status.message();
+    std::vector<int> next(senders, 0);
+    std::map<rdmx::peer, int> source_of;
+    for (auto& x : b.done) {
+        ASSERT_FALSE(x.status) << x.status.message();
+        ASSERT_EQ(x.length, len);
+        std::size_t off = rx + x.context * len;
+        std::int32_t id[2];
+        std::memcpy(id, m->data() + off, sizeof id);
+        ASSERT_GE(id[0], 0);
+        ASSERT_LT(id[0], senders);
+        EXPECT_EQ(id[1], next[id[0]]) << "sender " << id[0] << ": out of order, lost or doubled";
+        next[id[0]] = id[1] + 1;
+        auto [it, fresh] = source_of.emplace(x.peer, id[0]);
+        EXPECT_EQ(it->second, id[0]) << "message from the wrong source";
+        // Every byte after the id.
+        bool ok = true;
+        for (std::size_t j = sizeof id; j < len; ++j)
+            ok &= m->data()[off + j] ==
+                  static_cast<std::byte>((j * 131 + static_cast<std::size_t>(seed(id[0], id[1])) * 7 + 1) &
+                                         0xff);
+        EXPECT_TRUE(ok) << "sender " << id[0] << ", message " << id[1];
+    }
+    for (int s = 0; s < senders; ++s)
+        EXPECT_EQ(next[s], n) << "sender " << s;
+    EXPECT_EQ(b.ep->statistics().unexpected, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, endpoint_race, testing::ValuesIn(selected_backends()), param_name);
