@@ -182,7 +182,9 @@ public:
     virtual std::error_code bind_window(rdmx::peer to, memory_window& window, const memory_region& region,
                                         std::uint64_t offset, std::uint64_t length, rdmx::access rights,
                                         std::uint64_t context) noexcept = 0;
-    /// Revokes `window`, bound for `to` by bind_window; completes as invalidate_window.
+    /// Revokes `window`, bound for `to` by bind_window; completes as invalidate_window. With
+    /// no connection to `to` and nothing queued for it, it completes at once and dials
+    /// nothing: the connection the window was bound on is gone, and the window with it.
     virtual std::error_code invalidate_window(rdmx::peer to, memory_window& window,
                                               std::uint64_t context) noexcept = 0;
 
