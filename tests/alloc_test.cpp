@@ -490,6 +490,55 @@ TEST_P(allocation, atomics_allocate_nothing)
     EXPECT_EQ(std::atomic_ref<std::uint64_t>(target[1]).load(), 0u);
 }
 
+// Memory windows (docs/memory-windows.md): bind, invalidate, rebind, accesses through the
+// window and the peer's send_with_invalidate allocate nothing once the window exists.
+TEST_P(allocation, memory_windows_allocate_nothing)
+{
+    if (!client_dom_->limits().memory_windows || !server_dom_->limits().memory_windows)
+        GTEST_SKIP() << "device " << client_dom_->limits().device_name
+                     << ": no memory windows (device_limits::memory_windows is false)";
+    auto p = connect_pair();
+    std::vector<std::byte> pool(4096), src(64, std::byte{3}), inbox(64);
+    auto pmr = server_dom_->register_memory(pool.data(), pool.size(),
+                                            access::remote_read | access::remote_write | access::bind_window);
+    auto imr = server_dom_->register_memory(inbox.data(), inbox.size(), access::local_write);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto w = server_dom_->allocate_window();
+    auto v = server_dom_->allocate_window();
+    std::uint64_t slot = 0;
+    auto round = [&](bool event_mode) {
+        slot = (slot + 1) % 32;
+        sge s{smr.get(), 0, 64}, in{imr.get(), 0, 64};
+        if (failed(p.server->post_bind_window(*w, *pmr, slot * 64, 64, access::remote_write, 1)) ||
+            failed(p.server->post_bind_window(*v, *pmr, slot * 64, 128, access::remote_read, 2)) ||
+            !drain(*p.server, 2, event_mode))
+            return false;
+        if (failed(p.client->post_write({&s, 1}, w->remote(), 3)) ||
+            failed(p.client->post_read({&s, 1}, *v->remote().slice(64, 64), 4)) ||
+            !drain(*p.client, 2, event_mode))
+            return false;
+        if (failed(p.server->post_recv({&in, 1}, 5)) ||
+            failed(p.client->post_send_invalidate({&s, 1}, w->remote().key, 6)) ||
+            !drain(*p.client, 1, event_mode) || !drain(*p.server, 1, event_mode))
+            return false;
+        return !failed(p.server->post_invalidate_window(*v, 7)) && drain(*p.server, 1, event_mode);
+    };
+    for (int i = 0; i < 4; ++i)
+        ASSERT_TRUE(round(i % 2 == 1)) << "warm-up round " << i << " failed: " << first_error.message()
+                                       << " (wr_id " << first_error_wr_id << ")";
+    allocations = 0;
+    counting = true;
+    bool ok = true;
+    int done = 0;
+    for (; done < 50 && ok; ++done)
+        ok = round(done % 2 == 1);
+    counting = false;
+    ASSERT_TRUE(ok) << "round " << done << " failed: " << first_error.message() << " (wr_id "
+                    << first_error_wr_id << ")";
+    EXPECT_EQ(allocations.load(), 0u)
+        << "heap allocations with memory windows (last size " << last_size.load() << " B)";
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, allocation, testing::ValuesIn(selected_backends()), param_name);
 
 } // namespace
