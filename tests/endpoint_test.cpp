@@ -492,35 +492,52 @@ TEST_P(endpoint_fixture,
     across.addr += win_len - 256;
     across.length = 512;
     sge xs{src.get(), 0, 512};
-    ASSERT_FALSE(u.ep->write(u_to_o, {&xs, 1}, across, 12));
-    ASSERT_TRUE(pump({&o, &u}, [&] { return u.done.size() == 3; }));
-    EXPECT_EQ(u.done[2].status, errc::remote_access) << u.done[2].status.message();
-    EXPECT_TRUE(check(*pool, win_off, win_len, 1));
-    EXPECT_TRUE(zero(win_off + win_len, pool->size()));
-    // The error ends the connection on both sides, and the window with it.
-    ASSERT_TRUE(pump({&o, &u},
-                     [&] { return o.ep->statistics().connected == 0 && u.ep->statistics().connected == 0; }));
-    // So the old descriptor does not work on the next connection (the peer dials it).
+    // rxe checks the region's range, not the window's (docs/memory-windows.md): there the
+    // bounds are not the window's, and this step is left out.
+    const bool rxe = b_ == backend::verbs && dom_->limits().device_name.rfind("rxe", 0) == 0;
+    auto both_down = [&] { return o.ep->statistics().connected == 0 && u.ep->statistics().connected == 0; };
+    if (!rxe) {
+        ASSERT_FALSE(u.ep->write(u_to_o, {&xs, 1}, across, 12));
+        ASSERT_TRUE(pump({&o, &u}, [&] { return u.done.size() == 3; }));
+        EXPECT_EQ(u.done.back().status, errc::remote_access) << u.done.back().status.message();
+        EXPECT_TRUE(check(*pool, win_off, win_len, 1));
+        EXPECT_TRUE(zero(win_off + win_len, pool->size()));
+        // The error ends the connection on both sides, and the window with it.
+        ASSERT_TRUE(pump({&o, &u}, both_down));
+    }
+    // The owner removes and inserts the peer again: a new connection (the window's is gone
+    // on every path here), where the old descriptor does not work (the peer dials it).
+    o.ep->remove(o_to_u);
+    o_to_u = o.ep->insert(u.ep->address());
+    ASSERT_TRUE(pump({&o, &u}, both_down));
+    std::size_t n_u = u.done.size();
     ASSERT_FALSE(u.ep->write(u_to_o, {&xs, 1}, desc, 13));
-    ASSERT_TRUE(pump({&o, &u}, [&] { return u.done.size() == 4; }));
-    EXPECT_EQ(u.done[3].status, errc::remote_access) << u.done[3].status.message();
+    ASSERT_TRUE(pump({&o, &u}, [&] { return u.done.size() == n_u + 1; }));
+    EXPECT_EQ(u.done.back().status, errc::remote_access) << u.done.back().status.message();
     EXPECT_TRUE(check(*pool, win_off, win_len, 1));
-    ASSERT_TRUE(pump({&o, &u},
-                     [&] { return o.ep->statistics().connected == 0 && u.ep->statistics().connected == 0; }));
+    ASSERT_TRUE(pump({&o, &u}, both_down));
 
-    // Bound again (a new connection, a new key): the peer writes; invalidated: it cannot.
+    // Bound again (a new connection, a new key), after an invalidation that frees it (verbs
+    // holds a window revoked with its connection bound until then): the peer writes;
+    // invalidated again: it cannot.
+    o.done.clear();
+    ASSERT_FALSE(o.ep->invalidate_window(o_to_u, *w, 5));
     constexpr std::size_t win2_off = 8192, win2_len = 256;
     ASSERT_FALSE(o.ep->bind_window(o_to_u, *w, *pool, win2_off, win2_len, access::remote_write, 2));
     ASSERT_TRUE(pump({&o, &u}, [&] { return o.done.size() == 2; }));
+    EXPECT_EQ(o.done[0].op, endpoint_op::invalidate_window);
+    EXPECT_FALSE(o.done[0].status) << o.done[0].status.message();
+    EXPECT_EQ(o.done[1].op, endpoint_op::bind_window);
     ASSERT_FALSE(o.done[1].status) << o.done[1].status.message();
     const remote_buffer desc2 = w->remote();
     EXPECT_NE(desc2.key, desc.key);
     EXPECT_EQ(desc2.length, win2_len);
     fill(*src, 0, win2_len, 3);
     sge s2{src.get(), 0, win2_len};
+    n_u = u.done.size();
     ASSERT_FALSE(u.ep->write(u_to_o, {&s2, 1}, desc2, 14));
-    ASSERT_TRUE(pump({&o, &u}, [&] { return u.done.size() == 5; }));
-    ASSERT_FALSE(u.done[4].status) << u.done[4].status.message();
+    ASSERT_TRUE(pump({&o, &u}, [&] { return u.done.size() == n_u + 1; }));
+    ASSERT_FALSE(u.done.back().status) << u.done.back().status.message();
     EXPECT_TRUE(check(*pool, win2_off, win2_len, 3));
     ASSERT_FALSE(o.ep->invalidate_window(o_to_u, *w, 3));
     ASSERT_TRUE(pump({&o, &u}, [&] { return o.done.size() == 3; }));
@@ -528,20 +545,9 @@ TEST_P(endpoint_fixture,
     EXPECT_EQ(o.done[2].op, endpoint_op::invalidate_window);
     fill(*src, 0, win2_len, 4);
     ASSERT_FALSE(u.ep->write(u_to_o, {&s2, 1}, desc2, 15));
-    ASSERT_TRUE(pump({&o, &u}, [&] { return u.done.size() == 6; }));
-    EXPECT_EQ(u.done[5].status, errc::remote_access) << u.done[5].status.message();
+    ASSERT_TRUE(pump({&o, &u}, [&] { return u.done.size() == n_u + 2; }));
+    EXPECT_EQ(u.done.back().status, errc::remote_access) << u.done.back().status.message();
     EXPECT_TRUE(check(*pool, win2_off, win2_len, 3)) << "written after the invalidation";
-
-    // With no connection to the peer, invalidating completes at once and dials nothing
-    // (the window went with the connection it was bound on).
-    ASSERT_TRUE(pump({&o, &u},
-                     [&] { return o.ep->statistics().connected == 0 && u.ep->statistics().connected == 0; }));
-    ASSERT_FALSE(o.ep->invalidate_window(o_to_u, *w, 4));
-    ASSERT_TRUE(pump({&o, &u}, [&] { return o.done.size() == 4; }));
-    EXPECT_FALSE(o.done[3].status) << o.done[3].status.message();
-    pump(
-        {&o, &u}, [] { return false; }, 100ms);
-    EXPECT_EQ(o.ep->statistics().connected, 0u);
 }
 
 TEST_P(endpoint_fixture, a_window_bound_while_both_peers_dial_each_other_is_on_the_connection_that_survives)
@@ -553,13 +559,14 @@ TEST_P(endpoint_fixture, a_window_bound_while_both_peers_dial_each_other_is_on_t
             return;
     }
     std::string why;
-    auto w = allocate_window(&why);
-    if (!w)
+    if (!allocate_window(&why))
         GTEST_SKIP() << "memory windows not built on this backend yet: " << why;
     auto m = region(1 << 16, access::local_write | access::remote_write | access::bind_window);
     const int rounds = b_ == backend::tcp ? 20 : 5;
     for (int round = 0; round < rounds; ++round) {
         SCOPED_TRACE(round);
+        // A window per round: the last round's went with its connection, still bound.
+        auto w = dom_->allocate_window();
         auto o = open_ep();
         auto u = open_ep();
         rdmx::peer o_to_u = o.ep->insert(u.ep->address());

@@ -228,14 +228,10 @@ std::error_code endpoint_impl::invalidate_window(rdmx::peer to, memory_window& w
     std::uint32_t oi = take_op(pi, endpoint_op::invalidate_window, context);
     if (oi == nil)
         return errc::would_block;
+    // Posted like the rest, also when the connection the window was bound on is gone (it
+    // revoked the window): verbs still holds it bound and refuses to bind it again until an
+    // invalidation frees it, which any connection of the domain may post.
     ops_[oi].window = &window;
-    const peer_entry& p = *peers_[pi];
-    if (!p.chosen && p.queued.size == 0) {
-        // No connection, and no bind waiting for one: a window bound for this peer was
-        // bound on a connection that is gone, which revoked it. Nothing to dial for.
-        complete_op(oi);
-        return {};
-    }
     return issue(pi, oi);
 }
 
