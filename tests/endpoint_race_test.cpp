@@ -1,7 +1,8 @@
 // The races real users of connectionless endpoints hit (issue 18, item 3), each a test, on
 // every backend: simultaneous connect, a peer restarted at the same address, a client
-// started before its server, a server that never comes, a dead peer, thousands of
-// connect / remove cycles, more peers than 1024, remove and re-insert at once.
+// started before its server, a server that never comes, a dead peer (also for atomics by
+// peer), thousands of connect / remove cycles, more peers than 1024, remove and re-insert
+// at once.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -259,6 +260,109 @@ TEST_P(endpoint_race, a_server_that_never_comes_fails_the_operations_within_the_
     EXPECT_LT(wakeups, 200) << "it spun";
     // The next operation starts over (and fails the same way).
     EXPECT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 3));
+}
+
+TEST_P(endpoint_race, atomics_to_a_peer_that_never_comes_fail_within_the_connect_deadline)
+{
+    const std::uint16_t port = free_port();
+    auto o = small_options();
+    o.connect_deadline = std::chrono::milliseconds(1500);
+    auto a = open_ep(0, &o);
+    auto m = region(64, access::local_write);
+    rdmx::peer to_b = a.ep->insert(address(b_, port));
+    sge s{m.get(), 0, 8};
+    const auto target = m->remote(8, 8); // any well-formed descriptor: nobody serves it
+    if (!dom_->limits().atomics) {
+        EXPECT_EQ(a.ep->fetch_add(to_b, s, target, 1, 1), errc::not_supported); // siw, up front
+        return;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_FALSE(a.ep->fetch_add(to_b, s, target, 1, 1));
+    ASSERT_FALSE(a.ep->compare_swap(to_b, {m.get(), 16, 8}, target, 0, 1, 2));
+    int wakeups = 0;
+    endpoint_completion out[4];
+    while (a.done.size() < 2 && std::chrono::steady_clock::now() - t0 < 10s) {
+        std::size_t n = a.ep->wait(out, 100ms);
+        a.done.insert(a.done.end(), out, out + n);
+        ++wakeups;
+    }
+    auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_EQ(a.done.size(), 2u);
+    for (auto& x : a.done) {
+        EXPECT_TRUE(x.status == errc::connection_refused || x.status == errc::timed_out ||
+                    x.status == errc::unreachable)
+            << to_string(x.op) << ": " << x.status.message();
+        EXPECT_EQ(x.peer, to_b);
+    }
+    EXPECT_EQ(a.done[0].op, endpoint_op::fetch_add);
+    EXPECT_EQ(a.done[1].op, endpoint_op::compare_swap);
+    EXPECT_GE(took, 1400ms);
+    EXPECT_LT(took, 4s);
+    EXPECT_LT(wakeups, 200) << "it spun";
+}
+
+TEST_P(endpoint_race, an_atomic_to_a_dead_peer_fails_within_the_bound)
+{
+#ifdef RDMX_TEST_UNDER_TSAN
+    GTEST_SKIP() << "ThreadSanitizer: a forked child of a multi-threaded process cannot start threads";
+#endif
+    if (b_ == backend::verbs)
+        GTEST_SKIP() << "rdma_cm state does not survive fork()";
+    const std::uint16_t port = free_port();
+    auto o = small_options();
+    o.connect_deadline = std::chrono::milliseconds(2000);
+    auto a = open_ep(0, &o);
+    auto m = region(64, access::local_write);
+    rdmx::peer to_b = a.ep->insert(address(b_, port));
+    int desc[2];
+    ASSERT_EQ(::pipe(desc), 0);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        // The peer: a counter of its own, its descriptor through the pipe, then it serves
+        // atomics (the engine does) until it is killed.
+        ::close(desc[0]);
+        try {
+            auto d = domain::open(address(b_, 0));
+            auto e = endpoint::open(*d, address(b_, port), small_options());
+            alignas(8) static std::uint64_t counter = 100;
+            auto mr = d->register_memory(&counter, 8, access::remote_atomic);
+            auto bytes = mr->remote(0, 8).serialize();
+            [[maybe_unused]] auto n = ::write(desc[1], bytes.data(), bytes.size());
+            endpoint_completion out[4];
+            for (;;)
+                e->wait(out, std::chrono::milliseconds(100));
+        } catch (...) {
+            _exit(1);
+        }
+    }
+    ::close(desc[1]);
+    remote_buffer::bytes bytes{};
+    ASSERT_EQ(::read(desc[0], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    ::close(desc[0]);
+    auto target = remote_buffer::parse(bytes);
+    ASSERT_TRUE(target);
+    // One that works first (the connection is up), then the peer dies.
+    ASSERT_FALSE(a.ep->fetch_add(to_b, {m.get(), 0, 8}, *target, 5, 1));
+    ASSERT_TRUE(pump({&a}, [&] { return a.done.size() == 1; }));
+    ASSERT_FALSE(a.done[0].status) << a.done[0].status.message();
+    std::uint64_t v = 0;
+    std::memcpy(&v, m->data(), 8);
+    EXPECT_EQ(v, 100u);
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_FALSE(a.ep->fetch_add(to_b, {m.get(), 8, 8}, *target, 5, 2));
+    ASSERT_TRUE(pump(
+        {&a}, [&] { return a.done.size() == 2; }, 15s));
+    // Posted on the dead connection (peer_lost, transport_retry_exceeded), or, if its end
+    // was seen first, redialled until the connect deadline (connection_refused, timed_out).
+    EXPECT_TRUE(a.done[1].status == errc::peer_lost || a.done[1].status == errc::disconnected ||
+                a.done[1].status == errc::transport_retry_exceeded || a.done[1].status == errc::flushed ||
+                a.done[1].status == errc::connection_refused || a.done[1].status == errc::timed_out)
+        << a.done[1].status.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 8s);
 }
 
 TEST_P(endpoint_race, a_dead_peer_fails_operations_within_the_bound)

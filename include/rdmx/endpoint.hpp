@@ -37,11 +37,11 @@ inline constexpr peer any_peer{~std::uint64_t{0}};
 
 /// What an endpoint_completion completes.
 enum class endpoint_op : std::uint8_t {
-    send,  ///< a tagged send: eager, once the message left (the local completion of its send);
-           ///< rendezvous, once the receiver acknowledged that it has read the data
-    recv,  ///< a tagged receive matched a message and holds its bytes
-    write, ///< a one-sided write by peer handle
-    read,  ///< a one-sided read by peer handle
+    send,              ///< a tagged send: eager, once the message left (the local completion of its send);
+                       ///< rendezvous, once the receiver acknowledged that it has read the data
+    recv,              ///< a tagged receive matched a message and holds its bytes
+    write,             ///< a one-sided write by peer handle
+    read,              ///< a one-sided read by peer handle
     fetch_add,         ///< an atomic fetch-and-add by peer handle (the old value is in `local`)
     compare_swap,      ///< an atomic compare-and-swap by peer handle (the old value is in `local`)
     bind_window,       ///< a memory window bound for a peer: its remote() is valid now
@@ -183,6 +183,9 @@ public:
                                         std::uint64_t offset, std::uint64_t length, rdmx::access rights,
                                         std::uint64_t context) noexcept = 0;
     /// Revokes `window`, bound for `to` by bind_window; completes as invalidate_window.
+    /// Goes on `to`'s connection like any operation (made first if needed), also after the
+    /// one the window was bound on was replaced: a window revoked that way is still bound
+    /// for the verbs backend, which binds it again only after this.
     virtual std::error_code invalidate_window(rdmx::peer to, memory_window& window,
                                               std::uint64_t context) noexcept = 0;
 

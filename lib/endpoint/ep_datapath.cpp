@@ -140,49 +140,131 @@ std::error_code endpoint_impl::read(rdmx::peer from, std::span<const sge> local,
     return start_op(pi, endpoint_op::read, false, 0, local, total, remote, context);
 }
 
-// Atomics and windows by peer handle: not built yet (issue 19); refused, never faked.
-std::error_code endpoint_impl::fetch_add(rdmx::peer, const sge&, const remote_buffer&, std::uint64_t,
-                                         std::uint64_t) noexcept
+// Atomics and windows by peer handle go through the same slot, queue and connection as
+// write and read: the first one to an idle peer dials it, they wait (bounded, with the
+// connect deadline) while it connects, and they are posted on the peer's chosen connection
+// alone, so a window is never bound on a connection that a simultaneous connect's
+// tie-break tears down. What the device lacks is refused before any of that.
+
+std::error_code endpoint_impl::fetch_add(rdmx::peer to, const sge& local, const remote_buffer& remote,
+                                         std::uint64_t add, std::uint64_t context) noexcept
 {
-    return errc::not_supported;
+    return start_atomic(index_of(to), endpoint_op::fetch_add, local, remote, add, 0, context);
 }
 
-std::error_code endpoint_impl::compare_swap(rdmx::peer, const sge&, const remote_buffer&, std::uint64_t,
-                                            std::uint64_t, std::uint64_t) noexcept
+std::error_code endpoint_impl::compare_swap(rdmx::peer to, const sge& local, const remote_buffer& remote,
+                                            std::uint64_t compare, std::uint64_t swap,
+                                            std::uint64_t context) noexcept
 {
-    return errc::not_supported;
+    return start_atomic(index_of(to), endpoint_op::compare_swap, local, remote, compare, swap, context);
 }
 
-std::error_code endpoint_impl::bind_window(rdmx::peer, memory_window&, const memory_region&, std::uint64_t,
-                                           std::uint64_t, rdmx::access, std::uint64_t) noexcept
+std::error_code endpoint_impl::start_atomic(std::uint32_t pi, endpoint_op kind, const sge& local,
+                                            const remote_buffer& remote, std::uint64_t compare_add,
+                                            std::uint64_t swap, std::uint64_t context) noexcept
 {
-    return errc::not_supported;
+    if (!dom_.limits().atomics)
+        return errc::not_supported; // siw: atomic_cap = IBV_ATOMIC_NONE
+    if (pi == nil)
+        return errc::invalid_argument;
+    // The connection's own checks (docs/atomics.md), here so that a queued atomic cannot
+    // fail later for what was wrong when it was issued.
+    std::uint64_t total = 0;
+    if (auto ec = check_sges({&local, 1}, access::none, &total))
+        return ec;
+    if (local.length != 8 || remote.addr % 8 != 0 || remote.length < 8 || remote.backend != dom_.backend())
+        return errc::invalid_argument;
+    if (!any(local.region->access() & access::local_write))
+        return errc::local_protection; // as connection::post: the old value lands there
+    std::uint32_t oi = take_op(pi, kind, context);
+    if (oi == nil)
+        return errc::would_block;
+    op_slot& o = ops_[oi];
+    o.length = 8;
+    o.nsge = 1;
+    o.sges[0] = local;
+    o.remote = remote;
+    o.compare_add = compare_add;
+    o.swap = swap;
+    return issue(pi, oi);
 }
 
-std::error_code endpoint_impl::invalidate_window(rdmx::peer, memory_window&, std::uint64_t) noexcept
+std::error_code endpoint_impl::bind_window(rdmx::peer to, memory_window& window, const memory_region& region,
+                                           std::uint64_t offset, std::uint64_t length, rdmx::access rights,
+                                           std::uint64_t context) noexcept
 {
-    return errc::not_supported;
+    if (!dom_.limits().memory_windows)
+        return errc::not_supported; // siw: no type 2 windows
+    std::uint32_t pi = index_of(to);
+    if (pi == nil)
+        return errc::invalid_argument;
+    // What the window and the region must be (rdmx/memory.hpp; the connection checks the same
+    // in post()), checked before queueing.
+    constexpr access remote_rights = access::remote_read | access::remote_write | access::remote_atomic;
+    if (window.owner() != ctrl_mr_->owner() || region.owner() != ctrl_mr_->owner() || length == 0 ||
+        offset > region.size() || length > region.size() - offset ||
+        !any(region.access() & access::bind_window) || (rights & remote_rights) != rights ||
+        (rights & region.access()) != rights)
+        return errc::invalid_argument;
+    std::uint32_t oi = take_op(pi, endpoint_op::bind_window, context);
+    if (oi == nil)
+        return errc::would_block;
+    op_slot& o = ops_[oi];
+    o.length = length;
+    o.sges[0] = sge{&region, static_cast<std::size_t>(offset), static_cast<std::size_t>(length)};
+    o.window = &window;
+    o.rights = rights;
+    return issue(pi, oi);
+}
+
+std::error_code endpoint_impl::invalidate_window(rdmx::peer to, memory_window& window,
+                                                 std::uint64_t context) noexcept
+{
+    if (!dom_.limits().memory_windows)
+        return errc::not_supported;
+    std::uint32_t pi = index_of(to);
+    if (pi == nil || window.owner() != ctrl_mr_->owner())
+        return errc::invalid_argument;
+    std::uint32_t oi = take_op(pi, endpoint_op::invalidate_window, context);
+    if (oi == nil)
+        return errc::would_block;
+    // Posted like the rest, also when the connection the window was bound on is gone (it
+    // revoked the window): verbs still holds it bound and refuses to bind it again until an
+    // invalidation frees it, which any connection of the domain may post.
+    ops_[oi].window = &window;
+    return issue(pi, oi);
+}
+
+std::uint32_t endpoint_impl::take_op(std::uint32_t pi, endpoint_op kind, std::uint64_t context) noexcept
+{
+    if (free_ops_.empty() || pools_full())
+        return nil;
+    std::uint32_t oi = free_ops_.take();
+    ++ops_in_use_;
+    op_slot& o = ops_[oi];
+    const std::uint32_t gen = o.gen; // an ack names the slot with it: it only moves on
+    o = op_slot{};
+    o.gen = gen;
+    o.kind = kind;
+    o.peer = pi;
+    o.context = context;
+    return oi;
 }
 
 std::error_code endpoint_impl::start_op(std::uint32_t pi, endpoint_op kind, bool rndv, std::uint64_t tag,
                                         std::span<const sge> local, std::uint64_t total,
                                         const remote_buffer& remote, std::uint64_t context) noexcept
 {
-    if (free_ops_.empty() || pools_full())
+    std::uint32_t oi = take_op(pi, kind, context);
+    if (oi == nil)
         return errc::would_block;
-    std::uint32_t oi = free_ops_.take();
-    ++ops_in_use_;
     op_slot& o = ops_[oi];
-    o.kind = kind;
     o.rndv = rndv;
-    o.peer = pi;
-    o.context = context;
     o.tag = tag;
     o.length = total;
     o.nsge = static_cast<std::uint8_t>(local.size());
     std::copy(local.begin(), local.end(), o.sges.begin());
     o.remote = remote;
-    o.status.clear();
     return issue(pi, oi);
 }
 
@@ -256,11 +338,29 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
         for (std::uint8_t i = 0; i < o.nsge; ++i)
             s[n++] = o.sges[i];
         break;
-    case endpoint_op::recv:
     case endpoint_op::fetch_add:
     case endpoint_op::compare_swap:
+        wr.opcode = o.kind == endpoint_op::fetch_add ? opcode::fetch_add : opcode::compare_swap;
+        wr.remote = o.remote;
+        wr.compare_add = o.compare_add;
+        wr.swap = o.swap;
+        s[n++] = o.sges[0];
+        break;
     case endpoint_op::bind_window:
-    case endpoint_op::invalidate_window: break; // not started by start_op yet
+        // On the chosen connection: the window is for its peer alone, and lives as long as
+        // that connection does.
+        wr.opcode = opcode::bind_window;
+        wr.window = o.window;
+        wr.bind_region = o.sges[0].region;
+        wr.bind_offset = o.sges[0].offset;
+        wr.bind_length = o.sges[0].length;
+        wr.bind_access = o.rights;
+        break;
+    case endpoint_op::invalidate_window:
+        wr.opcode = opcode::invalidate_window;
+        wr.window = o.window;
+        break;
+    case endpoint_op::recv: break; // receives have slots of their own, never an op slot
     }
     wr.local = std::span<const sge>(s.data(), n);
     std::error_code ec = p.chosen->post({&wr, 1});

@@ -38,7 +38,8 @@ constexpr std::uint64_t make_wr_id(wr_kind k, std::uint32_t i) noexcept
     return (static_cast<std::uint64_t>(k) << 56) | i;
 }
 
-/// An outgoing operation: send (eager or rendezvous), write or read.
+/// An outgoing operation: send (eager or rendezvous), write, read, an atomic, or a
+/// window's bind or invalidation.
 struct op_slot {
     enum class state : std::uint8_t { free, queued, posted };
     state st = state::free;
@@ -53,6 +54,12 @@ struct op_slot {
     std::uint64_t context = 0, tag = 0, length = 0;
     std::array<sge, max_sges> sges{};
     remote_buffer remote{};
+    /// fetch_add: the value added; compare_swap: the value compared with, and the swap.
+    std::uint64_t compare_add = 0, swap = 0;
+    /// bind_window / invalidate_window: the caller's window; bind_window: its rights (the
+    /// region and range it covers are sges[0]).
+    memory_window* window = nullptr;
+    access rights = access::none;
     connection* conn = nullptr; ///< where it was posted
     std::error_code status;
 };
@@ -138,11 +145,13 @@ public:
     std::error_code fetch_add(rdmx::peer to, const sge& local, const remote_buffer& remote, std::uint64_t add,
                               std::uint64_t context) noexcept override;
     std::error_code compare_swap(rdmx::peer to, const sge& local, const remote_buffer& remote,
-                                 std::uint64_t compare, std::uint64_t swap, std::uint64_t context) noexcept override;
+                                 std::uint64_t compare, std::uint64_t swap,
+                                 std::uint64_t context) noexcept override;
     std::error_code bind_window(rdmx::peer to, memory_window& window, const memory_region& region,
                                 std::uint64_t offset, std::uint64_t length, rdmx::access rights,
                                 std::uint64_t context) noexcept override;
-    std::error_code invalidate_window(rdmx::peer to, memory_window& window, std::uint64_t context) noexcept override;
+    std::error_code invalidate_window(rdmx::peer to, memory_window& window,
+                                      std::uint64_t context) noexcept override;
     std::size_t poll(std::span<endpoint_completion> out) noexcept override;
     int fd() const noexcept override { return epoll_fd_; }
     std::size_t wait(std::span<endpoint_completion> out, std::chrono::milliseconds timeout) noexcept override;
@@ -171,11 +180,18 @@ private:
     bool connecting(const peer_entry& p) const noexcept { return p.dial || p.accepted; }
     // --- data path (ep_datapath.cpp) ---
     std::error_code check_sges(std::span<const sge> local, access need, std::uint64_t* total) const noexcept;
+    /// A cleared op slot of `kind` for peer `pi`, or nil when the pools are full
+    /// (would_block); the caller fills its operands and issues it.
+    std::uint32_t take_op(std::uint32_t pi, endpoint_op kind, std::uint64_t context) noexcept;
     /// send / write / read's common end, once their checks passed: an op slot (would_block
     /// when the pools are full) filled and issued to peer `pi`.
     std::error_code start_op(std::uint32_t pi, endpoint_op kind, bool rndv, std::uint64_t tag,
                              std::span<const sge> local, std::uint64_t total, const remote_buffer& remote,
                              std::uint64_t context) noexcept;
+    /// fetch_add / compare_swap's common end, once their checks passed.
+    std::error_code start_atomic(std::uint32_t pi, endpoint_op kind, const sge& local,
+                                 const remote_buffer& remote, std::uint64_t compare_add, std::uint64_t swap,
+                                 std::uint64_t context) noexcept;
     std::error_code issue(std::uint32_t pi, std::uint32_t oi) noexcept;
     enum class post_result { posted, no_room, failed };
     /// Posts op `oi` on its connected peer (failed: it completed with the error).
