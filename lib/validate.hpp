@@ -59,6 +59,39 @@ inline bool is_atomic(opcode op) noexcept
     return op == opcode::fetch_add || op == opcode::compare_swap;
 }
 
+/// The rights a memory window may carry (work_request::bind_access).
+inline constexpr access window_rights = access::remote_read | access::remote_write | access::remote_atomic;
+
+inline bool is_window_op(opcode op) noexcept
+{
+    return op == opcode::bind_window || op == opcode::invalidate_window;
+}
+
+/// bind_window and invalidate_window (local operations, nothing travels): a window of this
+/// domain, no local list, no inline data; a bind also needs a region of this domain
+/// registered with access::bind_window, a non-empty range inside it, and rights that are
+/// remote rights of the region. Every violation is errc::invalid_argument (a device
+/// without memory windows is the backend's not_supported, checked before this).
+inline errc check_window_op(const work_request& wr, const void* owner) noexcept
+{
+    if (wr.window == nullptr || wr.window->owner() != owner)
+        return errc::invalid_argument;
+    if (!wr.local.empty() || has(wr.flags, send_flags::inline_data))
+        return errc::invalid_argument;
+    if (wr.opcode == opcode::invalidate_window)
+        return {};
+    const memory_region* r = wr.bind_region;
+    if (r == nullptr || r->owner() != owner || !any(r->access() & access::bind_window))
+        return errc::invalid_argument;
+    if (wr.bind_length == 0 || wr.bind_offset > r->size() || wr.bind_length > r->size() - wr.bind_offset)
+        return errc::invalid_argument;
+    // Only remote rights, and only those the region grants: a window never widens access.
+    if ((static_cast<std::uint32_t>(wr.bind_access) & ~static_cast<std::uint32_t>(window_rights)) != 0 ||
+        (wr.bind_access & r->access()) != wr.bind_access)
+        return errc::invalid_argument;
+    return {};
+}
+
 /// Full check of a send-queue request against the connection's limits.
 inline errc check_send(const work_request& wr, const void* owner, rdmx::backend b,
                        const connection_limits& lim, std::uint64_t& total) noexcept
@@ -74,7 +107,10 @@ inline errc check_send(const work_request& wr, const void* owner, rdmx::backend 
     case opcode::write_with_imm:
     case opcode::read:
     case opcode::fetch_add:
-    case opcode::compare_swap: break;
+    case opcode::compare_swap:
+    case opcode::send_with_invalidate: break;
+    case opcode::bind_window:
+    case opcode::invalidate_window: return check_window_op(wr, owner);
     default: return errc::invalid_argument;
     }
     if (errc e = check_local(wr.local, owner, lim.max_send_sge, lands_locally, total); e != errc{})
@@ -85,7 +121,7 @@ inline errc check_send(const work_request& wr, const void* owner, rdmx::backend 
     // naturally aligned (verbs requires it; the TCP target serves it as a native atomic).
     if (atomic && (wr.local.size() != 1 || total != atomic_size || wr.remote.addr % atomic_size != 0))
         return errc::invalid_argument;
-    if (wr.opcode != opcode::send) {
+    if (wr.opcode != opcode::send && wr.opcode != opcode::send_with_invalidate) {
         // The descriptor came from the peer: it must be for this backend and the transfer
         // must fit in the range it names. The target checks again (keys can be forged).
         if (wr.remote.backend != b || total > wr.remote.length)

@@ -14,8 +14,11 @@ namespace
 
 rdmx::opcode completion_opcode(rdmx::opcode op) noexcept
 {
-    // As verbs: a write_with_imm completes at the initiator as an RDMA write.
-    return op == opcode::write_with_imm ? opcode::write : op;
+    // As verbs: a write_with_imm completes at the initiator as an RDMA write, a
+    // send_with_invalidate as a send (IBV_WC_SEND).
+    return op == opcode::write_with_imm         ? opcode::write
+           : op == opcode::send_with_invalidate ? opcode::send
+                                                : op;
 }
 
 } // namespace
@@ -74,7 +77,7 @@ std::uint64_t connection_engine::shared_room(cq_side side) const noexcept
     if (side == cq_side::send) {
         if (!send_cq_)
             return UINT64_MAX;
-        const std::uint64_t used = sq_tail_ - sq_head_ + held_in_cq(side);
+        const std::uint64_t used = sq_tail_ - sq_head_ + (lq_tail_ - lq_head_) + held_in_cq(side);
         return used < lim_.send_queue_depth ? lim_.send_queue_depth - used : 0;
     }
     if (!recv_cq_)
@@ -94,6 +97,18 @@ void connection_engine::complete_sq_head(std::error_code status, std::uint32_t b
                                 .opcode = status ? opcode::unknown : completion_opcode(e.op),
                                 .status = status,
                                 .byte_len = byte_len});
+    if (!status) // after an error, fail() flushes them
+        complete_local();
+}
+
+void connection_engine::complete_local(std::error_code status) noexcept
+{
+    while (lq_head_ != lq_tail_ && lq_[lq_head_ % lq_.size()].after <= sq_head_) {
+        const local_entry l = lq_[lq_head_++ % lq_.size()];
+        if (status || l.signaled)
+            push_cq(cq_side::send,
+                    {.wr_id = l.wr_id, .opcode = status ? opcode::unknown : l.op, .status = status});
+    }
 }
 
 void connection_engine::complete_rq_head(const completion& c, bool solicited) noexcept
@@ -117,9 +132,14 @@ void connection_engine::fail(connection_state to, std::error_code cause) noexcep
     // Everything outstanding completes as flushed, signalled or not (as verbs does for
     // errors). The engine touches none of that memory afterwards: the receive side only
     // drains, and the transmit side finishes at most the frame already on the wire.
+    // Binds and invalidations in their places among them: their effect stays (it came
+    // at post time), their completions say flushed.
+    const std::error_code flushed = make_error_code(errc::flushed);
+    complete_local(flushed);
     while (sq_head_ < sq_tail_) {
         sq_entry& e = sq_at(sq_head_++);
         push_cq(cq_side::send, {.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
+        complete_local(flushed);
     }
     tx_next_ = sq_tail_;
     reads_in_flight_ = 0;

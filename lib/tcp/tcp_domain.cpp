@@ -52,16 +52,41 @@ private:
     std::uint64_t tag_;
 };
 
-std::uint64_t random_key()
+class tcp_window final : public memory_window
 {
-    std::uint64_t k = 0;
+public:
+    tcp_window(std::shared_ptr<tcp_domain> dom, window_state* st) noexcept
+        : memory_window(dom->owner(), backend::tcp), dom_(std::move(dom)), st_(st)
+    {
+    }
+    ~tcp_window() override { dom_->free_window(st_); }
+
+    window_state* state() const noexcept { return st_; }
+    void set_remote(const remote_buffer& rb) noexcept { remote_ = rb; }
+
+private:
+    std::shared_ptr<tcp_domain> dom_; ///< its window pool holds st_
+    window_state* st_;
+};
+
+/// 0, or the errno of getrandom.
+int try_random_key(std::uint64_t& k) noexcept
+{
     for (;;) {
         ssize_t n = ::getrandom(&k, sizeof k, 0);
         if (n == static_cast<ssize_t>(sizeof k))
-            return k;
+            return 0;
         if (n < 0 && errno != EINTR)
-            throw_errno(errno, "getrandom");
+            return errno;
     }
+}
+
+std::uint64_t random_key()
+{
+    std::uint64_t k = 0;
+    if (int err = try_random_key(k))
+        throw_errno(err, "getrandom");
+    return k;
 }
 
 } // namespace
@@ -159,14 +184,49 @@ std::unique_ptr<memory_region> tcp_domain::register_memory(void* addr, std::size
     st->rights = rights;
     st->key = key;
     st->tag.store((((st->tag.load() >> 1) + 1) << 1) | 1);
-    keys_.emplace(key, st);
     try {
-        return std::make_unique<tcp_region>(shared_from_this(), st, static_cast<std::byte*>(addr), length,
-                                            rights, key);
+        // Buckets for every region and window at once: a bind never rehashes.
+        keys_.reserve(key_slots_ + 1);
+        keys_.emplace(key, key_entry{st, nullptr});
+        auto r = std::make_unique<tcp_region>(shared_from_this(), st, static_cast<std::byte*>(addr), length,
+                                              rights, key);
+        ++key_slots_;
+        return r;
     } catch (...) {
         keys_.erase(key);
         st->tag.store(st->tag.load() & ~std::uint64_t{1});
         free_regions_.push_back(st);
+        throw;
+    }
+}
+
+std::unique_ptr<memory_window> tcp_domain::allocate_window()
+{
+    std::lock_guard lk(regions_mu_);
+    window_state* w;
+    if (!free_windows_.empty()) {
+        w = free_windows_.back();
+        free_windows_.pop_back();
+    } else {
+        w = &window_pool_.emplace_back();
+    }
+    try {
+        // The window's table entry, made now and kept out of the table until a bind: key
+        // 0 is never a key in use, so it is free for the moment the node is made.
+        if (w->node.empty()) {
+            keys_.emplace(0, key_entry{nullptr, w});
+            w->node = keys_.extract(0);
+        }
+        keys_.reserve(key_slots_ + 1);
+        free_windows_.reserve(window_pool_.size()); // free_window() never allocates
+        key_table::node_type node = std::move(w->node);
+        *w = window_state{};
+        w->node = std::move(node);
+        auto mw = std::make_unique<tcp_window>(shared_from_this(), w);
+        ++key_slots_;
+        return mw;
+    } catch (...) {
+        free_windows_.push_back(w);
         throw;
     }
 }
@@ -198,6 +258,7 @@ void tcp_domain::deregister(region_state* st) noexcept
         std::this_thread::yield();
     std::lock_guard lk(regions_mu_);
     free_regions_.push_back(st);
+    --key_slots_;
 }
 
 void tcp_domain::linger_begin(std::chrono::steady_clock::duration bound) noexcept
@@ -223,13 +284,24 @@ void tcp_domain::track(std::weak_ptr<connection_engine> engine)
 }
 
 bool tcp_domain::find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right,
-                             seg& out) noexcept
+                             seg& out, std::uint64_t via) noexcept
 {
     std::lock_guard lk(regions_mu_);
     auto it = keys_.find(key);
     if (it == keys_.end())
         return false;
-    region_state* st = it->second;
+    if (window_state* w = it->second.window) {
+        // A window: its connection, its rights, its range, and its region still registered
+        // (a deregistration clears the live tag under this mutex; a reused slot has another).
+        if (w->via != via || !any(w->rights & right) || w->region->tag.load() != w->region_tag)
+            return false;
+        if (addr < w->base || addr - w->base > w->length || len > w->length - (addr - w->base))
+            return false;
+        region_state* st = w->region;
+        out = {st, w->region_tag, st->base + (addr - reinterpret_cast<std::uintptr_t>(st->base)), len};
+        return true;
+    }
+    region_state* st = it->second.region;
     if (!any(st->rights & right))
         return false;
     auto base = reinterpret_cast<std::uintptr_t>(st->base);
@@ -238,6 +310,74 @@ bool tcp_domain::find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_
         return false;
     out = {st, st->tag.load(), st->base + (addr - base), len};
     return true;
+}
+
+std::error_code tcp_domain::bind_window(memory_window& window, const memory_region& region,
+                                        std::uint64_t offset, std::uint64_t length, rdmx::access rights,
+                                        std::uint64_t via) noexcept
+{
+    // validate.hpp checked both belong to this domain: they are a tcp_window and a tcp_region.
+    auto& w = static_cast<tcp_window&>(window);
+    const auto& r = static_cast<const tcp_region&>(region);
+    window_state* ws = w.state();
+    std::uint64_t key = 0;
+    std::lock_guard lk(regions_mu_);
+    do
+        if (int err = try_random_key(key))
+            return {err, std::system_category()};
+    while (key == 0 || keys_.count(key) != 0);
+    if (ws->bound) // the old key stops working now
+        ws->node = keys_.extract(ws->key);
+    ws->region = r.state();
+    ws->region_tag = r.tag();
+    ws->base = reinterpret_cast<std::uintptr_t>(r.data()) + offset;
+    ws->length = length;
+    ws->rights = rights;
+    ws->key = key;
+    ws->via = via;
+    ws->node.key() = key;
+    ws->node.mapped() = key_entry{nullptr, ws};
+    // No allocation: the node is the window's own, and keys_ has buckets for key_slots_.
+    keys_.insert(std::move(ws->node));
+    ws->bound = true;
+    w.set_remote({.addr = ws->base, .length = length, .key = key, .backend = backend::tcp});
+    return {};
+}
+
+void tcp_domain::invalidate_window(memory_window& window) noexcept
+{
+    window_state* ws = static_cast<tcp_window&>(window).state();
+    std::lock_guard lk(regions_mu_);
+    if (ws->bound) {
+        ws->node = keys_.extract(ws->key);
+        ws->bound = false;
+    }
+}
+
+bool tcp_domain::invalidate_remote(std::uint64_t key, std::uint64_t via) noexcept
+{
+    std::lock_guard lk(regions_mu_);
+    auto it = keys_.find(key);
+    if (it == keys_.end() || it->second.window == nullptr || it->second.window->via != via)
+        return false;
+    window_state* ws = it->second.window;
+    ws->node = keys_.extract(it);
+    ws->bound = false;
+    return true;
+}
+
+void tcp_domain::free_window(window_state* ws) noexcept
+{
+    std::lock_guard lk(regions_mu_);
+    if (ws->bound) {
+        ws->node = keys_.extract(ws->key);
+        ws->bound = false;
+    }
+    // The node stays with the state for the next window allocated from the pool.
+    ws->via = 0;
+    ws->region = nullptr;
+    free_windows_.push_back(ws);
+    --key_slots_;
 }
 
 std::unique_ptr<listener> tcp_domain::listen(std::string_view address, const listen_options& opts)

@@ -1,7 +1,7 @@
 // The TCP domain: one progress engine (an io_context on one thread) and the table of
-// registered regions that peers reach by key. It is shared (enable_shared_from_this): every
-// region, listener, request and connection made from it holds it, so that it and its
-// engine thread go with the last of them, whatever the order (rdmx::domain).
+// registered regions and bound memory windows that peers reach by key. It is shared
+// (enable_shared_from_this): every region, listener, request and connection made from it holds it, so that it
+// and its engine thread go with the last of them, whatever the order (rdmx::domain).
 #pragma once
 
 #include <atomic>
@@ -46,6 +46,33 @@ struct region_state {
     std::uint64_t key = 0;
 };
 
+struct window_state;
+
+/// What a key names: a region, or a memory window (over a region).
+struct key_entry {
+    region_state* region = nullptr; ///< set for a region's key
+    window_state* window = nullptr; ///< set for a window's key
+};
+using key_table = std::unordered_map<std::uint64_t, key_entry>;
+
+/// A memory window as the domain sees it (docs/memory-windows.md). In a pool owned by the
+/// domain, like region_state; every field is guarded by the domain's table mutex.
+struct window_state {
+    region_state* region = nullptr; ///< the region bound over
+    std::uint64_t region_tag = 0;   ///< its live tag at the bind: a later deregistration revokes
+    std::uint64_t base = 0;         ///< absolute address of the window's first byte
+    std::uint64_t length = 0;
+    rdmx::access rights = access::none;
+    std::uint64_t key = 0;
+    /// The connection bound through (its engine's id, never reused): only its peer may use the key.
+    std::uint64_t via = 0;
+    bool bound = false; ///< the key is in the table (else `node` holds its entry)
+    /// This window's entry of the key table while it is not in the table: made when the
+    /// window is allocated, so that binding and invalidating (on the data path) only move
+    /// it in and out of the table, and never allocate.
+    key_table::node_type node;
+};
+
 /// Makes the memory behind `st` safe to touch until unpin(); false if the region was
 /// deregistered since `tag` was taken. seq_cst on both sides: either deregister() sees
 /// our count or we see its cleared tag.
@@ -80,11 +107,7 @@ public:
 
     rdmx::backend backend() const noexcept override { return backend::tcp; }
     const device_limits& limits() const noexcept override { return limits_; }
-    // Memory windows: not built yet (issue 19); refused, never faked.
-    std::unique_ptr<memory_window> allocate_window() override
-    {
-        throw error(make_error_code(errc::not_supported), "allocate_window: memory windows are not built yet");
-    }
+    std::unique_ptr<memory_window> allocate_window() override;
     std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
                                                    rdmx::access rights) override;
     std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override;
@@ -102,10 +125,24 @@ public:
     asio::io_context& io() noexcept { return io_; }
     /// The owner identity given to regions and checked by validate.hpp.
     const void* owner() const noexcept { return this; }
-    /// Resolves a peer's access of [addr, addr + len) under `key` needing `right`. On
-    /// success `out` names the memory (not pinned: the engine pins per socket call).
-    bool find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right,
-                     seg& out) noexcept;
+    /// Resolves a peer's access of [addr, addr + len) under `key` needing `right`, arriving
+    /// on the connection whose engine id is `via`. A region's key serves every connection; a window's only
+    /// the one it was bound through, within its range and rights, while its region lives.
+    /// On success `out` names the memory (not pinned: the engine pins per socket call).
+    bool find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right, seg& out,
+                     std::uint64_t via) noexcept;
+    /// opcode::bind_window, posted through the connection `via` (validate.hpp checked it): a fresh
+    /// random key over the range, the old one (if bound) gone from the table; sets
+    /// window.remote(). No allocation; fails only if getrandom does.
+    std::error_code bind_window(memory_window& window, const memory_region& region, std::uint64_t offset,
+                                std::uint64_t length, rdmx::access rights, std::uint64_t via) noexcept;
+    /// opcode::invalidate_window: the window's key leaves the table (no-op if unbound).
+    void invalidate_window(memory_window& window) noexcept;
+    /// A peer's send_with_invalidate arriving on `via`: revokes the window with `key` if it
+    /// is bound through `via`; false if no such window (the caller fails the connection).
+    bool invalidate_remote(std::uint64_t key, std::uint64_t via) noexcept;
+    /// A window object is gone: revoked, and its state back to the pool.
+    void free_window(window_state* w) noexcept;
     /// Revokes the region, copies the rest of every frame on the wire that still needs its
     /// bytes (connection_engine::copy_frame_on_wire), and returns once no socket call
     /// touches it. Bounded: it never waits for a peer.
@@ -140,7 +177,12 @@ private:
     std::mutex regions_mu_;
     std::deque<region_state> region_pool_; ///< deque: elements never move
     std::vector<region_state*> free_regions_;
-    std::unordered_map<std::uint64_t, region_state*> keys_;
+    std::deque<window_state> window_pool_; ///< deque: elements never move
+    std::vector<window_state*> free_windows_;
+    key_table keys_;
+    /// Regions plus windows: the most entries keys_ can hold, for which it keeps buckets
+    /// (so that a bind's insertion never rehashes).
+    std::size_t key_slots_ = 0;
     std::vector<std::byte> discard_;
     // Every engine made here (expired ones pruned on track()), for deregister(). Lock
     // order: engines_mu_, an engine's mutex, regions_mu_ (find_remote runs under the

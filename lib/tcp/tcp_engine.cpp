@@ -38,7 +38,7 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       engine_only_(send_cq_ || recv_cq_), context_(opts.context), fd_(fd.get()),
       efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
       sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
-      sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline),
+      sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), lq_(lim.send_queue_depth),
       rq_(opts.srq ? 0 : lim.recv_queue_depth),
       rq_segs_(opts.srq ? 0 : std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
       srq_(tcp_srq::of(opts, dom, "connection").get()), srq_polled_(srq_),

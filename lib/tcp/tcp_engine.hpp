@@ -263,6 +263,10 @@ private:
     /// post() / post_recv()'s common start: checks every request, and on a connection that
     /// left `established` completes them all as flushed. A value is what the call returns;
     /// nullopt: the caller queues the requests.
+    /// A bind_window or invalidate_window (validated): carried out in the domain's table at
+    /// once, so that the key works (or stops) for whatever is sent after it, and completed
+    /// in send-queue order (lq_). Only getrandom can fail it.
+    std::error_code post_local(const work_request& wr) noexcept RDMX_REQUIRES(mu_);
     template <class Request, class Check>
     std::optional<std::error_code> validate_or_flush(cq_side side, std::span<const Request> wrs,
                                                      std::size_t* posted, Check check) noexcept
@@ -286,6 +290,9 @@ private:
         return (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).load(std::memory_order_relaxed);
     }
     void complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept RDMX_REQUIRES(mu_);
+    /// Completes the binds and invalidations whose turn came (lq_); `status` flushed: all
+    /// those due, as flushed.
+    void complete_local(std::error_code status = {}) noexcept RDMX_REQUIRES(mu_);
     void complete_rq_head(const completion& c, bool solicited) noexcept RDMX_REQUIRES(mu_);
     /// Leaves `established` for `to`; `cause` (default: errc::disconnected or, for error,
     /// errc::completion_error) is what last_error() reports.
@@ -430,6 +437,14 @@ private:
     /// application polls the shared queue, not this connection: no busy-poll ownership).
     const bool engine_only_;
     const std::uint64_t context_; ///< connection_options::context, in every completion
+    /// Names this connection in the domain's window table (tcp_domain::find_remote): unlike
+    /// the engine's address, never reused within the process.
+    const std::uint64_t id_ = next_id();
+    static std::uint64_t next_id() noexcept
+    {
+        static std::atomic<std::uint64_t> n{0};
+        return n.fetch_add(1, std::memory_order_relaxed) + 1;
+    }
     const int fd_;
     unique_fd efd_;
     std::atomic<connection_state> state_{connection_state::established};
@@ -455,6 +470,19 @@ private:
     std::vector<sq_entry> sq_ RDMX_GUARDED_BY(mu_);
     std::vector<seg> sq_segs_ RDMX_GUARDED_BY(mu_);
     std::vector<std::byte> sq_inline_ RDMX_GUARDED_BY(mu_);
+    /// Binds and invalidations posted behind requests still outstanding (post_local): each
+    /// completes once the send queue's head reaches `after`, so that the send queue's
+    /// completions keep the order of posting, as on verbs. Ring of send_queue_depth
+    /// (they take send-queue slots); [lq_head_, lq_tail_).
+    struct local_entry {
+        std::uint64_t wr_id = 0;
+        std::uint64_t after = 0;
+        rdmx::opcode op = opcode::bind_window;
+        bool signaled = false;
+    };
+    std::vector<local_entry> lq_ RDMX_GUARDED_BY(mu_);
+    std::uint64_t lq_head_ RDMX_GUARDED_BY(mu_) = 0;
+    std::uint64_t lq_tail_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t sq_head_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t tx_next_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t sq_tail_ RDMX_GUARDED_BY(mu_) = 0;

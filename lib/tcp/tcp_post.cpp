@@ -42,6 +42,27 @@ std::optional<std::error_code> connection_engine::validate_or_flush(cq_side side
     return n < wrs.size() ? make_error_code(errc::would_block) : std::error_code{};
 }
 
+std::error_code connection_engine::post_local(const work_request& wr) noexcept
+{
+    if (wr.opcode == opcode::bind_window) {
+        if (std::error_code ec = dom_.bind_window(*wr.window, *wr.bind_region, wr.bind_offset, wr.bind_length,
+                                                  wr.bind_access, id_))
+            return ec;
+    } else {
+        dom_.invalidate_window(*wr.window);
+    }
+    const bool signaled = has(wr.flags, send_flags::signaled);
+    if (sq_head_ == sq_tail_) {
+        // Nothing before it is outstanding (lq_ drains as the head moves): its turn is now.
+        if (signaled)
+            push_cq(cq_side::send, {.wr_id = wr.wr_id, .opcode = wr.opcode, .status = {}});
+        return {};
+    }
+    lq_[lq_tail_++ % lq_.size()] = {
+        .wr_id = wr.wr_id, .after = sq_tail_, .op = wr.opcode, .signaled = signaled};
+    return {};
+}
+
 std::error_code connection_engine::post(std::span<const work_request> wrs, std::size_t* posted) noexcept
 {
     if (posted)
@@ -63,9 +84,17 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
         lim_.send_queue_depth - std::min(held_in_cq(cq_side::send), lim_.send_queue_depth);
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
-        if (sq_tail_ - sq_head_ >= depth)
+        if (sq_tail_ - sq_head_ + (lq_tail_ - lq_head_) >= depth)
             break;
         const work_request& wr = wrs[i];
+        if (detail::is_window_op(wr.opcode)) [[unlikely]] {
+            if (std::error_code ec = post_local(wr)) {
+                if (posted)
+                    *posted = i;
+                return ec;
+            }
+            continue;
+        }
         sq_entry& e = sq_at(sq_tail_);
         e.wr_id = wr.wr_id;
         e.op = wr.opcode;
@@ -74,7 +103,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
         e.solicited = has(wr.flags, send_flags::solicited);
         e.imm = wr.imm;
         e.remote_addr = wr.remote.addr;
-        e.remote_key = wr.remote.key;
+        e.remote_key = wr.opcode == opcode::send_with_invalidate ? wr.invalidate_key : wr.remote.key;
         seg* segs = sq_segs(sq_tail_);
         std::uint64_t total = 0;
         e.nseg = 0;

@@ -25,6 +25,7 @@ void connection_engine::begin_request(const frame_header& h) noexcept
     }
     switch (h.op) {
     case frame_op::send:
+    case frame_op::send_inv: // the window is revoked when the payload is in (finish_frame)
         if (!recv_ready()) {
             rx_action_ = rx_action::rnr;
         } else if (h.length > recv_head().length) {
@@ -46,7 +47,7 @@ void connection_engine::begin_request(const frame_header& h) noexcept
         // A zero-length write touches nothing, so (as on verbs) it needs no valid key.
         if (h.length == 0)
             return;
-        if (!dom_.find_remote(h.key, h.addr, h.length, access::remote_write, rx_target_)) {
+        if (!dom_.find_remote(h.key, h.addr, h.length, access::remote_write, rx_target_, id_)) {
             rx_action_ = rx_action::write_bad;
             return;
         }
@@ -55,7 +56,7 @@ void connection_engine::begin_request(const frame_header& h) noexcept
         return;
     case frame_op::read_req: {
         seg s;
-        if (h.length != 0 && !dom_.find_remote(h.key, h.addr, h.length, access::remote_read, s)) {
+        if (h.length != 0 && !dom_.find_remote(h.key, h.addr, h.length, access::remote_read, s, id_)) {
             target_fail(nak_code::remote_access, h.seq);
             return;
         }
@@ -102,7 +103,8 @@ std::optional<std::uint64_t> connection_engine::execute_atomic(const frame_heade
 {
     seg s;
     if (h.addr % detail::atomic_size != 0 ||
-        !dom_.find_remote(h.key, h.addr, detail::atomic_size, access::remote_atomic, s) || !pin(s.st, s.tag))
+        !dom_.find_remote(h.key, h.addr, detail::atomic_size, access::remote_atomic, s, id_) ||
+        !pin(s.st, s.tag))
         return std::nullopt;
     // The one place where this domain serves atomics. Connections of a domain are served
     // on the engine thread and on the threads of applications that busy-poll them, so
@@ -153,6 +155,27 @@ void connection_engine::finish_frame() noexcept
                 solicited);
             target_fail(nak_code::remote_operation, h.seq);
             return;
+        }
+        if (h.op == frame_op::send_inv) {
+            // Revoked before the receive completes. A key that names no window bound
+            // through this connection is the peer's invalid request, as on rxe: the
+            // receive fails, the peer is NAKed, and both connections go to error.
+            if (!dom_.invalidate_remote(h.key, id_)) {
+                complete_rq_head({.wr_id = recv_head().wr_id,
+                                  .opcode = opcode::unknown,
+                                  .status = errc::remote_invalid_request},
+                                 solicited);
+                target_fail(nak_code::invalid_request, h.seq);
+                return;
+            }
+            complete_rq_head({.wr_id = recv_head().wr_id,
+                              .opcode = opcode::recv,
+                              .status = {},
+                              .byte_len = h.length,
+                              .with_invalidate = true,
+                              .invalidated_key = h.key},
+                             solicited);
+            break;
         }
         complete_rq_head(
             {.wr_id = recv_head().wr_id, .opcode = opcode::recv, .status = {}, .byte_len = h.length},

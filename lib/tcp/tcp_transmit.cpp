@@ -28,6 +28,10 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
         h.length = e.length;
         switch (e.op) {
         case opcode::send: h.op = frame_op::send; break;
+        case opcode::send_with_invalidate:
+            h.op = frame_op::send_inv;
+            h.key = e.remote_key; // the key of the peer's window to revoke
+            break;
         case opcode::write: h.op = frame_op::write; break;
         case opcode::write_with_imm: h.op = frame_op::write_imm; break;
         case opcode::fetch_add: // the payload is the operands, not the local (8-byte) sink
@@ -37,13 +41,14 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
             break;
         default: h.op = frame_op::read_req; break;
         }
-        if (h.op != frame_op::send) {
+        if (h.op != frame_op::send && h.op != frame_op::send_inv) {
             h.addr = e.remote_addr;
             h.key = e.remote_key;
         }
         if (h.op == frame_op::write_imm)
             h.imm = e.imm;
-        if (e.solicited && (h.op == frame_op::send || h.op == frame_op::write_imm))
+        if (e.solicited &&
+            (h.op == frame_op::send || h.op == frame_op::send_inv || h.op == frame_op::write_imm))
             h.flags = flag_solicited;
     } else {
         const response& r = resp_.at(pos);
@@ -117,7 +122,8 @@ std::span<const seg> connection_engine::payload_segs(frame_kind kind, std::uint6
         const sq_entry& e = sq_at(pos);
         if (e.op == opcode::fetch_add || e.op == opcode::compare_swap)
             return {&e.operand_seg, 1};
-        if (e.op != opcode::send && e.op != opcode::write && e.op != opcode::write_with_imm)
+        if (e.op != opcode::send && e.op != opcode::send_with_invalidate && e.op != opcode::write &&
+            e.op != opcode::write_with_imm)
             return {}; // a read request
         return {sq_segs(pos), e.nseg};
     }

@@ -101,6 +101,7 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
         return bad(why, "reserved header bits set");
     switch (static_cast<frame_op>(op)) {
     case frame_op::send:
+    case frame_op::send_inv:
     case frame_op::write:
     case frame_op::write_imm:
     case frame_op::read_req:
@@ -109,7 +110,7 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
         // Every field a request does not use must be zero (docs/wire-format.md section 2):
         // the version byte of the handshake is the only way to give one a meaning later.
         auto o = static_cast<frame_op>(op);
-        bool may_solicit = o == frame_op::send || o == frame_op::write_imm;
+        bool may_solicit = o == frame_op::send || o == frame_op::send_inv || o == frame_op::write_imm;
         if (h.status != 0)
             return bad(why, "status on a request");
         if ((h.flags & ~flag_solicited) != 0)
@@ -120,6 +121,8 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
             return bad(why, "imm on a request other than write_imm");
         if (o == frame_op::send && (h.addr != 0 || h.key != 0))
             return bad(why, "addr or key on a send");
+        if (o == frame_op::send_inv && h.addr != 0)
+            return bad(why, "addr on a send_inv");
         if (o == frame_op::fetch_add_req && h.length != fetch_add_payload)
             return bad(why, "fetch_add request without exactly its 8-byte operand");
         if (o == frame_op::compare_swap_req && h.length != compare_swap_payload)

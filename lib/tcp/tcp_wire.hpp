@@ -29,6 +29,9 @@ enum class frame_op : std::uint8_t {
     fetch_add_req = 5,
     /// request; payload (length 16) = compare, then swap; addr/key as fetch_add_req
     compare_swap_req = 6,
+    /// request; as send, and key = the target's memory window to revoke before the
+    /// receive completes (opcode::send_with_invalidate)
+    send_inv = 7,
     ack = 16,       ///< response; acknowledges every request up to and including seq
     read_resp = 17, ///< response; payload = the bytes read for request seq
     nak = 18,       ///< response; request seq failed, status = nak_code
@@ -57,7 +60,8 @@ enum class nak_code : std::uint32_t {
     remote_operation = 4, ///< the target could not complete the request; fatal
 };
 
-inline constexpr std::uint8_t flag_solicited = 1u << 0; ///< send / write_imm: wake solicited_only waiters
+inline constexpr std::uint8_t flag_solicited =
+    1u << 0; ///< send / send_inv / write_imm: wake solicited_only waiters
 
 /// Frames carry at most this much payload, the library-wide limit (validate.hpp).
 inline constexpr std::uint32_t max_frame_payload = 1u << 30;

@@ -132,7 +132,7 @@ TEST(tcp_wire, every_single_byte_opcode_either_decodes_or_is_rejected)
         b[0] = static_cast<std::byte>(op);
         frame_header d;
         auto ec = frame_header::decode(b.data(), d);
-        bool known = op == 1 || op == 2 || op == 3 || op == 4 || op == 16 || op == 17 || op == 19;
+        bool known = op == 1 || op == 2 || op == 3 || op == 4 || op == 7 || op == 16 || op == 17 || op == 19;
         // nak (18) needs a code, so an all-zero nak is rejected as well; goodbye (19) is
         // all zero but its opcode. The atomic frames (5, 6, 20) need their payload length.
         EXPECT_EQ(!ec, known) << "opcode " << op;
@@ -304,6 +304,34 @@ TEST(tcp_wire, atomic_frames_carry_exactly_their_operands_and_old_value)
     EXPECT_EQ(le[0], std::byte{0x08});
     EXPECT_EQ(le[7], std::byte{0x01});
     EXPECT_EQ(load_le64(le), 0x0102030405060708ull);
+}
+
+TEST(tcp_wire, send_inv_is_a_send_that_carries_the_key_to_revoke)
+{
+    // docs/wire-format.md section 2: opcode 7, a payload as SEND, `key` the window's key,
+    // `addr` 0; solicited allowed as on SEND.
+    frame_header h;
+    h.op = frame_op::send_inv;
+    h.seq = 9;
+    h.key = 0xfeedfacecafebeefull;
+    h.length = 24;
+    h.flags = flag_solicited;
+    auto b = encoded(h);
+    EXPECT_EQ(static_cast<int>(b[0]), 7);
+    frame_header d;
+    ASSERT_FALSE(frame_header::decode(b.data(), d));
+    EXPECT_EQ(d.op, frame_op::send_inv);
+    EXPECT_EQ(d.key, h.key);
+    EXPECT_EQ(d.payload_length(), 24u);
+    EXPECT_TRUE(d.is_request());
+    h.addr = 0x1000;
+    EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "addr on a send_inv";
+    h.addr = 0;
+    h.imm = 1;
+    EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "imm on a send_inv";
+    h.imm = 0;
+    h.status = 2;
+    EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error) << "status on a send_inv";
 }
 
 TEST(tcp_wire, seq_is_a_full_64_bit_counter)
