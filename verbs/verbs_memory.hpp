@@ -58,7 +58,10 @@ public:
     /// Bound by the last bind posted, and since neither invalidated by a post of ours nor
     /// by the peer as far as a receive polled says (protection_domain::note_invalidated).
     /// A type 2 window must be invalid before it is bound again (IBTA o10-37.2.30: rxe
-    /// fails such a bind, IBV_WC_MW_BIND_ERR, and the QP with it), so post() refuses that.
+    /// fails such a bind, IBV_WC_MW_BIND_ERR, and the QP with it), so post() refuses that;
+    /// and post() refuses to invalidate a window not bound: rxe (linux 6.1) invalidating a
+    /// free type 2 window dereferences its null QP, a kernel panic. An invalidation the
+    /// peer made is known here only once its receive was polled: invalidate after that.
     bool bound() const noexcept { return bound_.load(std::memory_order_relaxed); }
 
 private:
