@@ -389,7 +389,7 @@ bool verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
         c.with_imm = wc.wc_flags & IBV_WC_WITH_IMM;
         c.imm = c.with_imm ? ntohl(wc.imm_data) : 0;
         // imm_data and invalidated_rkey share a union (ibv_wc): one or the other.
-        c.with_invalidate = wc.wc_flags & pd_.wc_with_inv();
+        c.with_invalidate = c.opcode == opcode::recv && (wc.wc_flags & pd_.wc_with_inv());
         c.invalidated_key = c.with_invalidate ? wc.invalidated_rkey : 0;
         if (c.with_invalidate) [[unlikely]]
             pd_.note_invalidated(wc.invalidated_rkey);

@@ -64,12 +64,12 @@ void verbs_window::unlink() noexcept
 void verbs_window::on_bind(const verbs_region& region, std::uint64_t addr, std::uint64_t length,
                            std::uint32_t rkey) noexcept
 {
+    std::lock_guard lk(pd_.window_mutex()); // note_invalidated reads the key
     // The provider posts a bind with the window's current key and checks it (rxe: the
     // kernel compares it with its own): ibv_post_send does not update it, so we do.
     mw_->rkey = rkey;
     remote_ = remote_buffer{.addr = addr, .length = length, .key = rkey, .backend = backend::verbs};
     bound_.store(true, std::memory_order_relaxed);
-    std::lock_guard lk(pd_.window_mutex());
     if (region_ == &region)
         return;
     unlink();
