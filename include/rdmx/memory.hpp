@@ -120,7 +120,9 @@ private:
 /// peer's opcode::send_with_invalidate naming its key, or by destroying it; an access
 /// outside it, with rights it lacks, or after revocation is errc::remote_access (iWARP: the
 /// connection is torn down) and touches nothing. Destroying the region under a bound
-/// window revokes the window too.
+/// window revokes the window too (verbs: the window gets a fresh, unbound ibv_mw, so
+/// native() changes). Verbs: a bound window must be invalidated before it is bound again,
+/// and only a bound one can be invalidated (docs/memory-windows.md, rxe's limits).
 /// Not thread-safe against posts that name it.
 class memory_window
 {
