@@ -26,10 +26,9 @@ public:
 
     rdmx::backend backend() const noexcept override { return backend::verbs; }
     const device_limits& limits() const noexcept override { return pd_.limits(); }
-    // Memory windows: not built yet (issue 19); refused, never faked.
     std::unique_ptr<memory_window> allocate_window() override
     {
-        throw error(make_error_code(errc::not_supported), "allocate_window: memory windows are not built yet");
+        return pd_.allocate_window(shared_from_this());
     }
     std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
                                                    rdmx::access rights) override

@@ -22,6 +22,9 @@ struct comp_channel_deleter {
 struct mr_deleter {
     void operator()(ibv_mr* p) const noexcept { ibv_dereg_mr(p); }
 };
+struct mw_deleter {
+    void operator()(ibv_mw* p) const noexcept { ibv_dealloc_mw(p); }
+};
 struct qp_deleter {
     void operator()(ibv_qp* p) const noexcept { ibv_destroy_qp(p); }
 };
@@ -33,6 +36,7 @@ using pd_ptr = std::unique_ptr<ibv_pd, pd_deleter>;
 using cq_ptr = std::unique_ptr<ibv_cq, cq_deleter>;
 using comp_channel_ptr = std::unique_ptr<ibv_comp_channel, comp_channel_deleter>;
 using mr_ptr = std::unique_ptr<ibv_mr, mr_deleter>;
+using mw_ptr = std::unique_ptr<ibv_mw, mw_deleter>;
 using qp_ptr = std::unique_ptr<ibv_qp, qp_deleter>;
 using srq_ptr = std::unique_ptr<ibv_srq, srq_deleter>;
 

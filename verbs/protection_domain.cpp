@@ -3,29 +3,10 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "verbs/verbs_memory.hpp"
+
 namespace rdmx::verbs
 {
-
-namespace
-{
-
-class verbs_region final : public memory_region
-{
-public:
-    verbs_region(const void* owner, std::shared_ptr<const void> keepalive, mr_ptr mr, rdmx::access acc)
-        : memory_region(owner, backend::verbs, static_cast<std::byte*>(mr->addr), mr->length, acc, mr->lkey,
-                        mr->rkey),
-          keepalive_(std::move(keepalive)), mr_(std::move(mr))
-    {
-    }
-    ibv_mr* native() const noexcept override { return mr_.get(); }
-
-private:
-    std::shared_ptr<const void> keepalive_; ///< owner of the PD; declared first: the MR goes before it
-    mr_ptr mr_;
-};
-
-} // namespace
 
 protection_domain::protection_domain(ibv_context* ctx, std::uint8_t port_num)
     : ctx_(ctx), pd_(ibv_alloc_pd(ctx_))
@@ -54,6 +35,12 @@ protection_domain::protection_domain(ibv_context* ctx, std::uint8_t port_num)
     // siw has no atomics at all; rxe and HCAs say IBV_ATOMIC_HCA (atomic among the
     // atomics of this device) or IBV_ATOMIC_GLOB (against CPU atomics too).
     limits_.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;
+    // Type 2 windows (bound by a work request, for one QP): rxe says 2B, siw neither.
+    limits_.memory_windows =
+        (attr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
+    // rxe: vendor id RXE_VENDOR_ID (drivers/infiniband/sw/rxe/rxe_param.h).
+    if (attr.vendor_id == 0xffffff || limits_.device_name.starts_with("rxe"))
+        wc_with_inv_ |= 1u << 2; // see wc_with_inv()
     probe_max_inline();
 }
 
@@ -86,6 +73,10 @@ std::unique_ptr<memory_region> protection_domain::register_memory(void* addr, st
 {
     if (addr == nullptr || length == 0)
         throw_error(errc::invalid_argument, "ibv_reg_mr: empty region");
+    if (any(rights & access::bind_window) && !limits_.memory_windows)
+        throw_error(errc::not_supported, "ibv_reg_mr: access::bind_window needs memory windows "
+                                         "(IBV_DEVICE_MEM_WINDOW_TYPE_2B), which " +
+                                             limits_.device_name + " lacks");
     int flags = 0;
     // Verbs requires local write whenever remote write or remote atomic is granted.
     if (any(rights & (access::local_write | access::remote_write | access::remote_atomic)))
@@ -96,12 +87,49 @@ std::unique_ptr<memory_region> protection_domain::register_memory(void* addr, st
         flags |= IBV_ACCESS_REMOTE_READ;
     if (any(rights & access::remote_atomic))
         flags |= IBV_ACCESS_REMOTE_ATOMIC;
+    if (any(rights & access::bind_window))
+        flags |= IBV_ACCESS_MW_BIND;
     mr_ptr mr(ibv_reg_mr(pd_.get(), addr, length, flags));
     if (!mr)
         throw_errno(errno, "ibv_reg_mr");
     if (any(rights & (access::remote_write | access::remote_atomic)))
         rights = rights | access::local_write;
-    return std::make_unique<verbs_region>(this, std::move(keepalive), std::move(mr), rights);
+    return std::make_unique<verbs_region>(*this, std::move(keepalive), std::move(mr), rights);
+}
+
+std::unique_ptr<memory_window> protection_domain::allocate_window(std::shared_ptr<const void> keepalive) const
+{
+    if (!limits_.memory_windows)
+        throw_error(errc::not_supported,
+                    "ibv_alloc_mw: memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2B) are not "
+                    "supported by " +
+                        limits_.device_name);
+    return std::make_unique<verbs_window>(*this, std::move(keepalive));
+}
+
+void protection_domain::add_window(verbs_window* w) const noexcept
+{
+    std::lock_guard lk(window_mutex_);
+    w->all_next_ = windows_;
+    windows_ = w;
+}
+
+void protection_domain::remove_window(verbs_window* w) const noexcept
+{
+    std::lock_guard lk(window_mutex_);
+    for (verbs_window** p = &windows_; *p; p = &(*p)->all_next_)
+        if (*p == w) {
+            *p = w->all_next_;
+            return;
+        }
+}
+
+void protection_domain::note_invalidated(std::uint32_t rkey) const noexcept
+{
+    std::lock_guard lk(window_mutex_);
+    for (verbs_window* w = windows_; w; w = w->all_next_)
+        if (w->mw_ && w->mw_->rkey == rkey)
+            w->on_invalidate();
 }
 
 } // namespace rdmx::verbs

@@ -5,10 +5,14 @@
 
 #include <rdmx/connection.hpp>
 
+#include <mutex>
+
 #include "verbs/handles.hpp"
 
 namespace rdmx::verbs
 {
+
+class verbs_window;
 
 class protection_domain
 {
@@ -25,6 +29,24 @@ public:
     /// `keepalive` (what owns this protection domain) until it is destroyed.
     std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length, rdmx::access rights,
                                                    std::shared_ptr<const void> keepalive);
+    /// An unbound type 2 window (verbs/verbs_memory.hpp); throws errc::not_supported
+    /// without device_limits::memory_windows. Holds `keepalive` as a region does.
+    std::unique_ptr<memory_window> allocate_window(std::shared_ptr<const void> keepalive) const;
+    /// Guards the links between regions and the windows bound over them (bind on the data
+    /// path, a region or window destroyed on any thread).
+    std::mutex& window_mutex() const noexcept { return window_mutex_; }
+    /// A receive polled says the peer invalidated our window with key `rkey`
+    /// (send_with_invalidate): that window is unbound. Walks the windows under the mutex;
+    /// only such receives call it.
+    void note_invalidated(std::uint32_t rkey) const noexcept;
+    /// The wc_flags bit that says a receive invalidated a window (send_with_invalidate):
+    /// IBV_WC_WITH_INV, and on rxe the kernel's IB_WC_WITH_INVALIDATE (1 << 2), which rxe
+    /// passes to user space untranslated, where it reads as IBV_WC_IP_CSUM_OK (meaningless
+    /// on an RC QP; rxe 6.1 and rdma-core 44 seen so).
+    unsigned wc_with_inv() const noexcept { return wc_with_inv_; }
+    /// The domain's list of windows (verbs_window's constructor and destructor).
+    void add_window(verbs_window* w) const noexcept;
+    void remove_window(verbs_window* w) const noexcept;
     ibv_context* native_context() const noexcept { return ctx_; }
     ibv_pd* native_pd() const noexcept { return pd_.get(); }
     /// An iWARP device: its CM drives the QP to RTS itself and it has no write with immediate.
@@ -40,6 +62,9 @@ private:
     device_limits limits_;
     bool iwarp_ = false;
     std::uint32_t max_cqe_ = 0;
+    unsigned wc_with_inv_ = IBV_WC_WITH_INV;
+    mutable std::mutex window_mutex_;
+    mutable verbs_window* windows_ = nullptr; ///< all windows allocated here (window_mutex_)
 };
 
 } // namespace rdmx::verbs

@@ -10,6 +10,7 @@
 #include "verbs/completion_queue.hpp"
 #include "verbs/shared_receive_queue.hpp"
 #include "verbs/verbs_connection.hpp"
+#include "verbs/verbs_memory.hpp"
 
 namespace rdmx::verbs
 {
@@ -37,6 +38,9 @@ ibv_wr_opcode to_ibv(opcode op) noexcept
     case opcode::read: return IBV_WR_RDMA_READ;
     case opcode::fetch_add: return IBV_WR_ATOMIC_FETCH_AND_ADD;
     case opcode::compare_swap: return IBV_WR_ATOMIC_CMP_AND_SWP;
+    case opcode::bind_window: return IBV_WR_BIND_MW;
+    case opcode::invalidate_window: return IBV_WR_LOCAL_INV;
+    case opcode::send_with_invalidate: return IBV_WR_SEND_WITH_INV;
     default: return IBV_WR_SEND;
     }
 }
@@ -83,8 +87,72 @@ opcode from_ibv(ibv_wc_opcode op) noexcept
     case IBV_WC_RECV_RDMA_WITH_IMM: return opcode::recv_with_imm;
     case IBV_WC_FETCH_ADD: return opcode::fetch_add;
     case IBV_WC_COMP_SWAP: return opcode::compare_swap;
+    case IBV_WC_BIND_MW: return opcode::bind_window;
+    case IBV_WC_LOCAL_INV: return opcode::invalidate_window;
     default: return opcode::unknown;
     }
+}
+
+bool is_window_op(opcode op) noexcept
+{
+    return op == opcode::bind_window || op == opcode::invalidate_window;
+}
+
+unsigned to_ibv_mw_access(rdmx::access a) noexcept
+{
+    unsigned out = 0;
+    if (any(a & access::remote_read))
+        out |= IBV_ACCESS_REMOTE_READ;
+    if (any(a & access::remote_write))
+        out |= IBV_ACCESS_REMOTE_WRITE;
+    if (any(a & access::remote_atomic))
+        out |= IBV_ACCESS_REMOTE_ATOMIC;
+    return out;
+}
+
+// The checks of bind_window, invalidate_window and send_with_invalidate, the device able.
+// A window or region of another domain, a dead window (its region went and no new one
+// could be allocated), a range outside the region and rights the region does not give
+// are invalid_argument; so is a window named by two binds or invalidates of one list (the
+// second would be filled with the key the first replaces).
+[[gnu::noinline]] errc check_window_request(std::span<const work_request> wrs, std::size_t i, const void* pd,
+                                            const connection_limits& lim, std::uint64_t& total) noexcept
+{
+    const work_request& wr = wrs[i];
+    if (wr.wr_id == reserved_wr_id)
+        return errc::invalid_argument;
+    if (wr.opcode == opcode::send_with_invalidate) {
+        if (wr.invalidate_key > UINT32_MAX)
+            return errc::invalid_argument; // verbs keys are 32 bits: it names no window
+        work_request as_send = wr;
+        as_send.opcode = opcode::send;
+        return detail::check_send(as_send, pd, backend::verbs, lim, total);
+    }
+    total = 0;
+    if (!wr.local.empty() || wr.window == nullptr || wr.window->owner() != pd ||
+        wr.window->native() == nullptr)
+        return errc::invalid_argument;
+    // Bound still: it must be invalidated first (verbs_window::bound).
+    if (wr.opcode == opcode::bind_window && static_cast<const verbs_window*>(wr.window)->bound())
+        return errc::invalid_argument;
+    if (has(wr.flags, send_flags::inline_data))
+        return errc::invalid_argument;
+    for (std::size_t j = 0; j < i; ++j)
+        if (is_window_op(wrs[j].opcode) && wrs[j].window == wr.window)
+            return errc::invalid_argument;
+    if (wr.opcode == opcode::invalidate_window)
+        return {};
+    const memory_region* r = wr.bind_region;
+    constexpr access remote_rights = access::remote_read | access::remote_write | access::remote_atomic;
+    if (r == nullptr || r->owner() != pd || !any(r->access() & access::bind_window))
+        return errc::invalid_argument;
+    if (wr.bind_length == 0 || wr.bind_offset > r->size() || wr.bind_length > r->size() - wr.bind_offset)
+        return errc::invalid_argument;
+    // Rights: remote ones only, and only those the region gives.
+    const auto want = static_cast<std::uint32_t>(wr.bind_access);
+    if ((want & ~static_cast<std::uint32_t>(remote_rights & r->access())) != 0)
+        return errc::invalid_argument;
+    return {};
 }
 
 void fill_sges(std::span<const sge> in, ibv_sge* out) noexcept
@@ -187,8 +255,18 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
     if (!qp_ || !sendable_.load(std::memory_order_acquire)) [[unlikely]]
         return errc::not_connected;
     // Validate the whole list first: a bad request must not leave half a list posted.
-    for (const work_request& wr : wrs) {
+    bool windows = false; // binds to record once posted
+    for (std::size_t i = 0; i < wrs.size(); ++i) {
+        const work_request& wr = wrs[i];
         std::uint64_t total = 0;
+        if (is_window_op(wr.opcode) || wr.opcode == opcode::send_with_invalidate) [[unlikely]] {
+            if (!pd_.limits().memory_windows)
+                return errc::not_supported; // siw: no IBV_DEVICE_MEM_WINDOW_TYPE_2B
+            if (errc ec = check_window_request(wrs, i, &pd_, limits_, total); ec != errc{})
+                return ec;
+            windows = windows || is_window_op(wr.opcode);
+            continue;
+        }
         if (errc ec = detail::check_send(wr, &pd_, backend::verbs, limits_, total); ec != errc{})
             return ec;
         // What the device lacks is refused here, not left to the provider: siw "filled"
@@ -208,42 +286,73 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
     const std::size_t room = counting_      ? limits_.send_queue_depth - sq_outstanding_
                              : send_shared_ ? user_send_entries - std::min(owed_send_cq_, user_send_entries)
                                             : wrs.size();
-    return post_within(wrs, room, posted, [this](std::span<const work_request> some, std::size_t* done) {
-        std::error_code ec = post_in_batches<ibv_send_wr>(
-            some, done, send_wrs_,
-            [](ibv_send_wr& w, const work_request& wr) {
-                w.opcode = to_ibv(wr.opcode);
-                w.send_flags = to_ibv(wr.flags);
-                w.imm_data = wr.opcode == opcode::write_with_imm ? htonl(wr.imm) : 0;
-                if (detail::is_atomic(wr.opcode)) [[unlikely]] {
-                    // wr.atomic overlays wr.rdma with rkey further on: every field is set.
-                    // The operands are host byte order (the provider converts them).
-                    w.wr.atomic.remote_addr = wr.remote.addr;
-                    w.wr.atomic.compare_add = wr.compare_add;
-                    w.wr.atomic.swap = wr.opcode == opcode::compare_swap ? wr.swap : 0;
-                    w.wr.atomic.rkey = static_cast<std::uint32_t>(wr.remote.key);
-                    return;
+    return post_within(
+        wrs, room, posted, [this, windows](std::span<const work_request> some, std::size_t* done) {
+            std::error_code ec = post_in_batches<ibv_send_wr>(
+                some, done, send_wrs_,
+                [](ibv_send_wr& w, const work_request& wr) {
+                    w.opcode = to_ibv(wr.opcode);
+                    w.send_flags = to_ibv(wr.flags);
+                    w.imm_data = wr.opcode == opcode::write_with_imm ? htonl(wr.imm) : 0;
+                    if (detail::is_atomic(wr.opcode)) [[unlikely]] {
+                        // wr.atomic overlays wr.rdma with rkey further on: every field is set.
+                        // The operands are host byte order (the provider converts them).
+                        w.wr.atomic.remote_addr = wr.remote.addr;
+                        w.wr.atomic.compare_add = wr.compare_add;
+                        w.wr.atomic.swap = wr.opcode == opcode::compare_swap ? wr.swap : 0;
+                        w.wr.atomic.rkey = static_cast<std::uint32_t>(wr.remote.key);
+                        return;
+                    }
+                    if (wr.opcode == opcode::bind_window) [[unlikely]] {
+                        // A new key each bind (the provider checks the window's current one);
+                        // the window records both once the bind is posted (on_bind).
+                        ibv_mw* mw = wr.window->native();
+                        w.bind_mw.mw = mw;
+                        w.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+                        w.bind_mw.bind_info.mr = wr.bind_region->native();
+                        w.bind_mw.bind_info.addr =
+                            reinterpret_cast<std::uintptr_t>(wr.bind_region->data()) + wr.bind_offset;
+                        w.bind_mw.bind_info.length = wr.bind_length;
+                        w.bind_mw.bind_info.mw_access_flags = to_ibv_mw_access(wr.bind_access);
+                        return;
+                    }
+                    if (wr.opcode == opcode::invalidate_window) [[unlikely]] {
+                        // The window's current key, known to the provider (bound or not).
+                        w.invalidate_rkey = wr.window->native()->rkey;
+                        return;
+                    }
+                    if (wr.opcode == opcode::send_with_invalidate) [[unlikely]]
+                        w.invalidate_rkey = static_cast<std::uint32_t>(wr.invalidate_key);
+                    const bool one_sided = wr.opcode != opcode::send;
+                    w.wr.rdma.remote_addr = one_sided ? wr.remote.addr : 0;
+                    w.wr.rdma.rkey = one_sided ? static_cast<std::uint32_t>(wr.remote.key) : 0;
+                },
+                [qp = qp_.get()](ibv_send_wr* w, ibv_send_wr** bad) { return ibv_post_send(qp, w, bad); });
+            for (std::size_t i = 0; windows && i < *done; ++i)
+                if (const work_request& wr = some[i]; wr.opcode == opcode::invalidate_window) {
+                    static_cast<verbs_window*>(wr.window)->on_invalidate();
+                } else if (wr.opcode == opcode::bind_window) {
+                    ibv_mw* mw = wr.window->native();
+                    static_cast<verbs_window*>(wr.window)->on_bind(
+                        *static_cast<const verbs_region*>(wr.bind_region),
+                        reinterpret_cast<std::uintptr_t>(wr.bind_region->data()) + wr.bind_offset,
+                        wr.bind_length, ibv_inc_rkey(mw->rkey));
                 }
-                const bool one_sided = wr.opcode != opcode::send;
-                w.wr.rdma.remote_addr = one_sided ? wr.remote.addr : 0;
-                w.wr.rdma.rkey = one_sided ? static_cast<std::uint32_t>(wr.remote.key) : 0;
-            },
-            [qp = qp_.get()](ibv_send_wr* w, ibv_send_wr** bad) { return ibv_post_send(qp, w, bad); });
-        if (!counting_ && send_shared_)
-            owed_send_cq_ += static_cast<std::uint32_t>(*done);
-        for (std::size_t i = 0; counting_ && i < *done; ++i) {
-            // A signalled request's completion frees its slot and those of the unsignalled
-            // ones posted before it (ibv_post_send(3)).
-            ++sq_outstanding_;
-            ++sq_unsignaled_;
-            if (has(some[i].flags, send_flags::signaled)) {
-                sq_retire_[(retire_head_ + retire_count_) % sq_retire_.size()] = sq_unsignaled_;
-                ++retire_count_;
-                sq_unsignaled_ = 0;
+            if (!counting_ && send_shared_)
+                owed_send_cq_ += static_cast<std::uint32_t>(*done);
+            for (std::size_t i = 0; counting_ && i < *done; ++i) {
+                // A signalled request's completion frees its slot and those of the unsignalled
+                // ones posted before it (ibv_post_send(3)).
+                ++sq_outstanding_;
+                ++sq_unsignaled_;
+                if (has(some[i].flags, send_flags::signaled)) {
+                    sq_retire_[(retire_head_ + retire_count_) % sq_retire_.size()] = sq_unsignaled_;
+                    ++retire_count_;
+                    sq_unsignaled_ = 0;
+                }
             }
-        }
-        return ec;
-    });
+            return ec;
+        });
 }
 
 std::error_code verbs_connection::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
@@ -303,18 +412,27 @@ bool verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
         // ibv_poll_cq(3) defines byte_len for receives only; rdmx promises 8 for atomics.
         if (detail::is_atomic(c.opcode)) [[unlikely]]
             c.byte_len = detail::atomic_size;
+        else if (is_window_op(c.opcode)) [[unlikely]]
+            c.byte_len = 0; // nothing moved
         retire(c.opcode);
         if (passive_ && !sendable_.load(std::memory_order_relaxed)) [[unlikely]]
             if (c.opcode == opcode::recv || c.opcode == opcode::recv_with_imm)
                 sendable_.store(true, std::memory_order_release);
         c.with_imm = wc.wc_flags & IBV_WC_WITH_IMM;
         c.imm = c.with_imm ? ntohl(wc.imm_data) : 0;
+        // imm_data and invalidated_rkey share a union (ibv_wc): one or the other.
+        c.with_invalidate = wc.wc_flags & pd_.wc_with_inv();
+        c.invalidated_key = c.with_invalidate ? wc.invalidated_rkey : 0;
+        if (c.with_invalidate) [[unlikely]]
+            pd_.note_invalidated(wc.invalidated_rkey);
     } else {
         c.status = to_error(wc.status);
         // The opcode is undefined in error completions (ibv_poll_cq(3)).
         c.opcode = opcode::unknown;
         c.with_imm = false;
         c.imm = 0;
+        c.with_invalidate = false;
+        c.invalidated_key = 0;
         // The QP is in the error state: say so in state() before the user sees
         // the completion (a flush can come before DISCONNECTED, as on siw).
         note_error(c.status);
