@@ -199,7 +199,13 @@ for b in ("tcp", "verbs"):
                      f"reply + deregister (median)", b,
                      ("rdmx", "window_send", s, "lat_us"), ("rdmx", "register_send", s, "lat_us"), None, False),
                     (f"{n} object: round trip, window vs a region per object (ops/s)", b,
-                     ("rdmx", "window_send", s, "msg_s"), ("rdmx", "register_send", s, "msg_s"), None, True)]
+                     ("rdmx", "window_send", s, "msg_s"), ("rdmx", "register_send", s, "msg_s"), None, True),
+                    # The reply revoking the window (send-with-invalidate) or the client itself
+                    # (an unsignalled invalidate after a plain reply).
+                    (f"{n} object: round trip, the reply revokes the window vs the client does (median)", b,
+                     ("rdmx", "window_send", s, "lat_us"), ("rdmx", "window_send_local", s, "lat_us"), None, False),
+                    (f"{n} object: round trip, window revoked by the client vs a region per object (median)", b,
+                     ("rdmx", "window_send_local", s, "lat_us"), ("rdmx", "register_send", s, "lat_us"), None, False)]
     # How each grows with the object: a registration pins every page (ibv_reg_mr), a bind does not.
     for t in ("register", "window_bind"):
         windows.append((f"{t} per op, 1 MiB vs 4 KiB object (median)", b,

@@ -48,6 +48,9 @@
 //   window_send     the object store's round trip (samples/object_store_client.cpp): an
 //                   unsignalled bind in front of a send carrying the window's descriptor;
 //                   the server answers with a send that revokes it (post_send_invalidate)
+//   window_send_local  the same, but the server's reply is a plain send and the client
+//                   revokes the window itself (an unsignalled post_invalidate_window after
+//                   the reply): what the peer's send-with-invalidate costs or saves
 //   register_send   the same round trip with a region per object: register, send its
 //                   descriptor, the server answers with a plain send, destroy the region
 //
@@ -128,6 +131,7 @@ enum class test : std::uint32_t {
     register_region,
     window_bind,
     window_send,
+    window_send_local,
     register_send
 };
 const std::vector<std::pair<std::string, test>> test_names = {{"send_lat", test::send_lat},
@@ -144,6 +148,7 @@ const std::vector<std::pair<std::string, test>> test_names = {{"send_lat", test:
                                                               {"register", test::register_region},
                                                               {"window_bind", test::window_bind},
                                                               {"window_send", test::window_send},
+                                                              {"window_send_local", test::window_send_local},
                                                               {"register_send", test::register_send}};
 const char* name_of(test t)
 {
@@ -156,7 +161,7 @@ const char* name_of(test t)
 bool is_object(test t)
 {
     return t == test::register_region || t == test::window_bind || t == test::window_send ||
-           t == test::register_send;
+           t == test::window_send_local || t == test::register_send;
 }
 bool is_latency(test t)
 {
@@ -166,7 +171,7 @@ bool is_latency(test t)
 /// The tests that bind windows over the pool (registered with access::bind_window for them).
 bool uses_windows(test t)
 {
-    return t == test::window_bind || t == test::window_send;
+    return t == test::window_bind || t == test::window_send || t == test::window_send_local;
 }
 bool is_atomic(test t)
 {
@@ -852,7 +857,7 @@ std::vector<double> run_object_local(session& s, test t, std::size_t size, std::
     return smp.done();
 }
 
-/// window_send, register_send, the client: per iteration the object's descriptor goes to
+/// window_send, window_send_local, register_send, the client: per iteration the object's descriptor goes to
 /// the server in a send (behind an unsignalled bind, or after a registration), and the
 /// server's reply (revoking the window, or not) ends it (and the region goes). The whole
 /// round trip per sample.
@@ -861,7 +866,7 @@ std::vector<double> run_object_client(session& s, test t, std::size_t size, std:
 {
     const std::uint64_t total = warmup + iters;
     std::unique_ptr<rdmx::memory_window> w;
-    if (t == test::window_send)
+    if (t == test::window_send || t == test::window_send_local)
         w = s.dom->allocate_window();
     poller p(*s.data, event, s.timeout);
     rdmx::sge req{s.mr.get(), request_offset, sizeof(rdmx::remote_buffer::bytes)};
@@ -892,10 +897,22 @@ std::vector<double> run_object_client(session& s, test t, std::size_t size, std:
                     continue;
                 }
                 expect(wc[k], rdmx::opcode::recv, t);
-                if (w && (!wc[k].with_invalidate || wc[k].invalidated_key != d.key))
+                if (t == test::window_send && (!wc[k].with_invalidate || wc[k].invalidated_key != d.key))
                     throw std::runtime_error("window_send: the reply did not revoke the window");
+                if (t == test::window_send_local && wc[k].with_invalidate)
+                    throw std::runtime_error("window_send_local: the reply revoked a window");
                 answered = true;
             }
+        // Unsignalled too: the next request's send completes it, before the next bind runs.
+        // The last one is waited for: the window must not go with it still queued.
+        if (t == test::window_send_local) {
+            const bool last = i + 1 == total;
+            check(s.data->post_invalidate_window(*w, i,
+                                                 last ? rdmx::send_flags::signaled : rdmx::send_flags::none),
+                  "post_invalidate_window");
+            if (last)
+                expect(p.one(), rdmx::opcode::invalidate_window, t);
+        }
         r.reset(); // register_send: the server is done with the object
         smp.tick(i, warmup);
     }
@@ -1302,7 +1319,7 @@ int run_server(const options& o)
                             std::max(1u, m.signal_every));
             else if (m.t == test::send_bw || m.t == test::write_imm_bw)
                 run_bw_receiver(s, m.t, m.size, total, event);
-            else if (m.t == test::window_send || m.t == test::register_send)
+            else if (m.t == test::window_send || m.t == test::window_send_local || m.t == test::register_send)
                 run_object_server(s, m.t, total, event);
             else if (is_atomic(m.t) && target_poll) {
                 // On TCP this thread's polls then serve the atomics, as ucx_perftest's
@@ -1394,7 +1411,7 @@ int run_client(const options& o)
         } else if (o.t == test::register_region || o.t == test::window_bind) {
             res.lat = run_object_local(s, o.t, size, o.warmup, o.iters, o.event);
             std::sort(res.lat.begin(), res.lat.end());
-        } else if (o.t == test::window_send || o.t == test::register_send) {
+        } else if (o.t == test::window_send || o.t == test::window_send_local || o.t == test::register_send) {
             res.lat = run_object_client(s, o.t, size, o.warmup, o.iters, o.event);
             std::sort(res.lat.begin(), res.lat.end());
         } else if (is_latency(o.t)) {
