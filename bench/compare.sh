@@ -14,7 +14,8 @@
 #   and the object store's round trip, window_send (an unsignalled bind in front of the
 #   request, the reply revoking it; window_send_local: a plain reply, the client revoking it
 #   with an unsignalled invalidate) against register_send (register, send the descriptor,
-#   plain reply, destroy). Per-op latency (median) and rate (ops/s over the measured time).
+#   plain reply, destroy; register_send_bind: that plus window_send_local's two window posts
+#   of a window never sent, to tell what those post() calls cost). Per-op latency (median) and rate (ops/s over the measured time).
 #   Run lengths (environment): WINDOW_ITERS, WINDOW_RT_ITERS (TCP), GUEST_WINDOW_ITERS,
 #   GUEST_WINDOW_RT_ITERS (rxe).
 #   --atomics narrows both parts to the rows of issue 19's "Measure" (8 B remote atomics):
@@ -400,11 +401,12 @@ w_register() { rdmx_run "$WA" register 4096 "$W_ITERS" -w 200 $WINDOW_SIZES; }
 w_bind() { rdmx_run "$WA" window_bind 4096 "$W_ITERS" -w 200 $WINDOW_SIZES; }
 w_send() { rdmx_run "$WA" window_send 4096 "$W_RT_ITERS" -w 100 $WINDOW_SIZES; }
 w_send_local() { rdmx_run "$WA" window_send_local 4096 "$W_RT_ITERS" -w 100 $WINDOW_SIZES; }
+w_register_send_bind() { rdmx_run "$WA" register_send_bind 4096 "$W_RT_ITERS" -w 100 $WINDOW_SIZES; }
 w_register_send() { rdmx_run "$WA" register_send 4096 "$W_RT_ITERS" -w 100 $WINDOW_SIZES; }
 windows_rep() { # address iters round-trip-iters
     WA=$1 W_ITERS=$2 W_RT_ITERS=$3
-    echo "  a region per object vs a window over it (4 KiB, 64 KiB, 1 MiB): register, window_bind, window_send, window_send_local, register_send"
-    rotate "$rep" w_register w_bind w_send w_send_local w_register_send
+    echo "  a region per object vs a window over it (4 KiB, 64 KiB, 1 MiB): register, window_bind, window_send, window_send_local, register_send, register_send_bind"
+    rotate "$rep" w_register w_bind w_send w_send_local w_register_send w_register_send_bind
 }
 
 # ---------------------------------------------------------------------------------------

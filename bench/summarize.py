@@ -205,7 +205,14 @@ for b in ("tcp", "verbs"):
                     (f"{n} object: round trip, the reply revokes the window vs the client does (median)", b,
                      ("rdmx", "window_send", s, "lat_us"), ("rdmx", "window_send_local", s, "lat_us"), None, False),
                     (f"{n} object: round trip, window revoked by the client vs a region per object (median)", b,
-                     ("rdmx", "window_send_local", s, "lat_us"), ("rdmx", "register_send", s, "lat_us"), None, False)]
+                     ("rdmx", "window_send_local", s, "lat_us"), ("rdmx", "register_send", s, "lat_us"), None, False),
+                    # register_send plus the window posts of a window never sent: those calls' cost
+                    (f"{n} object: round trip, a region per object plus an unused window's bind and invalidate "
+                     f"posts vs without (median)", b,
+                     ("rdmx", "register_send_bind", s, "lat_us"), ("rdmx", "register_send", s, "lat_us"), None, False),
+                    (f"{n} object: round trip, window revoked by the client vs a region per object plus the "
+                     f"same window posts (median)", b,
+                     ("rdmx", "window_send_local", s, "lat_us"), ("rdmx", "register_send_bind", s, "lat_us"), None, False)]
     # How each grows with the object: a registration pins every page (ibv_reg_mr), a bind does not.
     for t in ("register", "window_bind"):
         windows.append((f"{t} per op, 1 MiB vs 4 KiB object (median)", b,

@@ -53,6 +53,9 @@
 //                   the reply): what the peer's send-with-invalidate costs or saves
 //   register_send   the same round trip with a region per object: register, send its
 //                   descriptor, the server answers with a plain send, destroy the region
+//   register_send_bind  register_send plus window_send_local's window posts (an unsignalled
+//                   bind before the registration, an unsignalled invalidate after the
+//                   reply) of a window that is never sent: what those post() calls cost
 //
 // Many connections (as perftest's -q N, fabtests' fi_multi_ep): -q N on both sides opens N
 // measured connections; the bandwidth tests keep a window of --depth on each, -n
@@ -132,24 +135,27 @@ enum class test : std::uint32_t {
     window_bind,
     window_send,
     window_send_local,
-    register_send
+    register_send,
+    register_send_bind
 };
-const std::vector<std::pair<std::string, test>> test_names = {{"send_lat", test::send_lat},
-                                                              {"write_lat", test::write_lat},
-                                                              {"read_lat", test::read_lat},
-                                                              {"send_bw", test::send_bw},
-                                                              {"write_bw", test::write_bw},
-                                                              {"read_bw", test::read_bw},
-                                                              {"write_imm_bw", test::write_imm_bw},
-                                                              {"fetch_add_lat", test::fetch_add_lat},
-                                                              {"compare_swap_lat", test::compare_swap_lat},
-                                                              {"fetch_add_bw", test::fetch_add_bw},
-                                                              {"compare_swap_bw", test::compare_swap_bw},
-                                                              {"register", test::register_region},
-                                                              {"window_bind", test::window_bind},
-                                                              {"window_send", test::window_send},
-                                                              {"window_send_local", test::window_send_local},
-                                                              {"register_send", test::register_send}};
+const std::vector<std::pair<std::string, test>> test_names = {
+    {"send_lat", test::send_lat},
+    {"write_lat", test::write_lat},
+    {"read_lat", test::read_lat},
+    {"send_bw", test::send_bw},
+    {"write_bw", test::write_bw},
+    {"read_bw", test::read_bw},
+    {"write_imm_bw", test::write_imm_bw},
+    {"fetch_add_lat", test::fetch_add_lat},
+    {"compare_swap_lat", test::compare_swap_lat},
+    {"fetch_add_bw", test::fetch_add_bw},
+    {"compare_swap_bw", test::compare_swap_bw},
+    {"register", test::register_region},
+    {"window_bind", test::window_bind},
+    {"window_send", test::window_send},
+    {"window_send_local", test::window_send_local},
+    {"register_send", test::register_send},
+    {"register_send_bind", test::register_send_bind}};
 const char* name_of(test t)
 {
     for (auto& [n, v] : test_names)
@@ -161,7 +167,7 @@ const char* name_of(test t)
 bool is_object(test t)
 {
     return t == test::register_region || t == test::window_bind || t == test::window_send ||
-           t == test::window_send_local || t == test::register_send;
+           t == test::window_send_local || t == test::register_send || t == test::register_send_bind;
 }
 bool is_latency(test t)
 {
@@ -171,7 +177,8 @@ bool is_latency(test t)
 /// The tests that bind windows over the pool (registered with access::bind_window for them).
 bool uses_windows(test t)
 {
-    return t == test::window_bind || t == test::window_send || t == test::window_send_local;
+    return t == test::window_bind || t == test::window_send || t == test::window_send_local ||
+           t == test::register_send_bind;
 }
 bool is_atomic(test t)
 {
@@ -866,8 +873,9 @@ std::vector<double> run_object_client(session& s, test t, std::size_t size, std:
 {
     const std::uint64_t total = warmup + iters;
     std::unique_ptr<rdmx::memory_window> w;
-    if (t == test::window_send || t == test::window_send_local)
+    if (uses_windows(t))
         w = s.dom->allocate_window();
+    const bool send_window = t == test::window_send || t == test::window_send_local;
     poller p(*s.data, event, s.timeout);
     rdmx::sge req{s.mr.get(), request_offset, sizeof(rdmx::remote_buffer::bytes)};
     rdmx::sge rep{s.mr.get(), reply_offset, reply_size};
@@ -877,10 +885,10 @@ std::vector<double> run_object_client(session& s, test t, std::size_t size, std:
         std::unique_ptr<rdmx::memory_region> r;
         rdmx::remote_buffer d;
         check(s.data->post_recv({&rep, 1}, i), "post_recv");
-        if (w) {
-            // Unsignalled, as the object-store client's: the send behind it completes it.
+        if (w) // Unsignalled, as the object-store client's: the send behind it completes it.
             check(s.data->post_bind_window(*w, *s.mr, s.half, size, object_rights, i, rdmx::send_flags::none),
                   "post_bind_window");
+        if (send_window) {
             d = w->remote();
         } else {
             r = s.dom->register_memory(s.source(), size, object_rights);
@@ -899,13 +907,13 @@ std::vector<double> run_object_client(session& s, test t, std::size_t size, std:
                 expect(wc[k], rdmx::opcode::recv, t);
                 if (t == test::window_send && (!wc[k].with_invalidate || wc[k].invalidated_key != d.key))
                     throw std::runtime_error("window_send: the reply did not revoke the window");
-                if (t == test::window_send_local && wc[k].with_invalidate)
-                    throw std::runtime_error("window_send_local: the reply revoked a window");
+                if (t != test::window_send && wc[k].with_invalidate)
+                    throw std::runtime_error(std::string(name_of(t)) + ": the reply revoked a window");
                 answered = true;
             }
         // Unsignalled too: the next request's send completes it, before the next bind runs.
         // The last one is waited for: the window must not go with it still queued.
-        if (t == test::window_send_local) {
+        if (t == test::window_send_local || t == test::register_send_bind) {
             const bool last = i + 1 == total;
             check(s.data->post_invalidate_window(*w, i,
                                                  last ? rdmx::send_flags::signaled : rdmx::send_flags::none),
@@ -1319,7 +1327,8 @@ int run_server(const options& o)
                             std::max(1u, m.signal_every));
             else if (m.t == test::send_bw || m.t == test::write_imm_bw)
                 run_bw_receiver(s, m.t, m.size, total, event);
-            else if (m.t == test::window_send || m.t == test::window_send_local || m.t == test::register_send)
+            else if (m.t == test::window_send || m.t == test::window_send_local ||
+                     m.t == test::register_send || m.t == test::register_send_bind)
                 run_object_server(s, m.t, total, event);
             else if (is_atomic(m.t) && target_poll) {
                 // On TCP this thread's polls then serve the atomics, as ucx_perftest's
@@ -1411,7 +1420,8 @@ int run_client(const options& o)
         } else if (o.t == test::register_region || o.t == test::window_bind) {
             res.lat = run_object_local(s, o.t, size, o.warmup, o.iters, o.event);
             std::sort(res.lat.begin(), res.lat.end());
-        } else if (o.t == test::window_send || o.t == test::window_send_local || o.t == test::register_send) {
+        } else if (o.t == test::window_send || o.t == test::window_send_local || o.t == test::register_send ||
+                   o.t == test::register_send_bind) {
             res.lat = run_object_client(s, o.t, size, o.warmup, o.iters, o.event);
             std::sort(res.lat.begin(), res.lat.end());
         } else if (is_latency(o.t)) {

@@ -1,11 +1,11 @@
 #!/bin/sh
 # rdmx_perf's window-or-region tests (register, window_bind, window_send, window_send_local,
-# register_send) as bench/compare.sh --windows runs them, short, at 4 KiB and 1 MiB: each
+# register_send, register_send_bind) as bench/compare.sh --windows runs them, short, at 4 KiB and 1 MiB: each
 # must finish and report a positive latency and rate in its JSON. The tool checks the rest
 # itself and fails otherwise: each completion has the opcode its step expects (bind_window,
 # then invalidate_window), each registered region's descriptor covers the object, every
 # window_send reply revoked exactly the window its request named (with_invalidate,
-# invalidated_key) and no window_send_local reply revoked one.
+# invalidated_key) and no other test's reply revoked one.
 # Usage: perf_windows.sh BUILD_DIR tcp|rdma
 #   tcp:  on this host, over tcp://127.0.0.1
 #   rdma: inside the test guest, over rdma://$RDMX_GUEST_IP, server vCPU 0, client vCPU 1;
@@ -49,7 +49,7 @@ run() { # test args...
     return 0
 }
 
-for t in register register_send window_bind window_send window_send_local; do
+for t in register register_send register_send_bind window_bind window_send window_send_local; do
     run $t -s 4K -s 1M -n 200 -w 20
     python3 - "$out/client.log" "$t" <<'PY' || fail "$t: bad report"
 import json, sys
