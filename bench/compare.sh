@@ -3,8 +3,21 @@
 # bench/results/<date>.md, .json and .png (bandwidth and latency against size):
 #
 #   bench/compare.sh [--reps N] [--tcp-lat-pairs N] [--guest-reps N] [--guest-bw-iters N]
-#                    [--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--atomics] [--out NAME]
+#                    [--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--atomics] [--windows]
+#                    [--out NAME]
 #
+#   --windows narrows both parts to the other rows of issue 19's "Measure": what handing a
+#   peer one object of 4 KiB, 64 KiB or 1 MiB costs, a region registered per object against
+#   a memory window bound over it in one pool region (rdmx_perf, both sides on one backend,
+#   the runs interleaved; no peer tool measures this): register (register_memory + destroy),
+#   window_bind (post_bind_window + its completion, post_invalidate_window + its completion),
+#   and the object store's round trip, window_send (an unsignalled bind in front of the
+#   request, the reply revoking it; window_send_local: a plain reply, the client revoking it
+#   with an unsignalled invalidate) against register_send (register, send the descriptor,
+#   plain reply, destroy; register_send_bind: that plus window_send_local's two window posts
+#   of a window never sent, to tell what those post() calls cost). Per-op latency (median) and rate (ops/s over the measured time).
+#   Run lengths (environment): WINDOW_ITERS, WINDOW_RT_ITERS (TCP), GUEST_WINDOW_ITERS,
+#   GUEST_WINDOW_RT_ITERS (rxe).
 #   --atomics narrows both parts to the rows of issue 19's "Measure" (8 B remote atomics):
 #   TCP: rdmx_perf fetch_add_lat / compare_swap_lat (one at a time) and fetch_add_bw /
 #   compare_swap_bw (a window of 128, 128 executing: -d 128 -o 128, every one signalled, as
@@ -61,6 +74,7 @@ GUEST=1
 TCP=1
 MANY=0
 ATOMICS=0
+WINDOWS=0
 OUT=""
 while (($#)); do
     case $1 in
@@ -73,11 +87,13 @@ while (($#)); do
     --no-tcp) TCP=0; shift ;;
     --many-conn) MANY=1; shift ;;
     --atomics) ATOMICS=1; shift ;;
+    --windows) WINDOWS=1; shift ;;
     --out) OUT=$2; shift 2 ;;
     guest-verbs) shift; guest_mode=1; break ;;
     guest-atomics) shift; guest_mode=2; break ;;
+    guest-windows) shift; guest_mode=3; break ;;
     *) echo "usage: $0 [--reps N] [--tcp-lat-pairs N] [--guest-reps N] [--guest-bw-iters N]" \
-        "[--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--atomics] [--out NAME]" >&2
+        "[--guest-lat-reps N] [--no-guest] [--no-tcp] [--many-conn] [--atomics] [--windows] [--out NAME]" >&2
         exit 2 ;;
     esac
 done
@@ -137,6 +153,8 @@ for r in doc["results"]:
         print(r["test"], r["size"], "lat_us", r["median_us"])
         if "mean_us" in r:  # against fi_pingpong, which gives only the mean
             print(r["test"], r["size"], "lat_avg_us", r["mean_us"])
+        if "ops_per_s" in r:  # the window-or-region tests: operations over the measured time
+            print(r["test"], r["size"], "msg_s", r["ops_per_s"])
     else:
         print(r["test"], r["size"], "mb_s", r["mb_per_s"])
         print(r["test"], r["size"], "cpu_s_per_gb", r["cpu_s_per_gb"])
@@ -372,6 +390,25 @@ atomics_tcp_rep() {
     rotate "$rep" at_fadd_bw at_ucx_fadd_w at_cswap_bw at_ucx_cswap_w at_ucx_add_w at_fadd_bw_tp
 }
 
+# --windows: a region per object against a window over it, each test one run over the three
+# object sizes (-s 4K -s 64K -s 1M, in that order), the tests rotating from rep to rep. TCP:
+# a register or a bind costs about a microsecond here, a round trip some 10-20 us, so a
+# run of each lasts some tens of milliseconds to a second.
+WINDOW_ITERS=${WINDOW_ITERS:-20000}
+WINDOW_RT_ITERS=${WINDOW_RT_ITERS:-5000}
+WINDOW_SIZES="-s 65536 -s 1048576" # after rdmx_run's own 4096
+w_register() { rdmx_run "$WA" register 4096 "$W_ITERS" -w 200 $WINDOW_SIZES; }
+w_bind() { rdmx_run "$WA" window_bind 4096 "$W_ITERS" -w 200 $WINDOW_SIZES; }
+w_send() { rdmx_run "$WA" window_send 4096 "$W_RT_ITERS" -w 100 $WINDOW_SIZES; }
+w_send_local() { rdmx_run "$WA" window_send_local 4096 "$W_RT_ITERS" -w 100 $WINDOW_SIZES; }
+w_register_send_bind() { rdmx_run "$WA" register_send_bind 4096 "$W_RT_ITERS" -w 100 $WINDOW_SIZES; }
+w_register_send() { rdmx_run "$WA" register_send 4096 "$W_RT_ITERS" -w 100 $WINDOW_SIZES; }
+windows_rep() { # address iters round-trip-iters
+    WA=$1 W_ITERS=$2 W_RT_ITERS=$3
+    echo "  a region per object vs a window over it (4 KiB, 64 KiB, 1 MiB): register, window_bind, window_send, window_send_local, register_send, register_send_bind"
+    rotate "$rep" w_register w_bind w_send w_send_local w_register_send w_register_send_bind
+}
+
 # ---------------------------------------------------------------------------------------
 # verbs on soft-RoCE: runs inside the guest (compare.sh guest-verbs RAW BW_REPS LAT_REPS [BW_ITERS])
 
@@ -497,6 +534,25 @@ guest_atomics() { # RAW REPS
     done
 }
 
+# --windows, in the guest (compare.sh guest-windows RAW REPS). rxe under TCG: a
+# registration pins its pages (ibv_reg_mr), so its cost grows with the object; a bind and
+# an invalidation each go through the send queue.
+GUEST_WINDOW_ITERS=${GUEST_WINDOW_ITERS:-1000}
+GUEST_WINDOW_RT_ITERS=${GUEST_WINDOW_RT_ITERS:-500}
+guest_windows() { # RAW REPS
+    RAW=$1
+    backend=verbs
+    for ((rep = 1; rep <= $2; rep++)); do
+        echo "verbs windows rep $rep (load $(load_now))"
+        record load - 0 load "$(load_now)"
+        windows_rep "rdma://$RDMX_GUEST_IP:18600" "$GUEST_WINDOW_ITERS" "$GUEST_WINDOW_RT_ITERS"
+    done
+}
+
+if [ "${guest_mode:-0}" = 3 ]; then
+    guest_windows "$@"
+    exit 0
+fi
 if [ "${guest_mode:-0}" = 2 ]; then
     guest_atomics "$@"
     exit 0
@@ -530,7 +586,9 @@ if ((TCP)); then
     for ((rep = 1; rep <= REPS; rep++)); do
         echo "=== TCP rep $rep/$REPS (load $(load_now))"
         record load - 0 load "$(load_now)"
-        if ((ATOMICS)); then atomics_tcp_rep; elif ((MANY)); then many_conn_rep; else tcp_rep; fi
+        if ((WINDOWS)); then
+            windows_rep tcp://127.0.0.1:18600 "$WINDOW_ITERS" "$WINDOW_RT_ITERS"
+        elif ((ATOMICS)); then atomics_tcp_rep; elif ((MANY)); then many_conn_rep; else tcp_rep; fi
     done
 fi
 if ((GUEST)); then
@@ -539,7 +597,10 @@ if ((GUEST)); then
     ((MANY == 0)) || { narrow=(env GUEST_BW_TESTS=); GUEST_LAT_REPS=0; }
     guest_cmd=(guest-verbs "$RAW" "$GUEST_REPS" "$GUEST_LAT_REPS" "$GUEST_BW_ITERS")
     ((ATOMICS == 0)) || guest_cmd=(guest-atomics "$RAW" "$GUEST_REPS")
-    if ((ATOMICS)); then
+    ((WINDOWS == 0)) || guest_cmd=(guest-windows "$RAW" "$GUEST_REPS")
+    if ((WINDOWS)); then
+        echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS windows reps"
+    elif ((ATOMICS)); then
         echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS atomics reps"
     else
         echo "=== verbs on soft-RoCE: one guest boot, $GUEST_REPS bandwidth and $GUEST_LAT_REPS latency reps"
@@ -555,6 +616,6 @@ if ((GUEST)); then
 fi
 mkdir -p bench/results
 stamp=${OUT:-$(date +%Y-%m-%d)}
-python3 bench/summarize.py "$RAW" "bench/results/$stamp" $(((MANY)) && echo --many-conn --no-plot) $(((ATOMICS)) && echo --atomics --no-plot) --reps "$REPS" --tcp-lat-pairs "$TCP_LAT_PAIRS" --guest-bw-iters "$GUEST_BW_ITERS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
+python3 bench/summarize.py "$RAW" "bench/results/$stamp" $(((MANY)) && echo --many-conn --no-plot) $(((ATOMICS)) && echo --atomics --no-plot) $(((WINDOWS)) && echo --windows --no-plot) --reps "$REPS" --tcp-lat-pairs "$TCP_LAT_PAIRS" --guest-bw-iters "$GUEST_BW_ITERS" --guest-reps "$GUEST_REPS" --guest-lat-reps "$GUEST_LAT_REPS" --seconds $(($(date +%s) - started)) \
     --machine "$(nproc) CPUs, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), TCP congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown) (the system default, for every tool)"
-echo "=== wrote bench/results/$stamp.md, .json$(((MANY || ATOMICS)) || echo ", .png") (raw data in $RAW)"
+echo "=== wrote bench/results/$stamp.md, .json$(((MANY || ATOMICS || WINDOWS)) || echo ", .png") (raw data in $RAW)"

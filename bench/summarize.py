@@ -27,6 +27,8 @@ ap.add_argument("--many-conn", action="store_true",
                 help="compare.sh --many-conn: the rows of issue 17 only (many connections, event mode)")
 ap.add_argument("--atomics", action="store_true",
                 help="compare.sh --atomics: the rows of issue 19 only (8 B remote atomics)")
+ap.add_argument("--windows", action="store_true",
+                help="compare.sh --windows: the rows of issue 19 on memory windows vs a region per object")
 ap.add_argument("--no-plot", action="store_true", help="write .md and .json only (no gnuplot needed)")
 a = ap.parse_args()
 
@@ -182,11 +184,46 @@ for op, pt_op in (("fetch_add", "FETCH_AND_ADD"), ("compare_swap", "CMP_AND_SWAP
                  ("rdmx", f"{op}_lat", 8, "lat_avg_us"), ("perftest", f"{op}_lat", 8, "lat_avg_us"), None, False),
                 (f"{op} 8 B rate, window 128 vs ib_atomic_bw -A {pt_op} -t 128 -o 128", "verbs",
                  ("rdmx", f"{op}_bw", 8, "msg_s"), ("perftest", f"{op}_bw", 8, "msg_s"), None, True)]
-narrow = a.many_conn or a.atomics
+# Memory windows against a region per object (issue 19): both sides are rdmx_perf on one
+# backend; latency is per operation (the whole round trip for the _send tests), the rate
+# the operations over the measured time.
+windows = []
+for b in ("tcp", "verbs"):
+    for s in (4096, 65536, 1 << 20):
+        n = size_name(s)
+        windows += [(f"{n} object: window bind + invalidate vs register + deregister (per op, median)", b,
+                     ("rdmx", "window_bind", s, "lat_us"), ("rdmx", "register", s, "lat_us"), None, False),
+                    (f"{n} object: window bind + invalidate vs register + deregister (ops/s)", b,
+                     ("rdmx", "window_bind", s, "msg_s"), ("rdmx", "register", s, "msg_s"), None, True),
+                    (f"{n} object: round trip, unsignalled bind + send + reply revoking it vs register + send + "
+                     f"reply + deregister (median)", b,
+                     ("rdmx", "window_send", s, "lat_us"), ("rdmx", "register_send", s, "lat_us"), None, False),
+                    (f"{n} object: round trip, window vs a region per object (ops/s)", b,
+                     ("rdmx", "window_send", s, "msg_s"), ("rdmx", "register_send", s, "msg_s"), None, True),
+                    # The reply revoking the window (send-with-invalidate) or the client itself
+                    # (an unsignalled invalidate after a plain reply).
+                    (f"{n} object: round trip, the reply revokes the window vs the client does (median)", b,
+                     ("rdmx", "window_send", s, "lat_us"), ("rdmx", "window_send_local", s, "lat_us"), None, False),
+                    (f"{n} object: round trip, window revoked by the client vs a region per object (median)", b,
+                     ("rdmx", "window_send_local", s, "lat_us"), ("rdmx", "register_send", s, "lat_us"), None, False),
+                    # register_send plus the window posts of a window never sent: those calls' cost
+                    (f"{n} object: round trip, a region per object plus an unused window's bind and invalidate "
+                     f"posts vs without (median)", b,
+                     ("rdmx", "register_send_bind", s, "lat_us"), ("rdmx", "register_send", s, "lat_us"), None, False),
+                    (f"{n} object: round trip, window revoked by the client vs a region per object plus the "
+                     f"same window posts (median)", b,
+                     ("rdmx", "window_send_local", s, "lat_us"), ("rdmx", "register_send_bind", s, "lat_us"), None, False)]
+    # How each grows with the object: a registration pins every page (ibv_reg_mr), a bind does not.
+    for t in ("register", "window_bind"):
+        windows.append((f"{t} per op, 1 MiB vs 4 KiB object (median)", b,
+                        ("rdmx", t, 1 << 20, "lat_us"), ("rdmx", t, 4096, "lat_us"), None, False))
+narrow = a.many_conn or a.atomics or a.windows
 if a.many_conn:
     targets, others = [], many
 elif a.atomics:
     targets, others = [], atomics
+elif a.windows:
+    targets, others = [], windows
 else:
     others += [m for m in many if m not in others]
 
@@ -262,7 +299,8 @@ md = [f"# rdmx benchmark, {os.path.basename(a.out)}", "",
       "the reps alone could move the ratio. A goal inside it is not settled by this run either way.", "",
       "| target | rdmx | peer | ratio | 90 % range | goal | met |", "| --- | ---: | ---: | ---: | --- | --- | --- |"]
 if narrow:
-    what = "many connections and event mode (issue 17)" if a.many_conn else "8 B remote atomics (issue 19)"
+    what = ("many connections and event mode (issue 17)" if a.many_conn else
+            "memory windows vs a region per object (issue 19)" if a.windows else "8 B remote atomics (issue 19)")
     md = [f"# rdmx benchmark, {os.path.basename(a.out)}: {what}", "",
           f"Machine: {a.machine}. Reps: {a.reps} TCP" +
           (f", {a.guest_reps} verbs (rxe)" if any(r["backend"] == "verbs" for r in rows) else ", no rxe guest") +
@@ -272,6 +310,10 @@ if narrow:
           ("Produced by `bench/compare.sh --many-conn`. Bandwidth in MB/s (1e6 B/s), message rate in msg/s "
            "(all connections), latency in us one way, CPU in us per message or per round trip; medians over reps."
            if a.many_conn else
+           "Produced by `bench/compare.sh --windows`. Latency in us per operation (register + deregister; bind + "
+           "invalidate, each waited for; the _send tests: the whole round trip), rate in operations per second "
+           "over the measured time (samples back to back); medians over reps. Both sides are rdmx on one backend."
+           if a.windows else
            "Produced by `bench/compare.sh --atomics`. Latency in us, the whole round trip of one atomic (as "
            "perftest and ucx_perftest report it for atomics); rate in atomics per second; medians over reps."),
           *(["Host load average during the guest run (every 30 s, 1/5/15 min): " +

@@ -36,6 +36,27 @@
 // sleeps meanwhile, as perftest's; --target-poll makes it busy-poll its connection, as
 // ucx_perftest's responder progresses its worker (on TCP its thread then serves them).
 //
+// Memory windows against a region per object (docs/memory-windows.md, issue 19): what a
+// server pays to hand a peer access to one object of -s bytes out of its pool, one at a
+// time, the whole operation per sample; the report adds the rate (ops_per_s: operations
+// over the measured time). The object is the client's own memory: nothing crosses the
+// measured connection in the first two, as a bind and a registration are local.
+//   register        register_memory over the object + destroying the region (ibv_reg_mr +
+//                   ibv_dereg_mr: the region-key-per-object server's cost)
+//   window_bind     post_bind_window over the object in the pool, registered once, and its
+//                   completion, then post_invalidate_window and its completion
+//   window_send     the object store's round trip (samples/object_store_client.cpp): an
+//                   unsignalled bind in front of a send carrying the window's descriptor;
+//                   the server answers with a send that revokes it (post_send_invalidate)
+//   window_send_local  the same, but the server's reply is a plain send and the client
+//                   revokes the window itself (an unsignalled post_invalidate_window after
+//                   the reply): what the peer's send-with-invalidate costs or saves
+//   register_send   the same round trip with a region per object: register, send its
+//                   descriptor, the server answers with a plain send, destroy the region
+//   register_send_bind  register_send plus window_send_local's window posts (an unsignalled
+//                   bind before the registration, an unsignalled invalidate after the
+//                   reply) of a window that is never sent: what those post() calls cost
+//
 // Many connections (as perftest's -q N, fabtests' fi_multi_ep): -q N on both sides opens N
 // measured connections; the bandwidth tests keep a window of --depth on each, -n
 // iterations each, served on each side by one thread that polls either N per-connection
@@ -109,19 +130,32 @@ enum class test : std::uint32_t {
     fetch_add_lat,
     compare_swap_lat,
     fetch_add_bw,
-    compare_swap_bw
+    compare_swap_bw,
+    register_region,
+    window_bind,
+    window_send,
+    window_send_local,
+    register_send,
+    register_send_bind
 };
-const std::vector<std::pair<std::string, test>> test_names = {{"send_lat", test::send_lat},
-                                                              {"write_lat", test::write_lat},
-                                                              {"read_lat", test::read_lat},
-                                                              {"send_bw", test::send_bw},
-                                                              {"write_bw", test::write_bw},
-                                                              {"read_bw", test::read_bw},
-                                                              {"write_imm_bw", test::write_imm_bw},
-                                                              {"fetch_add_lat", test::fetch_add_lat},
-                                                              {"compare_swap_lat", test::compare_swap_lat},
-                                                              {"fetch_add_bw", test::fetch_add_bw},
-                                                              {"compare_swap_bw", test::compare_swap_bw}};
+const std::vector<std::pair<std::string, test>> test_names = {
+    {"send_lat", test::send_lat},
+    {"write_lat", test::write_lat},
+    {"read_lat", test::read_lat},
+    {"send_bw", test::send_bw},
+    {"write_bw", test::write_bw},
+    {"read_bw", test::read_bw},
+    {"write_imm_bw", test::write_imm_bw},
+    {"fetch_add_lat", test::fetch_add_lat},
+    {"compare_swap_lat", test::compare_swap_lat},
+    {"fetch_add_bw", test::fetch_add_bw},
+    {"compare_swap_bw", test::compare_swap_bw},
+    {"register", test::register_region},
+    {"window_bind", test::window_bind},
+    {"window_send", test::window_send},
+    {"window_send_local", test::window_send_local},
+    {"register_send", test::register_send},
+    {"register_send_bind", test::register_send_bind}};
 const char* name_of(test t)
 {
     for (auto& [n, v] : test_names)
@@ -129,10 +163,22 @@ const char* name_of(test t)
             return n.c_str();
     return "?";
 }
+/// The window-or-region tests: one operation at a time, sampled as the latency tests.
+bool is_object(test t)
+{
+    return t == test::register_region || t == test::window_bind || t == test::window_send ||
+           t == test::window_send_local || t == test::register_send || t == test::register_send_bind;
+}
 bool is_latency(test t)
 {
     return t == test::send_lat || t == test::write_lat || t == test::read_lat || t == test::fetch_add_lat ||
-           t == test::compare_swap_lat;
+           t == test::compare_swap_lat || is_object(t);
+}
+/// The tests that bind windows over the pool (registered with access::bind_window for them).
+bool uses_windows(test t)
+{
+    return t == test::window_bind || t == test::window_send || t == test::window_send_local ||
+           t == test::register_send_bind;
 }
 bool is_atomic(test t)
 {
@@ -351,13 +397,16 @@ struct session {
 
     /// `atomics`: the peer may target the buffer with atomics too (only then: a device
     /// without atomics may refuse the right).
-    void register_buffers(std::size_t max, bool atomics)
+    /// `windows`: windows may be bound over it (access::bind_window, only then for the same reason).
+    void register_buffers(std::size_t max, bool atomics, bool windows = false)
     {
         half = page_buffer::padded(max);
         buf.assign(2 * half);
         auto rights = rdmx::access::local_write | rdmx::access::remote_write | rdmx::access::remote_read;
         if (atomics)
             rights = rights | rdmx::access::remote_atomic;
+        if (windows)
+            rights = rights | rdmx::access::bind_window;
         mr = dom->register_memory(buf.data(), buf.size(), rights);
     }
     void setup_control()
@@ -745,6 +794,169 @@ bw_result run_atomic_bw(session& s, test t, std::uint64_t warmup, std::uint64_t 
 }
 
 // ---------------------------------------------------------------------------------------
+// Memory windows against a region per object: the object is [source(), + size) of the
+// client's buffer (the pool, registered once), handed out with these rights.
+
+constexpr rdmx::access object_rights = rdmx::access::remote_read | rdmx::access::remote_write;
+/// window_send, register_send: where the request (the object's descriptor) is sent from and
+/// the reply lands, in the first half of either side's buffer.
+constexpr std::size_t request_offset = 0, reply_offset = 256;
+constexpr std::size_t reply_size = 8;
+static_assert(sizeof(rdmx::remote_buffer::bytes) <= reply_offset);
+
+/// The samples of one operation per iteration, ticks into microseconds.
+struct object_samples {
+    std::vector<double> us;
+    tick_rate rate;
+    std::uint64_t t0 = ticks();
+    explicit object_samples(std::uint64_t iters) { us.reserve(iters); }
+    void tick(std::uint64_t i, std::uint64_t warmup)
+    {
+        std::uint64_t t1 = ticks();
+        if (i >= warmup)
+            us.push_back(static_cast<double>(t1 - t0));
+        t0 = t1;
+    }
+    std::vector<double> done()
+    {
+        const double scale = rate.us_per_tick();
+        for (double& x : us)
+            x *= scale;
+        return std::move(us);
+    }
+};
+
+/// Throws unless `wc` has the opcode `want` (the window tests know what completes next).
+void expect(const rdmx::completion& wc, rdmx::opcode want, test t)
+{
+    if (wc.opcode != want)
+        throw std::runtime_error(std::string(name_of(t)) + ": completion of wr_id " +
+                                 std::to_string(wc.wr_id) + " has opcode " +
+                                 std::to_string(static_cast<int>(wc.opcode)) + ", expected " +
+                                 std::to_string(static_cast<int>(want)));
+}
+
+/// register, window_bind: the client alone, nothing on the wire.
+std::vector<double> run_object_local(session& s, test t, std::size_t size, std::uint64_t warmup,
+                                     std::uint64_t iters, bool event)
+{
+    const std::uint64_t total = warmup + iters;
+    std::unique_ptr<rdmx::memory_window> w;
+    if (t == test::window_bind)
+        w = s.dom->allocate_window();
+    poller p(*s.data, event, s.timeout);
+    object_samples smp(iters);
+    for (std::uint64_t i = 0; i < total; ++i) {
+        if (t == test::register_region) {
+            auto r = s.dom->register_memory(s.source(), size, object_rights);
+            if (r->remote(0, size).length != size)
+                throw std::runtime_error("register: the region's descriptor does not cover the object");
+            r.reset(); // ibv_dereg_mr
+        } else {
+            check(s.data->post_bind_window(*w, *s.mr, s.half, size, object_rights, 2 * i),
+                  "post_bind_window");
+            expect(p.one(), rdmx::opcode::bind_window, t);
+            check(s.data->post_invalidate_window(*w, 2 * i + 1), "post_invalidate_window");
+            expect(p.one(), rdmx::opcode::invalidate_window, t);
+        }
+        smp.tick(i, warmup);
+    }
+    return smp.done();
+}
+
+/// window_send, window_send_local, register_send, the client: per iteration the object's descriptor goes to
+/// the server in a send (behind an unsignalled bind, or after a registration), and the
+/// server's reply (revoking the window, or not) ends it (and the region goes). The whole
+/// round trip per sample.
+std::vector<double> run_object_client(session& s, test t, std::size_t size, std::uint64_t warmup,
+                                      std::uint64_t iters, bool event)
+{
+    const std::uint64_t total = warmup + iters;
+    std::unique_ptr<rdmx::memory_window> w;
+    if (uses_windows(t))
+        w = s.dom->allocate_window();
+    const bool send_window = t == test::window_send || t == test::window_send_local;
+    poller p(*s.data, event, s.timeout);
+    rdmx::sge req{s.mr.get(), request_offset, sizeof(rdmx::remote_buffer::bytes)};
+    rdmx::sge rep{s.mr.get(), reply_offset, reply_size};
+    rdmx::completion wc[4];
+    object_samples smp(iters);
+    for (std::uint64_t i = 0; i < total; ++i) {
+        std::unique_ptr<rdmx::memory_region> r;
+        rdmx::remote_buffer d;
+        check(s.data->post_recv({&rep, 1}, i), "post_recv");
+        if (w) // Unsignalled, as the object-store client's: the send behind it completes it.
+            check(s.data->post_bind_window(*w, *s.mr, s.half, size, object_rights, i, rdmx::send_flags::none),
+                  "post_bind_window");
+        if (send_window) {
+            d = w->remote();
+        } else {
+            r = s.dom->register_memory(s.source(), size, object_rights);
+            d = r->remote(0, size);
+        }
+        auto bytes = d.serialize();
+        std::memcpy(s.buf.data() + request_offset, bytes.data(), bytes.size());
+        check(s.data->post_send({&req, 1}, i), "post_send");
+        bool sent = false, answered = false;
+        while (!sent || !answered)
+            for (std::size_t k = 0, n = p.get(wc); k < n; ++k) {
+                if (wc[k].opcode == rdmx::opcode::send) {
+                    sent = true;
+                    continue;
+                }
+                expect(wc[k], rdmx::opcode::recv, t);
+                if (t == test::window_send && (!wc[k].with_invalidate || wc[k].invalidated_key != d.key))
+                    throw std::runtime_error("window_send: the reply did not revoke the window");
+                if (t != test::window_send && wc[k].with_invalidate)
+                    throw std::runtime_error(std::string(name_of(t)) + ": the reply revoked a window");
+                answered = true;
+            }
+        // Unsignalled too: the next request's send completes it, before the next bind runs.
+        // The last one is waited for: the window must not go with it still queued.
+        if (t == test::window_send_local || t == test::register_send_bind) {
+            const bool last = i + 1 == total;
+            check(s.data->post_invalidate_window(*w, i,
+                                                 last ? rdmx::send_flags::signaled : rdmx::send_flags::none),
+                  "post_invalidate_window");
+            if (last)
+                expect(p.one(), rdmx::opcode::invalidate_window, t);
+        }
+        r.reset(); // register_send: the server is done with the object
+        smp.tick(i, warmup);
+    }
+    return smp.done();
+}
+
+/// window_send, register_send, the server: answers each request, revoking the window it
+/// names (window_send) or not; says ready once its first receive is posted.
+void run_object_server(session& s, test t, std::uint64_t total, bool event)
+{
+    poller p(*s.data, event, s.timeout);
+    rdmx::sge req{s.mr.get(), request_offset, sizeof(rdmx::remote_buffer::bytes)};
+    rdmx::sge rep{s.mr.get(), s.half, reply_size};
+    check(s.data->post_recv({&req, 1}, 0), "post_recv");
+    s.send_control({.kind = control::ready});
+    rdmx::completion wc[4];
+    std::uint64_t answered = 0, sends_done = 0;
+    while (answered < total || sends_done < total)
+        for (std::size_t k = 0, n = p.get(wc); k < n; ++k) {
+            if (wc[k].opcode != rdmx::opcode::recv) {
+                ++sends_done;
+                continue;
+            }
+            auto d = rdmx::remote_buffer::parse(
+                {s.buf.data() + request_offset, sizeof(rdmx::remote_buffer::bytes)});
+            if (!d)
+                throw std::runtime_error(std::string(name_of(t)) + ": the request holds no descriptor");
+            if (++answered < total)
+                check(s.data->post_recv({&req, 1}, answered), "post_recv");
+            check(t == test::window_send ? s.data->post_send_invalidate({&rep, 1}, d->key, answered)
+                                         : s.data->post_send({&rep, 1}, answered),
+                  t == test::window_send ? "post_send_invalidate" : "post_send");
+        }
+}
+
+// ---------------------------------------------------------------------------------------
 // Many connections (-q N): N measured connections, one thread per side.
 
 /// The completions of N connections: one shared completion queue (each completion names
@@ -1008,11 +1220,17 @@ void print_json(const std::vector<result>& rs, const session& s, const options& 
                         r.server_cpu / msgs * 1e6, r.bw.seconds);
         } else if (is_latency(r.t)) {
             // The mean too: fi_pingpong reports only that (its time over its transfers).
+            const double sum = std::accumulate(r.lat.begin(), r.lat.end(), 0.0);
             std::printf("\"min_us\": %.3f, \"median_us\": %.3f, \"mean_us\": %.3f, \"p99_us\": %.3f, "
-                        "\"max_us\": %.3f}",
-                        r.lat.front(), percentile(r.lat, 0.5),
-                        std::accumulate(r.lat.begin(), r.lat.end(), 0.0) / static_cast<double>(r.lat.size()),
+                        "\"max_us\": %.3f",
+                        r.lat.front(), percentile(r.lat, 0.5), sum / static_cast<double>(r.lat.size()),
                         percentile(r.lat, 0.99), r.lat.back());
+            // The window tests' rate: their operations over the measured time (samples are
+            // back to back, so their sum is that time).
+            if (is_object(r.t))
+                std::printf(", \"ops_per_s\": %.0f",
+                            sum > 0 ? static_cast<double>(r.lat.size()) / (sum * 1e-6) : 0.0);
+            std::printf("}");
         } else {
             double bytes = static_cast<double>(r.bw.messages) * static_cast<double>(r.size);
             std::printf("\"mb_per_s\": %.2f, \"msg_per_s\": %.0f, \"cpu_s_per_gb\": %.4f, \"seconds\": %.6f}",
@@ -1109,6 +1327,9 @@ int run_server(const options& o)
                             std::max(1u, m.signal_every));
             else if (m.t == test::send_bw || m.t == test::write_imm_bw)
                 run_bw_receiver(s, m.t, m.size, total, event);
+            else if (m.t == test::window_send || m.t == test::window_send_local ||
+                     m.t == test::register_send || m.t == test::register_send_bind)
+                run_object_server(s, m.t, total, event);
             else if (is_atomic(m.t) && target_poll) {
                 // On TCP this thread's polls then serve the atomics, as ucx_perftest's
                 // responder progresses its worker (the engine thread otherwise).
@@ -1133,7 +1354,7 @@ int run_client(const options& o)
     for (auto& str : o.sizes)
         sizes.push_back(parse_size(str));
     if (sizes.empty())
-        sizes.push_back(is_atomic(o.t) ? atomic_size : is_latency(o.t) ? 2 : 65536);
+        sizes.push_back(is_atomic(o.t) ? atomic_size : is_object(o.t) ? 4096 : is_latency(o.t) ? 2 : 65536);
     std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
     if (*std::min_element(sizes.begin(), sizes.end()) < 1)
         throw std::invalid_argument("sizes must be at least 1 byte");
@@ -1146,6 +1367,9 @@ int run_client(const options& o)
     if (is_atomic(o.t) && !s.dom->limits().atomics) // siw: atomic_cap is IBV_ATOMIC_NONE
         throw std::runtime_error(std::string(name_of(o.t)) + ": device " + s.dom->limits().device_name +
                                  " has no atomics (device_limits::atomics)");
+    if (uses_windows(o.t) && !s.dom->limits().memory_windows) // siw: no type 2 windows
+        throw std::runtime_error(std::string(name_of(o.t)) + ": device " + s.dom->limits().device_name +
+                                 " has no memory windows (device_limits::memory_windows)");
     auto co = connection_opts(o);
     if (multi(o))
         for (std::uint32_t i = 0; i < o.qps; ++i)
@@ -1157,7 +1381,7 @@ int run_client(const options& o)
     // Atomics: the client's half holds a sink per window slot.
     if (is_atomic(o.t))
         largest = std::max<std::size_t>(largest, std::size_t{o.depth} * atomic_size);
-    s.register_buffers(largest, is_atomic(o.t));
+    s.register_buffers(largest, is_atomic(o.t), uses_windows(o.t));
 
     control hello{.kind = control::hello,
                   .size = largest,
@@ -1193,6 +1417,13 @@ int run_client(const options& o)
             std::sort(res.lat.begin(), res.lat.end());
         } else if (o.t == test::fetch_add_bw || o.t == test::compare_swap_bw) {
             res.bw = run_atomic_bw(s, o.t, o.warmup, o.iters, o.depth, o.post_list, o.signal_every, o.event);
+        } else if (o.t == test::register_region || o.t == test::window_bind) {
+            res.lat = run_object_local(s, o.t, size, o.warmup, o.iters, o.event);
+            std::sort(res.lat.begin(), res.lat.end());
+        } else if (o.t == test::window_send || o.t == test::window_send_local || o.t == test::register_send ||
+                   o.t == test::register_send_bind) {
+            res.lat = run_object_client(s, o.t, size, o.warmup, o.iters, o.event);
+            std::sort(res.lat.begin(), res.lat.end());
         } else if (is_latency(o.t)) {
             res.lat = run_latency(s, o.t, size, o.warmup, o.iters, true, o.event, o.spin_only, o.inline_max,
                                   o.signal_every);
