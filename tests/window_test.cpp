@@ -136,6 +136,9 @@ protected:
     }
 
     bool iwarp() const { return server_dom_->limits().iwarp; }
+    /// rxe (linux 6.1) checks a window's accesses against its region's range, not the
+    /// window's (rxe_resp.c check_rkey: mr_check_range on mw->mr); docs/memory-windows.md.
+    bool window_range_unenforced() const { return server_dom_->limits().device_name.rfind("rxe", 0) == 0; }
 
     static constexpr std::size_t target_size = 8192;
     static constexpr std::size_t src_size = 4096;
@@ -214,6 +217,10 @@ TEST_P(windows, bound_window_reaches_its_range_for_writes_and_reads)
 TEST_P(windows, access_outside_the_window_fails_and_touches_nothing)
 {
     SKIP_WITHOUT_WINDOWS();
+    if (window_range_unenforced())
+        GTEST_SKIP() << "device " << server_dom_->limits().device_name
+                     << ": rxe does not enforce a window's range, only its region's (rxe_resp.c check_rkey; "
+                        "docs/memory-windows.md)";
     auto r = target_region();
     struct outside {
         const char* what;
@@ -324,9 +331,18 @@ TEST_P(windows, rebinding_gives_a_new_key_and_revokes_the_old_one)
     // Rebinds over another range and back, each with a key never seen before (verbs: only
     // the low 8 bits change per bind, so no repeat within 255 rebinds;
     // docs/memory-windows.md).
+    // A bound window is invalidated before it is bound again (IBTA o10-37.2.30), and only a
+    // bound one can be invalidated: both refused at post time on every backend.
+    EXPECT_EQ(p.server->post_bind_window(*w, *r, 4096, 1024, access::remote_read, 98), errc::invalid_argument);
+    EXPECT_FALSE(write(*p.client, first, 16)) << "a refused rebind changed the window";
     std::set<std::uint64_t> keys = {first.key};
     remote_buffer moved{}, last{};
     for (std::uint64_t i = 0; i < 16; ++i) {
+        invalidate(*p.server, *w, 300 + i);
+        if (i == 0) {
+            EXPECT_EQ(p.server->post_invalidate_window(*w, 99), errc::invalid_argument)
+                << "a free window was invalidated";
+        }
         moved = bind(*p.server, *w, *r, 4096, 1024, access::remote_read | access::remote_write, 100 + i);
         EXPECT_TRUE(keys.insert(moved.key).second)
             << "bind " << i << " repeated key " << std::hex << moved.key;
@@ -336,6 +352,7 @@ TEST_P(windows, rebinding_gives_a_new_key_and_revokes_the_old_one)
     EXPECT_FALSE(write(*p.client, moved, 1024)) << "the new key does not work";
     EXPECT_TRUE(untouched_except(4096, 1024));
     // Back over the first range: the range of `first` again, under yet another key.
+    invalidate(*p.server, *w, 320);
     last = bind(*p.server, *w, *r, 0, 1024, access::remote_read | access::remote_write, 200);
     EXPECT_TRUE(keys.insert(last.key).second) << "the last bind repeated a key";
     EXPECT_EQ(last.addr, first.addr);
@@ -363,7 +380,11 @@ TEST_P(windows, send_with_invalidate_revokes_the_window_and_says_which)
     // The client is done with the object: the last write, then "release" naming the key.
     EXPECT_FALSE(write(*p.client, rb, 32));
     sge msg{smr_.get(), 0, 24};
-    ASSERT_FALSE(p.client->post_send_invalidate({&msg, 1}, rb.key, 8));
+    // The key of a window that was bound and is free now; on verbs a key that names no
+    // window at all instead: rxe 6.1 dereferences the missing QP of a free window a peer
+    // asks it to invalidate and panics the target's kernel (docs/memory-windows.md).
+    const std::uint64_t bad = b_ == backend::verbs ? 0xfffffe00u | (rb.key & 0xff) : rb.key;
+    ASSERT_FALSE(p.client->post_send_invalidate({&msg, 1}, bad, 8));
     auto sc = expect_ok(*p.client, 1);
     ASSERT_EQ(sc.size(), 1u);
     EXPECT_EQ(sc[0].opcode, opcode::send) << to_string(sc[0].opcode);
@@ -447,7 +468,10 @@ TEST_P(windows, forged_descriptor_into_a_freed_slot_fails)
         ASSERT_FALSE(write(*p.client, handed[i], slot, 20 + i)) << "slot " << i;
     EXPECT_TRUE(untouched_except(0, slots * slot));
     // Another slot's window reaches only that slot: slot 2's key with slot 3's address.
-    {
+    if (window_range_unenforced())
+        std::printf("[ rxe      ] not checked: slot 2's key aimed at slot 3 (rxe does not enforce a "
+                    "window's range; docs/memory-windows.md)\n");
+    else {
         auto q = connect_pair();
         auto v = server_dom_->allocate_window();
         auto mine = bind(*q.server, *v, *pool, 2 * slot, slot, access::remote_read | access::remote_write);

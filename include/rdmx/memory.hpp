@@ -121,8 +121,11 @@ private:
 /// outside it, with rights it lacks, or after revocation is errc::remote_access (iWARP: the
 /// connection is torn down) and touches nothing. Destroying the region under a bound
 /// window revokes the window too (verbs: the window gets a fresh, unbound ibv_mw, so
-/// native() changes). Verbs: a bound window must be invalidated before it is bound again,
-/// and only a bound one can be invalidated (docs/memory-windows.md, rxe's limits).
+/// native() changes). On every backend a bound window must be invalidated before it is
+/// bound again, and only a bound one can be invalidated (IBTA o10-37.2.30; post() refuses
+/// either with errc::invalid_argument): it is free again once this side posted its
+/// invalidation, polled the receive of the peer's send_with_invalidate naming it, or
+/// destroyed the region under it.
 /// Not thread-safe against posts that name it.
 class memory_window
 {

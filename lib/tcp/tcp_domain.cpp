@@ -322,11 +322,15 @@ std::error_code tcp_domain::bind_window(memory_window& window, const memory_regi
     window_state* ws = w.state();
     std::uint64_t key = 0;
     std::lock_guard lk(regions_mu_);
+    // A bound window must be invalidated before it is bound again (IBTA o10-37.2.30; verbs
+    // refuses it too: rxe would fail the QP). One whose region was destroyed is free.
+    if (ws->bound && ws->region->tag.load() == ws->region_tag)
+        return make_error_code(errc::invalid_argument);
     do
         if (int err = try_random_key(key))
             return {err, std::system_category()};
     while (key == 0 || keys_.count(key) != 0);
-    if (ws->bound) // the old key stops working now
+    if (ws->bound) // its region is gone: the old key leaves the table now
         ws->node = keys_.extract(ws->key);
     ws->region = r.state();
     ws->region_tag = r.tag();
@@ -344,14 +348,26 @@ std::error_code tcp_domain::bind_window(memory_window& window, const memory_regi
     return {};
 }
 
-void tcp_domain::invalidate_window(memory_window& window) noexcept
+std::error_code tcp_domain::invalidate_window(memory_window& window) noexcept
 {
     window_state* ws = static_cast<tcp_window&>(window).state();
     std::lock_guard lk(regions_mu_);
+    // Only a bound window can be invalidated, as on verbs (where rxe 6.1 crashes on a free
+    // one); a window whose region was destroyed is free.
+    const bool live = ws->bound && ws->region->tag.load() == ws->region_tag;
     if (ws->bound) {
         ws->node = keys_.extract(ws->key);
         ws->bound = false;
     }
+    return live ? std::error_code{} : make_error_code(errc::invalid_argument);
+}
+
+bool tcp_domain::window_state_allows(const memory_window& window, bool bind) noexcept
+{
+    const window_state* ws = static_cast<const tcp_window&>(window).state();
+    std::lock_guard lk(regions_mu_);
+    const bool live = ws->bound && ws->region->tag.load() == ws->region_tag;
+    return live != bind;
 }
 
 bool tcp_domain::invalidate_remote(std::uint64_t key, std::uint64_t via) noexcept

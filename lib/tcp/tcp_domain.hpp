@@ -131,13 +131,17 @@ public:
     /// On success `out` names the memory (not pinned: the engine pins per socket call).
     bool find_remote(std::uint64_t key, std::uint64_t addr, std::uint64_t len, rdmx::access right, seg& out,
                      std::uint64_t via) noexcept;
-    /// opcode::bind_window, posted through the connection `via` (validate.hpp checked it): a fresh
+    /// opcode::bind_window, posted through the connection `via` (validate.hpp checked it; a
+    /// window still bound is invalid_argument: invalidate it first): a fresh
     /// random key over the range, the old one (if bound) gone from the table; sets
     /// window.remote(). No allocation; fails only if getrandom does.
     std::error_code bind_window(memory_window& window, const memory_region& region, std::uint64_t offset,
                                 std::uint64_t length, rdmx::access rights, std::uint64_t via) noexcept;
-    /// opcode::invalidate_window: the window's key leaves the table (no-op if unbound).
-    void invalidate_window(memory_window& window) noexcept;
+    /// opcode::invalidate_window: the window's key leaves the table; invalid_argument if it
+    /// was not bound (or its region is gone, which freed it).
+    std::error_code invalidate_window(memory_window& window) noexcept;
+    /// Whether `window` is free (for a bind) or bound (for an invalidation) now.
+    bool window_state_allows(const memory_window& window, bool bind) noexcept;
     /// A peer's send_with_invalidate arriving on `via`: revokes the window with `key` if it
     /// is bound through `via`; false if no such window (the caller fails the connection).
     bool invalidate_remote(std::uint64_t key, std::uint64_t via) noexcept;

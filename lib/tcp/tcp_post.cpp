@@ -48,8 +48,8 @@ std::error_code connection_engine::post_local(const work_request& wr) noexcept
         if (std::error_code ec = dom_.bind_window(*wr.window, *wr.bind_region, wr.bind_offset, wr.bind_length,
                                                   wr.bind_access, id_))
             return ec;
-    } else {
-        dom_.invalidate_window(*wr.window);
+    } else if (std::error_code ec = dom_.invalidate_window(*wr.window)) {
+        return ec;
     }
     const bool signaled = has(wr.flags, send_flags::signaled);
     if (sq_head_ == sq_tail_) {
@@ -75,7 +75,17 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
         return errc::not_connected;
     if (auto done =
             validate_or_flush(cq_side::send, wrs, posted, [&](const work_request& wr, std::uint64_t& total) {
-                return detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total);
+                if (errc ec = detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total); ec != errc{})
+                    return ec;
+                if (!detail::is_window_op(wr.opcode)) [[likely]]
+                    return errc{};
+                // As on verbs, before anything of the list is posted: a bind of a bound
+                // window, an invalidation of a free one, a window twice in one list.
+                for (const work_request* p = wrs.data(); p != &wr; ++p)
+                    if (detail::is_window_op(p->opcode) && p->window == wr.window)
+                        return errc::invalid_argument;
+                return dom_.window_state_allows(*wr.window, wr.opcode == opcode::bind_window) ? errc{}
+                                                                                              : errc::invalid_argument;
             }))
         return *done;
     ownership_.on_post(entry);
