@@ -380,11 +380,7 @@ TEST_P(windows, send_with_invalidate_revokes_the_window_and_says_which)
     // The client is done with the object: the last write, then "release" naming the key.
     EXPECT_FALSE(write(*p.client, rb, 32));
     sge msg{smr_.get(), 0, 24};
-    // The key of a window that was bound and is free now; on verbs a key that names no
-    // window at all instead: rxe 6.1 dereferences the missing QP of a free window a peer
-    // asks it to invalidate and panics the target's kernel (docs/memory-windows.md).
-    const std::uint64_t bad = b_ == backend::verbs ? 0xfffffe00u | (rb.key & 0xff) : rb.key;
-    ASSERT_FALSE(p.client->post_send_invalidate({&msg, 1}, bad, 8));
+    ASSERT_FALSE(p.client->post_send_invalidate({&msg, 1}, rb.key, 8));
     auto sc = expect_ok(*p.client, 1);
     ASSERT_EQ(sc.size(), 1u);
     EXPECT_EQ(sc[0].opcode, opcode::send) << to_string(sc[0].opcode);
@@ -426,7 +422,11 @@ TEST_P(windows, send_with_invalidate_of_an_unknown_key_fails_the_connection)
     sge in{imr.get(), 0, inbox.size()};
     ASSERT_FALSE(p.server->post_recv({&in, 1}, 7));
     sge msg{smr_.get(), 0, 24};
-    ASSERT_FALSE(p.client->post_send_invalidate({&msg, 1}, rb.key, 8));
+    // The key of a window that was bound and is free now; on verbs a key that names no
+    // window at all instead: rxe 6.1 dereferences the missing QP of a free window a peer
+    // asks it to invalidate and panics the target's kernel (docs/memory-windows.md).
+    const std::uint64_t bad = b_ == backend::verbs ? 0xfffffe00u | (rb.key & 0xff) : rb.key;
+    ASSERT_FALSE(p.client->post_send_invalidate({&msg, 1}, bad, 8));
     auto rc = poll_n(*p.server, 1);
     ASSERT_EQ(rc.size(), 1u);
     EXPECT_TRUE(rc[0].status) << "the receive of a bad invalidation completed";
