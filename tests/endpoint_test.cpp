@@ -565,10 +565,10 @@ TEST_P(endpoint_fixture, a_window_bound_while_both_peers_dial_each_other_is_on_t
     const int rounds = b_ == backend::tcp ? 20 : 5;
     for (int round = 0; round < rounds; ++round) {
         SCOPED_TRACE(round);
-        // A window per round: the last round's went with its connection, still bound.
-        auto w = dom_->allocate_window();
         auto o = open_ep();
         auto u = open_ep();
+        // A window per round, destroyed before the endpoints (it is bound on o's connection).
+        auto w = dom_->allocate_window();
         rdmx::peer o_to_u = o.ep->insert(u.ep->address());
         rdmx::peer u_to_o = u.ep->insert(o.ep->address());
         sge r{m.get(), 0, 64};
