@@ -81,13 +81,13 @@ struct request {
 
 /// The server's counters, sent with the reply to SHUTDOWN and printed when it exits.
 struct counters {
-    std::uint64_t accepted = 0; ///< connections accepted
-    std::uint64_t closed = 0;   ///< ended by a clean disconnect of the client
-    std::uint64_t lost = 0;     ///< ended by an error (a client that died, a failed RDMA)
-    std::uint64_t puts = 0;     ///< PUTs stored
-    std::uint64_t gets = 0;     ///< GETs served
-    std::uint64_t failed = 0;   ///< RDMA operations that completed with an error
-    std::uint64_t open = 0;     ///< connections still up when the server stopped
+    std::uint64_t accepted = 0;  ///< connections accepted
+    std::uint64_t closed = 0;    ///< ended by a clean disconnect of the client
+    std::uint64_t lost = 0;      ///< ended by an error (a client that died, a failed RDMA)
+    std::uint64_t puts = 0;      ///< PUTs stored
+    std::uint64_t gets = 0;      ///< GETs served
+    std::uint64_t failed = 0;    ///< RDMA operations that completed with an error
+    std::uint64_t open = 0;      ///< connections still up when the server stopped
     std::uint64_t conflicts = 0; ///< PUTs refused with status::conflict
 };
 
@@ -95,8 +95,8 @@ struct reply {
     std::uint32_t magic = object_store::magic;
     object_store::status status = status::ok;
     std::uint64_t key = 0;
-    std::uint64_t size = 0;    ///< GET: bytes written into the client's buffer
-    std::uint64_t version = 0; ///< PUT, GET: the version of the key's data
+    std::uint64_t size = 0;                    ///< GET: bytes written into the client's buffer
+    std::uint64_t version = 0;                 ///< PUT, GET: the version of the key's data
     rdmx::remote_buffer::bytes version_word{}; ///< PUT, GET: the key's version word (or zero)
     counters stats{};                          ///< SHUTDOWN only
 };

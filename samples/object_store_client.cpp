@@ -302,7 +302,8 @@ int main(int argc, char** argv)
         }
         std::printf("object_store_client %u: done, %llu bytes moved and verified (%s)\n", id,
                     static_cast<unsigned long long>(c.bytes()),
-                    c.windows() ? "a window per request, revoked by the reply" : "no memory windows: region keys");
+                    c.windows() ? "a window per request, revoked by the reply"
+                                : "no memory windows: region keys");
         c.disconnect();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "object_store_client %u: %s\n", id, e.what());

@@ -91,7 +91,7 @@ struct client {
     bool reply_busy = false;          ///< reply_buf is in flight
     std::optional<os::reply> pending; ///< a reply that waits for reply_buf
     std::uint64_t pending_invalidate = 0;
-    int inflight = 0;                 ///< send-queue requests posted and not completed
+    int inflight = 0; ///< send-queue requests posted and not completed
     std::chrono::steady_clock::time_point retired_at;
     std::unique_ptr<rdmx::connection> conn;
     // After `conn`, so destroyed before it: windows this server bound for this client over
@@ -135,7 +135,7 @@ public:
         std::printf("object_store_server: listening on %s (backend %s, device %s, port %u): %s\n",
                     address.c_str(), rdmx::to_string(dom_->backend()), dom_->limits().device_name.c_str(),
                     listener_->port(),
-                    !atomics_   ? "no atomics: versions checked by the server alone"
+                    !atomics_  ? "no atomics: versions checked by the server alone"
                     : windows_ ? "a window per client and version word"
                                : "no memory windows: the version table's key");
         std::fflush(stdout);
@@ -503,9 +503,9 @@ private:
                     w = dom_->allocate_window();
                     // Bound before the reply is sent: posts on one connection are ordered.
                     post(c, [&] {
-                        return c.conn->post_bind_window(*w, *versions_mr_, off, sizeof versions_[0],
-                                                        rdmx::access::remote_read | rdmx::access::remote_atomic,
-                                                        wr_bind);
+                        return c.conn->post_bind_window(
+                            *w, *versions_mr_, off, sizeof versions_[0],
+                            rdmx::access::remote_read | rdmx::access::remote_atomic, wr_bind);
                     });
                 }
                 r.version_word = w->remote().serialize();
@@ -528,7 +528,8 @@ private:
         c.reply_busy = true;
         const std::uint64_t key = std::exchange(c.op_invalidate, 0);
         post(c, [&] {
-            return key ? c.conn->post_send_invalidate({&s, 1}, key, wr_reply) : c.conn->post_send({&s, 1}, wr_reply);
+            return key ? c.conn->post_send_invalidate({&s, 1}, key, wr_reply)
+                       : c.conn->post_send({&s, 1}, wr_reply);
         });
     }
 

@@ -333,7 +333,8 @@ TEST_P(windows, rebinding_gives_a_new_key_and_revokes_the_old_one)
     // docs/memory-windows.md).
     // A bound window is invalidated before it is bound again (IBTA o10-37.2.30), and only a
     // bound one can be invalidated: both refused at post time on every backend.
-    EXPECT_EQ(p.server->post_bind_window(*w, *r, 4096, 1024, access::remote_read, 98), errc::invalid_argument);
+    EXPECT_EQ(p.server->post_bind_window(*w, *r, 4096, 1024, access::remote_read, 98),
+              errc::invalid_argument);
     EXPECT_FALSE(write(*p.client, first, 16)) << "a refused rebind changed the window";
     std::set<std::uint64_t> keys = {first.key};
     remote_buffer moved{}, last{};

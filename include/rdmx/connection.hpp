@@ -400,7 +400,8 @@ public:
     }
     /// Sends `local` and revokes the peer's window whose key is `peer_window_key`.
     std::error_code post_send_invalidate(std::span<const sge> local, std::uint64_t peer_window_key,
-                                         std::uint64_t wr_id, send_flags flags = send_flags::signaled) noexcept
+                                         std::uint64_t wr_id,
+                                         send_flags flags = send_flags::signaled) noexcept
     {
         work_request wr{.opcode = opcode::send_with_invalidate,
                         .wr_id = wr_id,

@@ -84,8 +84,9 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
                 for (const work_request* p = wrs.data(); p != &wr; ++p)
                     if (detail::is_window_op(p->opcode) && p->window == wr.window)
                         return errc::invalid_argument;
-                return dom_.window_state_allows(*wr.window, wr.opcode == opcode::bind_window) ? errc{}
-                                                                                              : errc::invalid_argument;
+                return dom_.window_state_allows(*wr.window, wr.opcode == opcode::bind_window)
+                           ? errc{}
+                           : errc::invalid_argument;
             }))
         return *done;
     ownership_.on_post(entry);
