@@ -75,7 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     rdmx::access right = h.op == frame_op::read_req ? access::remote_read : access::remote_write;
     tcp::seg s;
-    if (!fx.dom->find_remote(h.key, h.addr, h.length, right, s))
+    // Regions serve every connection: any engine id will do (no windows here).
+    if (!fx.dom->find_remote(h.key, h.addr, h.length, right, s, 1))
         return 0;
     FUZZ_CHECK(h.key != fx.gone_key);
     const memory_region* r = h.key == fx.rw->remote().key ? fx.rw.get() : fx.ro.get();
