@@ -408,8 +408,9 @@ TEST_P(windows, send_with_invalidate_revokes_the_window_and_says_which)
     EXPECT_TRUE(untouched_except());
 }
 
-// A key that names no window of the peer bound through this connection (here: one already
-// invalidated) fails the connection: the peer's receive does not complete as a receive.
+// A key that names no window of the peer bound through this connection (TCP: one already
+// invalidated; verbs: one naming no window at all, see below) fails the connection: the
+// peer's receive does not complete as a receive.
 TEST_P(windows, send_with_invalidate_of_an_unknown_key_fails_the_connection)
 {
     SKIP_WITHOUT_WINDOWS();
