@@ -6,6 +6,8 @@
 //   rdmx_ep_perf tcp://127.0.0.1:7700 -t tag_lat -s 8 -n 10000
 //   rdmx_ep_perf tcp://127.0.0.1:7700 -t tag_bw -s 1M -n 2000 -W 16
 //   rdmx_ep_perf tcp://127.0.0.1:7700 -t first_msg -n 50   (a new endpoint per message)
+//   rdmx_ep_perf --server --peers 1024 tcp://127.0.0.1:7700  (completion queue for 1024 peers)
+//   rdmx_ep_perf tcp://127.0.0.1:7700 -t conn_rate -n 1024 -W 64
 //
 // tag_lat: ping-pong of `size` bytes; one-way latency = round trip / 2 (as fi_pingpong).
 // tag_bw: a window of W sends in flight; after n of them the client sends FIN, which the
@@ -14,6 +16,11 @@
 //   rendezvous. Reports MB/s (1e6 B/s) and messages/s.
 // first_msg: each iteration opens a new client endpoint (a new incarnation), then times
 //   insert() of the server and one 8 B ping-pong: the lazy connect included, the open not.
+// conn_rate: opens n small client endpoints in one domain (not timed), then each inserts
+//   the server and does one 8 B ping-pong, at most W of them connecting at once; reports
+//   connections per second over the span from the first insert to the last pong, and the
+//   median and p99 of each peer's time from its insert to its pong. The server needs
+//   --peers n (its completion queue reserves every connection's send queue).
 // Every wait is bounded by --timeout-ms; -e sleeps on the endpoint's fd instead of polling.
 #include <CLI/CLI.hpp>
 
@@ -23,6 +30,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <rdmx/rdmx.hpp>
 
@@ -45,7 +54,12 @@ struct options {
     bool event = false;
     bool json = false;
     int timeout_ms = 20000;
+    std::uint32_t peers = 0; ///< server: size the completion queue for this many peers
 };
+
+/// Connection-rate runs: the client's endpoints and the server's connections use send
+/// queues this small, so that the server's completion queue for 1024 peers stays small.
+constexpr std::uint32_t many_peers_send_queue = 8;
 
 std::size_t parse_size(const std::string& s)
 {
@@ -97,8 +111,43 @@ rdmx::endpoint_options ep_options(const options& o, std::size_t size)
     eo.eager_limit = o.eager_limit;
     eo.connection.timeout = std::chrono::milliseconds(o.timeout_ms);
     eo.connection.send_queue_depth = std::max<std::uint32_t>(64, 2 * o.window + 8);
+    if (o.peers > 0) {
+        // docs/endpoints.md: the completion queue reserves each connection's send queue
+        // and the shared receive queue's depth, twice per peer during a simultaneous
+        // connect.
+        eo.connection.send_queue_depth = many_peers_send_queue;
+        eo.completion_queue_depth = eo.receive_buffers + 2 * o.peers * many_peers_send_queue + 256;
+    }
     (void)size;
     return eo;
+}
+
+/// A client endpoint of a connection-rate run: a handful of buffers and queue entries, as
+/// tests/endpoint_race_test.cpp's clients of one endpoint with more than 1024 peers.
+rdmx::endpoint_options tiny_options(const options& o)
+{
+    rdmx::endpoint_options eo;
+    eo.eager_limit = o.eager_limit;
+    eo.connection.timeout = std::chrono::milliseconds(o.timeout_ms);
+    eo.connection.send_queue_depth = many_peers_send_queue;
+    eo.connect_deadline = std::chrono::milliseconds(o.timeout_ms);
+    eo.receive_buffers = 4;
+    eo.unexpected_limit = 4;
+    eo.completion_queue_depth = 64;
+    eo.max_queued_ops = 4;
+    eo.max_posted_recvs = 4;
+    return eo;
+}
+
+/// Each endpoint holds several fds (listener, event queue, completion queue, epoll set,
+/// timerfd, eventfd) and each connection more: take what the hard limit allows.
+void raise_fd_limit()
+{
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        ::setrlimit(RLIMIT_NOFILE, &rl);
+    }
 }
 
 /// The server: echoes tag_ping, counts tag_data, answers tag_fin with tag_fin_ack once
@@ -157,6 +206,7 @@ struct row {
     double value;    ///< latency in us (one way), or MB/s
     double msg_rate; ///< bandwidth tests: messages per second
     double p99 = 0;
+    double total_s = 0; ///< conn_rate: first insert to last pong
 };
 
 /// One ping-pong on `ep` to `server` with buffer offset 0 (send) and `size` (receive).
@@ -206,6 +256,87 @@ row run_first_msg(const options& o)
     return {"first_msg", 8, t[t.size() / 2], 0, t[t.size() * 99 / 100]};
 }
 
+row run_conn_rate(const options& o)
+{
+    raise_fd_limit();
+    auto dom = rdmx::domain::open(o.address);
+    std::size_t n = o.iters;
+    std::vector<std::unique_ptr<rdmx::endpoint>> eps;
+    eps.reserve(n);
+    for (std::size_t k = 0; k < n; ++k) {
+        try {
+            eps.push_back(rdmx::endpoint::open(*dom, own_address(o.address), tiny_options(o)));
+        } catch (const std::exception& e) {
+            rlimit rl{};
+            ::getrlimit(RLIMIT_NOFILE, &rl);
+            throw std::runtime_error("opening client endpoint " + std::to_string(k) + " of " +
+                                     std::to_string(n) + " (RLIMIT_NOFILE " + std::to_string(rl.rlim_cur) +
+                                     "): " + e.what());
+        }
+    }
+    // Per endpoint 16 bytes of one region: the ping at 16k, the pong at 16k + 8.
+    std::vector<std::byte> mem(16 * n);
+    auto mr = dom->register_memory(mem.data(), mem.size(), rdmx::access::local_write);
+    enum class state : std::uint8_t { waiting, connecting, done };
+    std::vector<state> st(n, state::waiting);
+    std::vector<int> left(n, 2); // completions still due: the send's and the pong's
+    std::vector<clock_type::time_point> started(n);
+    std::vector<double> t(n);
+    std::vector<std::size_t> active; // endpoints connecting, at most W
+    std::size_t next_ep = 0, finished = 0, sweep = 0;
+    auto t0 = clock_type::now();
+    while (finished < n) {
+        while (active.size() < o.window && next_ep < n) {
+            std::size_t k = next_ep++;
+            started[k] = clock_type::now();
+            rdmx::peer server = eps[k]->insert(o.address);
+            rdmx::sge in{mr.get(), 16 * k + 8, 8}, out{mr.get(), 16 * k, 8};
+            check(eps[k]->recv(server, tag_pong, 0, {&in, 1}, 1), "recv (pong)");
+            check(eps[k]->send(server, tag_ping, {&out, 1}, 2), "send (ping)");
+            st[k] = state::connecting;
+            active.push_back(k);
+        }
+        auto now = clock_type::now();
+        for (std::size_t a = 0; a < active.size();) {
+            std::size_t k = active[a];
+            rdmx::endpoint_completion wc;
+            while (left[k] > 0 && eps[k]->poll({&wc, 1}) == 1) {
+                if (wc.status)
+                    throw std::runtime_error("peer " + std::to_string(k) + ": " +
+                                             std::string(rdmx::to_string(wc.op)) +
+                                             " failed: " + wc.status.message());
+                --left[k];
+            }
+            if (left[k] == 0) {
+                t[k] = std::chrono::duration<double, std::micro>(clock_type::now() - started[k]).count();
+                st[k] = state::done;
+                ++finished;
+                active[a] = active.back();
+                active.pop_back();
+                continue;
+            }
+            if (now - started[k] > std::chrono::milliseconds(o.timeout_ms))
+                throw std::runtime_error("peer " + std::to_string(k) + ": no pong within " +
+                                         std::to_string(o.timeout_ms) + " ms");
+            ++a;
+        }
+        // The connected ones are polled too, one per pass in turn, so that whatever their
+        // connections bring (nothing, normally) is taken without costing each pass n polls.
+        if (finished > 0) {
+            std::size_t k = sweep++ % next_ep;
+            rdmx::endpoint_completion wc;
+            if (st[k] == state::done && eps[k]->poll({&wc, 1}) == 1 && wc.status)
+                throw std::runtime_error("peer " + std::to_string(k) +
+                                         " after its pong: " + wc.status.message());
+        }
+    }
+    double total = std::chrono::duration<double>(clock_type::now() - t0).count();
+    std::sort(t.begin(), t.end());
+    row r{"conn_rate", 8, t[t.size() / 2], static_cast<double>(n) / total, t[t.size() * 99 / 100]};
+    r.total_s = total;
+    return r;
+}
+
 row run_bw(const options& o, std::size_t size)
 {
     auto dom = rdmx::domain::open(o.address);
@@ -252,28 +383,48 @@ int main(int argc, char** argv)
     options o;
     app.add_option("address", o.address, "the server's tcp://HOST:PORT or rdma://HOST:PORT")->required();
     app.add_flag("--server", o.server, "serve runs until killed");
-    app.add_option("-t,--test", o.test, "tag_lat | tag_bw | first_msg")
-        ->check(CLI::IsMember({"tag_lat", "tag_bw", "first_msg"}));
+    app.add_option("-t,--test", o.test, "tag_lat | tag_bw | first_msg | conn_rate")
+        ->check(CLI::IsMember({"tag_lat", "tag_bw", "first_msg", "conn_rate"}));
     app.add_option("-s,--size", o.size, "message size (suffixes K, M)");
     app.add_option("-n,--iters", o.iters, "measured iterations")->check(CLI::Range(1ull, 1ull << 40));
     app.add_option("-w,--warmup", o.warmup, "iterations before measuring");
-    app.add_option("-W,--window", o.window, "tag_bw: sends in flight")->check(CLI::Range(1, 1024));
+    app.add_option("-W,--window", o.window, "tag_bw: sends in flight; conn_rate: peers connecting at once")
+        ->check(CLI::Range(1, 1024));
+    app.add_option("--peers", o.peers, "server: size the completion queue for this many peers")
+        ->check(CLI::Range(1, 1 << 20));
     app.add_option("--eager-limit", o.eager_limit, "endpoint_options::eager_limit (both sides)");
     app.add_flag("-e,--event", o.event, "sleep on the endpoint's fd instead of busy polling");
     app.add_flag("--json", o.json, "one JSON line");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on every wait");
     CLI11_PARSE(app, argc, argv);
+    bool window_given = app.count("-W") > 0;
     try {
-        if (o.server)
+        if (o.server) {
+            if (o.peers > 0)
+                raise_fd_limit();
             return run_server(o);
+        }
         std::size_t size = parse_size(o.size);
-        row r = o.test == "tag_lat"  ? run_lat(o, size)
-                : o.test == "tag_bw" ? run_bw(o, size)
-                                     : run_first_msg(o);
-        if (o.json)
+        if (o.test == "conn_rate" && !window_given)
+            o.window = 64;
+        row r = o.test == "tag_lat"     ? run_lat(o, size)
+                : o.test == "tag_bw"    ? run_bw(o, size)
+                : o.test == "conn_rate" ? run_conn_rate(o)
+                                        : run_first_msg(o);
+        if (o.json && r.test == "conn_rate")
+            std::printf("{\"test\": \"conn_rate\", \"peers\": %llu, \"inflight\": %u, \"total_s\": %.4f, "
+                        "\"conn_s\": %.1f, \"lat_us\": %.3f, \"p99_us\": %.3f}\n",
+                        static_cast<unsigned long long>(o.iters), o.window, r.total_s, r.msg_rate, r.value,
+                        r.p99);
+        else if (o.json)
             std::printf(
                 "{\"test\": \"%s\", \"size\": %zu, \"%s\": %.3f, \"msg_s\": %.0f, \"p99_us\": %.3f}\n",
                 r.test.c_str(), r.size, r.test == "tag_bw" ? "mb_s" : "lat_us", r.value, r.msg_rate, r.p99);
+        else if (r.test == "conn_rate")
+            std::printf("conn_rate  %llu peers, %u at once: %.3f s, %.0f connections/s; to first pong "
+                        "%.1f us (median), %.1f us (p99)\n",
+                        static_cast<unsigned long long>(o.iters), o.window, r.total_s, r.msg_rate, r.value,
+                        r.p99);
         else
             std::printf("%-10s %8zu B  %s %.3f%s\n", r.test.c_str(), r.size,
                         r.test == "tag_bw" ? "MB/s" : "us (median)", r.value,
