@@ -128,7 +128,8 @@ test_asan() {
 }
 
 # ThreadSanitizer on the TCP backend's threaded tests. clang, not g++: g++ 12 warns
-# (-Wtsan) inside Boost.Asio's headers. Only the two test programs are built.
+# (-Wtsan) inside Boost.Asio's headers. Only the two test programs are built, and the
+# helper programs their tests spawn.
 test_tsan() {
     log "ThreadSanitizer (tcp-unit, conformance on tcp)"
     if [ ! -f "$TSAN_BUILD/build.ninja" ]; then
@@ -136,7 +137,7 @@ test_tsan() {
             -Dsamples=disabled --werror -Db_sanitize=thread -Db_lundef=false || return
     fi
     # (set -e does not apply in a function called with ||: failures return explicitly.)
-    ninja -C "$TSAN_BUILD" tests/conformance_test tests/tcp/tcp_unit_test || return
+    ninja -C "$TSAN_BUILD" tests/conformance_test tests/tcp/tcp_unit_test tests/disconnect_peer tests/endpoint_peer || return
     local rc=0 results=$BUILD/tests/results
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
     GTEST_OUTPUT="xml:$results/tsan-tcp-unit.xml" "$TSAN_BUILD/tests/tcp/tcp_unit_test" || rc=$?

@@ -1,30 +1,22 @@
 // The races real users of connectionless endpoints hit (issue 18, item 3), each a test, on
 // every backend: simultaneous connect, a peer restarted at the same address, a client
 // started before its server, a server that never comes, a dead peer (also for atomics by
-// peer), thousands of connect / remove cycles, more peers than 1024, remove and re-insert
-// at once.
+// peer; the peers that die are processes of their own, tests/endpoint_peer), thousands of
+// connect / remove cycles, more peers than 1024, remove and re-insert at once.
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <array>
 #include <map>
 #include <vector>
 
+#include "common/child_process.hpp"
 #include "common/endpoint_util.hpp"
 
 namespace rdmx::test
 {
 namespace
 {
-
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RDMX_TEST_UNDER_TSAN 1
-#endif
-#endif
 
 class endpoint_race : public ep_fixture
 {
@@ -35,6 +27,15 @@ protected:
         auto e = open_ep();
         auto text = e.ep->address();
         return static_cast<std::uint16_t>(std::stoi(text.substr(text.rfind(':') + 1)));
+    }
+
+    /// tests/endpoint_peer: the peers that die run there, a process of their own (exec'd:
+    /// rdma_cm and verbs state does not survive fork()).
+    static std::string peer_program()
+    {
+        std::string p = sibling_program("endpoint_peer");
+        EXPECT_EQ(::access(p.c_str(), X_OK), 0) << p << ": " << std::strerror(errno);
+        return p;
     }
 };
 
@@ -148,49 +149,19 @@ TEST_P(endpoint_race, a_peer_restarted_at_the_same_address_is_reached_and_the_ol
 
 TEST_P(endpoint_race, a_crashed_peer_restarted_at_the_same_address_is_reached_again)
 {
-#ifdef RDMX_TEST_UNDER_TSAN
-    GTEST_SKIP() << "ThreadSanitizer: a forked child of a multi-threaded process cannot start threads";
-#endif
-    if (b_ == backend::verbs)
-        GTEST_SKIP() << "rdma_cm state does not survive fork()";
     const std::uint16_t port = free_port();
     auto a = open_ep();
     auto m = region(1 << 16);
     rdmx::peer to_b = a.ep->insert(address(b_, port));
-    // Incarnation 1: a child process that answers one message, then is SIGKILLed.
-    int ready[2];
-    ASSERT_EQ(::pipe(ready), 0);
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-        ::close(ready[0]);
-        try {
-            auto d = domain::open(address(b_, 0));
-            auto e = endpoint::open(*d, address(b_, port), small_options());
-            std::vector<std::byte> mem(4096);
-            auto mr = d->register_memory(mem.data(), mem.size(), access::local_write);
-            sge r{mr.get(), 0, 64};
-            e->recv(any_peer, 1, 0, {&r, 1}, 1);
-            char one = 1;
-            [[maybe_unused]] auto n = ::write(ready[1], &one, 1);
-            endpoint_completion out[4];
-            for (;;)
-                e->wait(out, std::chrono::milliseconds(100));
-        } catch (...) {
-            _exit(1);
-        }
-    }
-    ::close(ready[1]);
+    // Incarnation 1: a process of its own that answers one message, then is SIGKILLed.
+    child_process b1(peer_program(), {address(b_, port), "answer"});
     char one = 0;
-    ASSERT_EQ(::read(ready[0], &one, 1), 1);
-    ::close(ready[0]);
+    ASSERT_TRUE(b1.read_exact(&one, 1, 20s)) << "the peer did not start";
     sge s{m.get(), 0, 64};
     ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
     ASSERT_TRUE(pump({&a}, [&] { return a.done.size() == 1; }));
     EXPECT_FALSE(a.done[0].status) << a.done[0].status.message();
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    b1.kill();
     ASSERT_TRUE(pump({&a}, [&] { return a.ep->statistics().connected == 0; })) << "the crash went unnoticed";
     // Incarnation 2, in this process, at the same port.
     auto b2 = open_ep(port);
@@ -303,43 +274,19 @@ TEST_P(endpoint_race, atomics_to_a_peer_that_never_comes_fail_within_the_connect
 
 TEST_P(endpoint_race, an_atomic_to_a_dead_peer_fails_within_the_bound)
 {
-#ifdef RDMX_TEST_UNDER_TSAN
-    GTEST_SKIP() << "ThreadSanitizer: a forked child of a multi-threaded process cannot start threads";
-#endif
-    if (b_ == backend::verbs)
-        GTEST_SKIP() << "rdma_cm state does not survive fork()";
+    if (!dom_->limits().atomics)
+        GTEST_SKIP() << "the device has no atomics (device_limits::atomics is false)";
     const std::uint16_t port = free_port();
     auto o = small_options();
     o.connect_deadline = std::chrono::milliseconds(2000);
     auto a = open_ep(0, &o);
     auto m = region(64, access::local_write);
     rdmx::peer to_b = a.ep->insert(address(b_, port));
-    int desc[2];
-    ASSERT_EQ(::pipe(desc), 0);
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-        // The peer: a counter of its own, its descriptor through the pipe, then it serves
-        // atomics (the engine does) until it is killed.
-        ::close(desc[0]);
-        try {
-            auto d = domain::open(address(b_, 0));
-            auto e = endpoint::open(*d, address(b_, port), small_options());
-            alignas(8) static std::uint64_t counter = 100;
-            auto mr = d->register_memory(&counter, 8, access::remote_atomic);
-            auto bytes = mr->remote(0, 8).serialize();
-            [[maybe_unused]] auto n = ::write(desc[1], bytes.data(), bytes.size());
-            endpoint_completion out[4];
-            for (;;)
-                e->wait(out, std::chrono::milliseconds(100));
-        } catch (...) {
-            _exit(1);
-        }
-    }
-    ::close(desc[1]);
+    // The peer: a process with a counter of its own (100), whose descriptor it prints; it
+    // serves atomics until it is killed.
+    child_process b(peer_program(), {address(b_, port), "counter"});
     remote_buffer::bytes bytes{};
-    ASSERT_EQ(::read(desc[0], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-    ::close(desc[0]);
+    ASSERT_TRUE(b.read_exact(bytes.data(), bytes.size(), 20s)) << "the peer did not start";
     auto target = remote_buffer::parse(bytes);
     ASSERT_TRUE(target);
     // One that works first (the connection is up), then the peer dies.
@@ -349,9 +296,7 @@ TEST_P(endpoint_race, an_atomic_to_a_dead_peer_fails_within_the_bound)
     std::uint64_t v = 0;
     std::memcpy(&v, m->data(), 8);
     EXPECT_EQ(v, 100u);
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    b.kill();
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_FALSE(a.ep->fetch_add(to_b, {m.get(), 8, 8}, *target, 5, 2));
     ASSERT_TRUE(pump(
@@ -367,44 +312,18 @@ TEST_P(endpoint_race, an_atomic_to_a_dead_peer_fails_within_the_bound)
 
 TEST_P(endpoint_race, a_dead_peer_fails_operations_within_the_bound)
 {
-#ifdef RDMX_TEST_UNDER_TSAN
-    GTEST_SKIP() << "ThreadSanitizer: a forked child of a multi-threaded process cannot start threads";
-#endif
-    if (b_ == backend::verbs)
-        GTEST_SKIP() << "rdma_cm state does not survive fork()";
     const std::uint16_t port = free_port();
     auto a = open_ep();
     auto m = region(1 << 16);
     rdmx::peer to_b = a.ep->insert(address(b_, port));
-    int ready[2];
-    ASSERT_EQ(::pipe(ready), 0);
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-        ::close(ready[0]);
-        try {
-            auto d = domain::open(address(b_, 0));
-            auto e = endpoint::open(*d, address(b_, port), small_options());
-            char one = 1;
-            [[maybe_unused]] auto n = ::write(ready[1], &one, 1);
-            endpoint_completion out[4];
-            for (;;)
-                e->wait(out, std::chrono::milliseconds(100)); // never posts a receive
-        } catch (...) {
-            _exit(1);
-        }
-    }
-    ::close(ready[1]);
+    child_process b(peer_program(), {address(b_, port), "idle"}); // never posts a receive
     char one = 0;
-    ASSERT_EQ(::read(ready[0], &one, 1), 1);
-    ::close(ready[0]);
+    ASSERT_TRUE(b.read_exact(&one, 1, 20s)) << "the peer did not start";
     // A rendezvous send the peer never takes: outstanding until the peer dies.
     sge big{m.get(), 0, 60000};
     ASSERT_FALSE(a.ep->send(to_b, 1, {&big, 1}, 1));
     ASSERT_TRUE(pump({&a}, [&] { return a.ep->statistics().connected == 1; }));
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    b.kill();
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_TRUE(pump(
         {&a}, [&] { return a.done.size() == 1; }, 15s));

@@ -4,14 +4,13 @@
 // failures of a start as error events, and receives posted before the peer may send.
 #include <gtest/gtest.h>
 #include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <map>
 #include <vector>
 
+#include "common/child_process.hpp"
 #include "common/test_util.hpp"
 
 namespace rdmx::test
@@ -295,26 +294,6 @@ TEST_P(server_cm, started_accept_and_connect_take_initial_recvs_too)
     expect_ok(*c, 1);
 }
 
-// ThreadSanitizer cannot run a forked child of a multi-threaded process that starts
-// threads ("starting new threads after multi-threaded fork is not supported"); the test
-// runs in the plain and ASan passes.
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RDMX_TEST_UNDER_TSAN 1
-#endif
-#endif
-
-/// tests/disconnect_peer, built next to this binary.
-std::string disconnect_peer_path()
-{
-    char self[4096];
-    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
-        return "disconnect_peer";
-    std::string p(self, static_cast<std::size_t>(n));
-    return p.substr(0, p.rfind('/') + 1) + "disconnect_peer";
-}
-
 // A peer that disconnects (or destroys its connection) ends cleanly; one whose process
 // dies is lost, on every backend: TCP by its GOODBYE frame, verbs by the goodbye write to
 // our flag (docs/wire-format.md). The peer is a process of its own, exec'd, so that it
@@ -322,31 +301,14 @@ std::string disconnect_peer_path()
 // peer's disconnect every time (on iWARP its completion only says it went to TCP).
 TEST_P(server_cm, a_clean_disconnect_and_a_dead_peer_process_are_told_apart)
 {
-#ifdef RDMX_TEST_UNDER_TSAN
-    GTEST_SKIP() << "ThreadSanitizer: a forked child of a multi-threaded process cannot start threads";
-#endif
-    const std::string peer = disconnect_peer_path();
+    const std::string peer = sibling_program("disconnect_peer");
     ASSERT_EQ(::access(peer.c_str(), X_OK), 0) << peer << ": " << std::strerror(errno);
     const std::string addr = server_address();
     for (int round = 0; round < 3; ++round) {
         for (const char* how : {"disconnect", "destroy", "exit", "sigkill"}) {
             SCOPED_TRACE(std::string(how) + ", round " + std::to_string(round));
             const bool clean = std::strcmp(how, "disconnect") == 0 || std::strcmp(how, "destroy") == 0;
-            int ready[2], go[2];
-            ASSERT_EQ(::pipe(ready), 0);
-            ASSERT_EQ(::pipe(go), 0);
-            pid_t pid = ::fork();
-            ASSERT_GE(pid, 0);
-            if (pid == 0) {
-                ::close(ready[0]);
-                ::close(go[1]);
-                ::dup2(ready[1], 1);
-                ::dup2(go[0], 0);
-                ::execl(peer.c_str(), peer.c_str(), addr.c_str(), how, static_cast<char*>(nullptr));
-                _exit(127);
-            }
-            ::close(ready[1]);
-            ::close(go[0]);
+            child_process child(peer, {addr, how});
             auto q = event_queue::create();
             connection_options o;
             o.events = q;
@@ -355,14 +317,11 @@ TEST_P(server_cm, a_clean_disconnect_and_a_dead_peer_process_are_told_apart)
             auto s = req->accept(o);
             // Only now may the peer end: a disconnect racing the accept would fail it.
             char one = 1;
-            ASSERT_EQ(::write(go[1], &one, 1), 1);
-            ::close(go[1]);
-            ASSERT_EQ(::read(ready[0], &one, 1), 1) << "the peer did not get there";
-            ::close(ready[0]);
+            ASSERT_TRUE(child.write(&one, 1));
+            ASSERT_TRUE(child.read_exact(&one, 1, 10s)) << "the peer did not get there";
             if (std::strcmp(how, "sigkill") == 0)
-                ::kill(pid, SIGKILL);
-            int status = 0;
-            ::waitpid(pid, &status, 0);
+                child.kill();
+            child.wait();
             event ev;
             ASSERT_EQ(q->wait({&ev, 1}, 10s), 1u) << "no event";
             EXPECT_EQ(ev.conn, s.get());
