@@ -92,6 +92,17 @@ inline errc check_window_op(const work_request& wr, const void* owner) noexcept
     return {};
 }
 
+/// True when request `i` of a post list binds or invalidates a window that an earlier
+/// request of the list binds or invalidates too: refused on both backends (verbs would
+/// fill the second with the key the first replaces).
+inline bool window_repeated(std::span<const work_request> wrs, std::size_t i) noexcept
+{
+    for (std::size_t j = 0; j < i; ++j)
+        if (is_window_op(wrs[j].opcode) && wrs[j].window == wrs[i].window)
+            return true;
+    return false;
+}
+
 /// Full check of a send-queue request against the connection's limits.
 inline errc check_send(const work_request& wr, const void* owner, rdmx::backend b,
                        const connection_limits& lim, std::uint64_t& total) noexcept

@@ -120,10 +120,7 @@ unsigned to_ibv_mw_access(rdmx::access a) noexcept
     const auto* w = static_cast<const verbs_window*>(wr.window); // check_send: of this domain
     if (w->native() == nullptr || (wr.opcode == opcode::bind_window) == w->bound())
         return errc::invalid_argument;
-    for (std::size_t j = 0; j < i; ++j)
-        if (detail::is_window_op(wrs[j].opcode) && wrs[j].window == wr.window)
-            return errc::invalid_argument;
-    return {};
+    return detail::window_repeated(wrs, i) ? errc::invalid_argument : errc{};
 }
 
 void fill_sges(std::span<const sge> in, ibv_sge* out) noexcept

@@ -368,34 +368,27 @@ public:
                                      std::uint64_t length, rdmx::access rights, std::uint64_t wr_id,
                                      send_flags flags = send_flags::signaled) noexcept
     {
-        work_request wr{.opcode = opcode::bind_window,
-                        .wr_id = wr_id,
-                        .local = {},
-                        .remote = {},
-                        .flags = flags,
-                        .imm = 0,
-                        .compare_add = 0,
-                        .swap = 0,
-                        .window = &window,
-                        .bind_region = &region,
-                        .bind_offset = offset,
-                        .bind_length = length,
-                        .bind_access = rights};
+        // Assigned, not designated: -Wmissing-field-initializers would want every field named.
+        work_request wr;
+        wr.opcode = opcode::bind_window;
+        wr.wr_id = wr_id;
+        wr.flags = flags;
+        wr.window = &window;
+        wr.bind_region = &region;
+        wr.bind_offset = offset;
+        wr.bind_length = length;
+        wr.bind_access = rights;
         return post({&wr, 1});
     }
     /// Revokes `window` (bound through this connection).
     std::error_code post_invalidate_window(memory_window& window, std::uint64_t wr_id,
                                            send_flags flags = send_flags::signaled) noexcept
     {
-        work_request wr{.opcode = opcode::invalidate_window,
-                        .wr_id = wr_id,
-                        .local = {},
-                        .remote = {},
-                        .flags = flags,
-                        .imm = 0,
-                        .compare_add = 0,
-                        .swap = 0,
-                        .window = &window};
+        work_request wr;
+        wr.opcode = opcode::invalidate_window;
+        wr.wr_id = wr_id;
+        wr.flags = flags;
+        wr.window = &window;
         return post({&wr, 1});
     }
     /// Sends `local` and revokes the peer's window whose key is `peer_window_key`.
@@ -403,20 +396,12 @@ public:
                                          std::uint64_t wr_id,
                                          send_flags flags = send_flags::signaled) noexcept
     {
-        work_request wr{.opcode = opcode::send_with_invalidate,
-                        .wr_id = wr_id,
-                        .local = local,
-                        .remote = {},
-                        .flags = flags,
-                        .imm = 0,
-                        .compare_add = 0,
-                        .swap = 0,
-                        .window = nullptr,
-                        .bind_region = nullptr,
-                        .bind_offset = 0,
-                        .bind_length = 0,
-                        .bind_access = rdmx::access::none,
-                        .invalidate_key = peer_window_key};
+        work_request wr;
+        wr.opcode = opcode::send_with_invalidate;
+        wr.wr_id = wr_id;
+        wr.local = local;
+        wr.flags = flags;
+        wr.invalidate_key = peer_window_key;
         return post({&wr, 1});
     }
     std::error_code post_recv(std::span<const sge> local, std::uint64_t wr_id) noexcept

@@ -324,7 +324,7 @@ std::error_code tcp_domain::bind_window(memory_window& window, const memory_regi
     std::lock_guard lk(regions_mu_);
     // A bound window must be invalidated before it is bound again (IBTA o10-37.2.30; verbs
     // refuses it too: rxe would fail the QP). One whose region was destroyed is free.
-    if (ws->bound && ws->region->tag.load() == ws->region_tag)
+    if (ws->live())
         return make_error_code(errc::invalid_argument);
     do
         if (int err = try_random_key(key))
@@ -354,7 +354,7 @@ std::error_code tcp_domain::invalidate_window(memory_window& window) noexcept
     std::lock_guard lk(regions_mu_);
     // Only a bound window can be invalidated, as on verbs (where rxe 6.1 crashes on a free
     // one); a window whose region was destroyed is free.
-    const bool live = ws->bound && ws->region->tag.load() == ws->region_tag;
+    const bool live = ws->live();
     if (ws->bound) {
         ws->node = keys_.extract(ws->key);
         ws->bound = false;
@@ -366,7 +366,7 @@ bool tcp_domain::window_state_allows(const memory_window& window, bool bind) noe
 {
     const window_state* ws = static_cast<const tcp_window&>(window).state();
     std::lock_guard lk(regions_mu_);
-    const bool live = ws->bound && ws->region->tag.load() == ws->region_tag;
+    const bool live = ws->live();
     return live != bind;
 }
 

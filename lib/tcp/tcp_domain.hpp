@@ -71,6 +71,9 @@ struct window_state {
     /// window is allocated, so that binding and invalidating (on the data path) only move
     /// it in and out of the table, and never allocate.
     key_table::node_type node;
+
+    /// Bound, over a region still registered: a window whose region was destroyed is free.
+    bool live() const noexcept { return bound && region->tag.load() == region_tag; }
 };
 
 /// Makes the memory behind `st` safe to touch until unpin(); false if the region was

@@ -81,9 +81,8 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
                     return errc{};
                 // As on verbs, before anything of the list is posted: a bind of a bound
                 // window, an invalidation of a free one, a window twice in one list.
-                for (const work_request* p = wrs.data(); p != &wr; ++p)
-                    if (detail::is_window_op(p->opcode) && p->window == wr.window)
-                        return errc::invalid_argument;
+                if (detail::window_repeated(wrs, static_cast<std::size_t>(&wr - wrs.data())))
+                    return errc::invalid_argument;
                 return dom_.window_state_allows(*wr.window, wr.opcode == opcode::bind_window)
                            ? errc{}
                            : errc::invalid_argument;
