@@ -62,6 +62,18 @@ void add_fd(int ep, int fd)
         throw_errno(errno, "epoll_ctl");
 }
 
+/// Whether our dial `c` can still end up a connection to `incarnation`: it is under way,
+/// or that incarnation accepted it (its established event not seen yet).
+bool dial_may_reach(const connection& c, std::uint64_t incarnation) noexcept
+{
+    if (c.state() == connection_state::connecting)
+        return true;
+    if (c.state() != connection_state::established)
+        return false;
+    auto inc = decode_accept(c.peer_private_data());
+    return inc && *inc == incarnation;
+}
+
 } // namespace
 
 endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint_options& opts)
@@ -325,15 +337,22 @@ void endpoint_impl::on_request(connection_request& req)
     peer_entry& p = *peers_[pi];
     if (p.remote_inc != 0 && p.remote_inc != id.incarnation) {
         // The peer restarted: what the old incarnation had is gone. Its outstanding work
-        // fails; queued operations wait for the new one.
+        // fails; queued operations wait for the new one. A dial of ours still under way is
+        // kept: the old incarnation is gone, so it reaches the new one, which may be
+        // dialling us this very moment and accept it; so the tie-break below applies to it
+        // as to any simultaneous connect (dropping it and accepting left the new
+        // incarnation with our dial accepted and torn down, and what it posted there
+        // failed).
         RDMX_LOG(debug, "endpoint %s: %s restarted", self_.text.c_str(), p.addr.text.c_str());
         if (p.chosen)
             drop_connection(pi, p.chosen, errc::peer_lost);
-        if (p.dial)
+        if (p.dial && !dial_may_reach(*p.dial, id.incarnation))
             drop_connection(pi, p.dial.get(), errc::peer_lost);
         if (p.accepted)
             drop_connection(pi, p.accepted.get(), errc::peer_lost);
-    } else if (incarnation_ < id.incarnation && p.dial) {
+        p.remote_inc = 0; // the old one's; the tie-break takes the new one
+    }
+    if (incarnation_ < id.incarnation && p.dial) {
         RDMX_LOG(debug, "endpoint %s: %s: duplicate request rejected", self_.text.c_str(),
                  p.addr.text.c_str());
         // Simultaneous connect (libfabric #7396): the lower incarnation keeps its own dial
