@@ -1,9 +1,9 @@
 // The hot path allocates nothing: global operator new is replaced by a counting version,
 // and after a warm-up many operations of every kind (send/recv, write, write_imm, read,
-// atomics; small and large; single requests and post lists; polling and event mode) must
-// leave the count at zero. It counts every thread while the window is open, so the TCP backend's
-// engine threads (they carry the data) are held to the same promise as the caller.
-// This is a count, never a timing.
+// atomics, windows, endpoints; small and large; single requests and post lists; polling
+// and event mode) must leave the count at zero. It counts every thread while the window is
+// open, so the TCP backend's engine threads (they carry the data) are held to the same
+// promise as the caller. This is a count, never a timing.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -537,6 +537,80 @@ TEST_P(allocation, memory_windows_allocate_nothing)
                     << first_error_wr_id << ")";
     EXPECT_EQ(allocations.load(), 0u)
         << "heap allocations with memory windows (last size " << last_size.load() << " B)";
+}
+
+// Endpoints (rdmx/endpoint.hpp, docs/endpoints.md): once a peer is connected, tagged
+// messages, eager and rendezvous, directed and from any peer, and write and read by peer
+// handle allocate nothing, busy and in event mode (every pool was sized at open).
+TEST_P(allocation, endpoint_data_path_allocates_nothing)
+{
+    endpoint_options o;
+    o.receive_buffers = 64;
+    o.unexpected_limit = 48;
+    o.completion_queue_depth = 1024;
+    auto a = endpoint::open(*client_dom_, address(b_, 0), o);
+    auto b = endpoint::open(*server_dom_, address(b_, 0), o);
+    const rdmx::peer to_b = a->insert(b->address());
+    const rdmx::peer to_a = b->insert(a->address());
+    constexpr std::size_t small = 64, eager = 4, large = 64u << 10; // large: past eager_limit
+    std::vector<std::byte> am(2 * large), bm(2 * large);
+    constexpr access rw = access::local_write | access::remote_read | access::remote_write;
+    auto amr = client_dom_->register_memory(am.data(), am.size(), rw);
+    auto bmr = server_dom_->register_memory(bm.data(), bm.size(), rw);
+    const remote_buffer b_remote = bmr->remote(large, large);
+    auto round = [&](bool event_mode) {
+        sge er[eager], es[eager];
+        for (std::size_t i = 0; i < eager; ++i) {
+            er[i] = {bmr.get(), i * small, small};
+            es[i] = {amr.get(), i * small, small};
+            if (failed(b->recv(to_a, 1, 0, {&er[i], 1}, i)))
+                return false;
+        }
+        sge lr{bmr.get(), 0, large}, ls{amr.get(), 0, large};
+        if (failed(b->recv(any_peer, 2, 0, {&lr, 1}, 10)))
+            return false;
+        for (std::size_t i = 0; i < eager; ++i)
+            if (failed(a->send(to_b, 1, {&es[i], 1}, i)))
+                return false;
+        sge ws{amr.get(), large, small}, rs{amr.get(), large + small, small};
+        if (failed(a->send(to_b, 2, {&ls, 1}, 10)) || failed(a->write(to_b, {&ws, 1}, b_remote, 11)) ||
+            failed(a->read(to_b, {&rs, 1}, b_remote, 12)))
+            return false;
+        std::size_t a_left = eager + 3, b_left = eager + 1;
+        endpoint_completion out[16];
+        auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (a_left + b_left > 0) {
+            for (auto [ep, left] : {std::pair{a.get(), &a_left}, std::pair{b.get(), &b_left}}) {
+                std::size_t got = event_mode && *left > 0 ? ep->wait(out, 10ms) : ep->poll(out);
+                for (std::size_t i = 0; i < got; ++i)
+                    if (failed(out[i].status)) {
+                        first_error_wr_id = out[i].context;
+                        return false;
+                    }
+                *left -= std::min(*left, got);
+            }
+            if (std::chrono::steady_clock::now() > deadline) {
+                first_error = errc::timed_out;
+                return false;
+            }
+        }
+        return true;
+    };
+    for (int i = 0; i < 5; ++i)
+        ASSERT_TRUE(round(i % 2 == 1)) << "warm-up round " << i << " failed: " << first_error.message()
+                                       << " (context " << first_error_wr_id << ")";
+    const int rounds = b_ == backend::tcp ? 50 : 10;
+    allocations = 0;
+    counting = true;
+    bool ok = true;
+    int done = 0;
+    for (; done < rounds && ok; ++done)
+        ok = round(done % 2 == 1);
+    counting = false;
+    ASSERT_TRUE(ok) << "round " << done << " failed: " << first_error.message() << " (context "
+                    << first_error_wr_id << ")";
+    EXPECT_EQ(allocations.load(), 0u)
+        << "heap allocations in " << rounds << " endpoint rounds (last size " << last_size.load() << " B)";
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, allocation, testing::ValuesIn(selected_backends()), param_name);

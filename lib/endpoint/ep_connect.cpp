@@ -157,6 +157,7 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
         throw;
     }
     cq_->request_notify();
+    cq_armed_ = true;
     RDMX_LOG(debug, "endpoint %s open, incarnation %016llx", self_.text.c_str(),
              static_cast<unsigned long long>(incarnation_));
 }
@@ -574,6 +575,11 @@ void endpoint_impl::arm_timerfd() noexcept
             next = std::min(next, p.deadline);
         next = std::min(next, p.next_dial);
     }
+    // Set only when it changes (a system call per poll() otherwise), or when it is due
+    // already: the fd must be readable again for a deadline that is still pending.
+    if (next == timer_set_ && (next == clock::time_point::max() || next > clock::now()))
+        return;
+    timer_set_ = next;
     itimerspec its{};
     if (next != clock::time_point::max()) {
         auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(next.time_since_epoch()).count();

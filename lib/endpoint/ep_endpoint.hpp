@@ -255,6 +255,11 @@ private:
     std::unique_ptr<memory_region> recv_mr_, ctrl_mr_;
     std::unique_ptr<listener> listener_;
     int epoll_fd_ = -1, timer_fd_ = -1, wake_fd_ = -1;
+    // What poll() knows without a system call (it makes one, epoll_wait(0), when nothing
+    // needs more): the completion queue is armed (its event not yet seen), the eventfd is
+    // raised, and the time the timerfd is set to.
+    bool cq_armed_ = false, wake_raised_ = false;
+    clock::time_point timer_set_ = clock::time_point::max();
 };
 
 } // namespace rdmx::ep
