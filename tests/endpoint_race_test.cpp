@@ -29,48 +29,35 @@ protected:
         return static_cast<std::uint16_t>(std::stoi(text.substr(text.rfind(':') + 1)));
     }
 
-    /// tests/endpoint_peer: the peers that die run there, a process of their own (exec'd:
-    /// rdma_cm and verbs state does not survive fork()).
-    static std::string peer_program()
+    /// Both sides post 8 receives and send each other 8 messages of 64 bytes before either
+    /// is polled (so both dial, unless connected), then are pumped until everything
+    /// completed; `b_first`: B is polled alone for 50 ms first. Checks that nothing failed
+    /// (on iWARP a dial may fail after the other side posted on it: a failed connection,
+    /// never a lost message, so there exactly the messages of the sends that succeeded must
+    /// arrive), every byte, and that each side then holds exactly one connection. `m`:
+    /// 192 KiB at least.
+    void exchange_both_ways(ep_handle& a, rdmx::peer to_b, ep_handle& b, rdmx::peer to_a, memory_region& m,
+                            int round, bool b_first)
     {
-        std::string p = sibling_program("endpoint_peer");
-        EXPECT_EQ(::access(p.c_str(), X_OK), 0) << p << ": " << std::strerror(errno);
-        return p;
-    }
-};
-
-TEST_P(endpoint_race, simultaneous_connect_from_both_sides_keeps_one_connection_and_loses_nothing)
-{
-    const int rounds = b_ == backend::tcp ? 50 : 10;
-    constexpr int per_side = 8;
-    auto m = region(1 << 20);
-    for (int round = 0; round < rounds; ++round) {
-        SCOPED_TRACE(round);
-        auto a = open_ep();
-        auto b = open_ep();
-        rdmx::peer to_b = a.ep->insert(b.ep->address());
-        rdmx::peer to_a = b.ep->insert(a.ep->address());
+        constexpr int per_side = 8;
+        const bool iwarp = dom_->limits().iwarp;
         for (int i = 0; i < per_side; ++i) {
-            sge ra{m.get(), 65536 + static_cast<std::size_t>(i) * 64, 64};
-            sge rb{m.get(), 131072 + static_cast<std::size_t>(i) * 64, 64};
+            sge ra{&m, 65536 + static_cast<std::size_t>(i) * 64, 64};
+            sge rb{&m, 131072 + static_cast<std::size_t>(i) * 64, 64};
             ASSERT_FALSE(a.ep->recv(to_b, 7, 0, {&ra, 1}, 100 + i));
             ASSERT_FALSE(b.ep->recv(to_a, 7, 0, {&rb, 1}, 100 + i));
         }
-        fill(*m, 0, 64 * per_side, round);
-        fill(*m, 4096, 64 * per_side, round + 1000);
-        // Both dial at once: each side's first send starts its own connection.
+        fill(m, 0, 64 * per_side, round);
+        fill(m, 4096, 64 * per_side, round + 1000);
         for (int i = 0; i < per_side; ++i) {
-            sge sa{m.get(), static_cast<std::size_t>(i) * 64, 64};
-            sge sb{m.get(), 4096 + static_cast<std::size_t>(i) * 64, 64};
+            sge sa{&m, static_cast<std::size_t>(i) * 64, 64};
+            sge sb{&m, 4096 + static_cast<std::size_t>(i) * 64, 64};
             ASSERT_FALSE(a.ep->send(to_b, 7, {&sa, 1}, i));
             ASSERT_FALSE(b.ep->send(to_a, 7, {&sb, 1}, i));
         }
-        // siw: the lower side's dial may fail ("unreachable") after the higher side saw it
-        // established and posted its sends on it; those then fail with the connection's
-        // error (local_qp_operation), which is a failed connection, not a lost message. On
-        // iWARP the test therefore demands: every send completes, and exactly the messages
-        // of the sends that succeeded arrive, every byte checked. Elsewhere: all of them.
-        const bool iwarp = dom_->limits().iwarp;
+        if (b_first)
+            pump(
+                {&b}, [] { return false; }, 50ms);
         auto count = [](const ep_handle& e, endpoint_op op, bool ok) {
             std::size_t n = 0;
             for (auto& x : e.done)
@@ -96,19 +83,42 @@ TEST_P(endpoint_race, simultaneous_connect_from_both_sides_keeps_one_connection_
         ASSERT_EQ(count(a, endpoint_op::recv, false), count(b, endpoint_op::send, true));
         ASSERT_EQ(count(b, endpoint_op::recv, false), count(a, endpoint_op::send, true));
         if (count(a, endpoint_op::send, true) == per_side) {
-            EXPECT_TRUE(check(*m, 131072, 64 * per_side, round)) << "B got A's messages wrong";
+            EXPECT_TRUE(check(m, 131072, 64 * per_side, round)) << "B got A's messages wrong";
         }
         if (count(b, endpoint_op::send, true) == per_side) {
-            EXPECT_TRUE(check(*m, 65536, 64 * per_side, round + 1000)) << "A got B's messages wrong";
+            EXPECT_TRUE(check(m, 65536, 64 * per_side, round + 1000)) << "A got B's messages wrong";
         }
         if (iwarp &&
             (count(a, endpoint_op::send, true) != per_side || count(b, endpoint_op::send, true) != per_side))
-            continue; // the failed connection's sides redial on the next operation
+            return; // the failed connection's sides redial on the next operation
         // Exactly one connection each, and it stays up.
         pump(
             {&a, &b}, [] { return false; }, 20ms);
         EXPECT_EQ(a.ep->statistics().connected, 1u);
         EXPECT_EQ(b.ep->statistics().connected, 1u);
+    }
+
+    /// tests/endpoint_peer: the peers that die run there, a process of their own (exec'd:
+    /// rdma_cm and verbs state does not survive fork()).
+    static std::string peer_program()
+    {
+        std::string p = sibling_program("endpoint_peer");
+        EXPECT_EQ(::access(p.c_str(), X_OK), 0) << p << ": " << std::strerror(errno);
+        return p;
+    }
+};
+
+TEST_P(endpoint_race, simultaneous_connect_from_both_sides_keeps_one_connection_and_loses_nothing)
+{
+    const int rounds = b_ == backend::tcp ? 50 : 10;
+    auto m = region(1 << 20);
+    for (int round = 0; round < rounds; ++round) {
+        SCOPED_TRACE(round);
+        auto a = open_ep();
+        auto b = open_ep();
+        rdmx::peer to_b = a.ep->insert(b.ep->address());
+        rdmx::peer to_a = b.ep->insert(a.ep->address());
+        ASSERT_NO_FATAL_FAILURE(exchange_both_ways(a, to_b, b, to_a, *m, round, false));
         EXPECT_EQ(a.ep->statistics().peers, 1u);
     }
 }
@@ -120,8 +130,6 @@ TEST_P(endpoint_race, simultaneous_connect_from_both_sides_keeps_one_connection_
 TEST_P(endpoint_race, a_restarted_peer_and_its_old_peer_dialling_each_other_keep_one_connection)
 {
     const int rounds = b_ == backend::tcp ? 30 : 6;
-    constexpr int per_side = 8;
-    const bool iwarp = dom_->limits().iwarp;
     auto m = region(1 << 20);
     for (int round = 0; round < rounds; ++round) {
         SCOPED_TRACE(round);
@@ -142,64 +150,9 @@ TEST_P(endpoint_race, a_restarted_peer_and_its_old_peer_dialling_each_other_keep
         // B restarts at the same port; both send before either is polled, so both dial.
         auto b2 = open_ep(port);
         rdmx::peer to_a = b2.ep->insert(a.ep->address());
-        for (int i = 0; i < per_side; ++i) {
-            sge ra{m.get(), 65536 + static_cast<std::size_t>(i) * 64, 64};
-            sge rb{m.get(), 131072 + static_cast<std::size_t>(i) * 64, 64};
-            ASSERT_FALSE(a.ep->recv(to_b, 7, 0, {&ra, 1}, 100 + i));
-            ASSERT_FALSE(b2.ep->recv(to_a, 7, 0, {&rb, 1}, 100 + i));
-        }
-        fill(*m, 0, 64 * per_side, round);
-        fill(*m, 4096, 64 * per_side, round + 1000);
-        for (int i = 0; i < per_side; ++i) {
-            sge sa{m.get(), static_cast<std::size_t>(i) * 64, 64};
-            sge sb{m.get(), 4096 + static_cast<std::size_t>(i) * 64, 64};
-            ASSERT_FALSE(a.ep->send(to_b, 7, {&sa, 1}, i));
-            ASSERT_FALSE(b2.ep->send(to_a, 7, {&sb, 1}, i));
-        }
-        // B first, alone: it answers A's dial before A sees B's (the order that lost
+        // B polled first, alone: it answers A's dial before A sees B's (the order that lost
         // messages whenever B's incarnation was the higher, about every other round).
-        pump(
-            {&b2}, [] { return false; }, 50ms);
-        auto count = [](const ep_handle& e, endpoint_op op, bool ok) {
-            std::size_t n = 0;
-            for (auto& x : e.done)
-                n += x.op == op && (!ok || !x.status);
-            return n;
-        };
-        ASSERT_TRUE(pump({&a, &b2},
-                         [&] {
-                             return count(a, endpoint_op::send, false) == per_side &&
-                                    count(b2, endpoint_op::send, false) == per_side &&
-                                    count(a, endpoint_op::recv, false) ==
-                                        count(b2, endpoint_op::send, true) &&
-                                    count(b2, endpoint_op::recv, false) == count(a, endpoint_op::send, true);
-                         }))
-            << a.done.size() << " " << b2.done.size();
-        pump(
-            {&a, &b2}, [] { return false; }, 20ms);
-        // As in the simultaneous connect above: on iWARP a dial may fail after the other
-        // side posted on it (a failed connection, never a lost message).
-        for (auto* e : {&a, &b2})
-            for (auto& x : e->done)
-                if (!iwarp || x.op == endpoint_op::recv) {
-                    ASSERT_FALSE(x.status)
-                        << to_string(x.op) << " " << x.context << ": " << x.status.message();
-                }
-        ASSERT_EQ(count(a, endpoint_op::recv, false), count(b2, endpoint_op::send, true));
-        ASSERT_EQ(count(b2, endpoint_op::recv, false), count(a, endpoint_op::send, true));
-        if (count(a, endpoint_op::send, true) == per_side) {
-            EXPECT_TRUE(check(*m, 131072, 64 * per_side, round)) << "B got A's messages wrong";
-        }
-        if (count(b2, endpoint_op::send, true) == per_side) {
-            EXPECT_TRUE(check(*m, 65536, 64 * per_side, round + 1000)) << "A got B's messages wrong";
-        }
-        if (iwarp &&
-            (count(a, endpoint_op::send, true) != per_side || count(b2, endpoint_op::send, true) != per_side))
-            continue;
-        pump(
-            {&a, &b2}, [] { return false; }, 20ms);
-        EXPECT_EQ(a.ep->statistics().connected, 1u);
-        EXPECT_EQ(b2.ep->statistics().connected, 1u);
+        ASSERT_NO_FATAL_FAILURE(exchange_both_ways(a, to_b, b2, to_a, *m, round, true));
     }
 }
 
