@@ -4,7 +4,7 @@
 # installed libfabric, for bench/endpoints.sh's rxm rows. Debian 12 packages libfabric 1.17.0
 # (libfabric-bin, libfabric-dev) but not fabtests, so they come from libfabric's source at
 # the same version:
-#   git clone https://github.com/ofiwg/libfabric && cd libfabric
+#   (in a clone of libfabric's repository, ofiwg/libfabric on GitHub)
 #   git archive v1.17.0 fabtests | tar -x -C /tmp/ft        # SRC_DIR = /tmp/ft/fabtests
 # Plain gcc rather than fabtests' autotools: the benchmarks need only common/shared.c,
 # common/hmem*.c and benchmarks/benchmark_shared.c, which build without a config.h (the
