@@ -7,6 +7,8 @@
 #include <sys/resource.h>
 
 #include <array>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <vector>
 
@@ -64,14 +66,23 @@ protected:
                 n += x.op == op && (!ok || !x.status);
             return n;
         };
-        ASSERT_TRUE(pump({&a, &b},
-                         [&] {
-                             return count(a, endpoint_op::send, false) == per_side &&
-                                    count(b, endpoint_op::send, false) == per_side &&
-                                    count(a, endpoint_op::recv, false) == count(b, endpoint_op::send, true) &&
-                                    count(b, endpoint_op::recv, false) == count(a, endpoint_op::send, true);
-                         }))
-            << a.done.size() << " " << b.done.size();
+        auto all_sent = [&] {
+            return count(a, endpoint_op::send, false) == per_side &&
+                   count(b, endpoint_op::send, false) == per_side;
+        };
+        auto all_arrived = [&] {
+            return count(a, endpoint_op::recv, false) == count(b, endpoint_op::send, true) &&
+                   count(b, endpoint_op::recv, false) == count(a, endpoint_op::send, true);
+        };
+        // iWARP: a send completes when siw hands it to TCP, so one posted on a connection
+        // that the tie-break's churn ends right after can complete and still be lost (seen
+        // on siw under load: every send of one side succeeded, none arrived). There the test
+        // demands that every send completes, that what arrives is intact, in send order and
+        // once, that a loss is reported in the summary, and that the sides then reach each
+        // other again. Elsewhere: every message, every byte.
+        const bool done = pump(
+            {&a, &b}, [&] { return all_sent() && all_arrived(); }, iwarp ? 3s : 20s);
+        ASSERT_TRUE(done || (iwarp && all_sent())) << a.done.size() << " " << b.done.size();
         pump(
             {&a, &b}, [] { return false; }, 20ms); // nothing more may come
         for (auto* e : {&a, &b})
@@ -80,17 +91,51 @@ protected:
                     ASSERT_FALSE(x.status)
                         << to_string(x.op) << " " << x.context << ": " << x.status.message();
                 }
-        ASSERT_EQ(count(a, endpoint_op::recv, false), count(b, endpoint_op::send, true));
-        ASSERT_EQ(count(b, endpoint_op::recv, false), count(a, endpoint_op::send, true));
-        if (count(a, endpoint_op::send, true) == per_side) {
-            EXPECT_TRUE(check(m, 131072, 64 * per_side, round)) << "B got A's messages wrong";
+        ASSERT_LE(count(a, endpoint_op::recv, false), count(b, endpoint_op::send, true));
+        ASSERT_LE(count(b, endpoint_op::recv, false), count(a, endpoint_op::send, true));
+        if (!iwarp) {
+            ASSERT_TRUE(all_arrived());
         }
-        if (count(b, endpoint_op::send, true) == per_side) {
-            EXPECT_TRUE(check(m, 65536, 64 * per_side, round + 1000)) << "A got B's messages wrong";
+        // What arrived at `to` (receive slots in order) is the sender's messages from `from`,
+        // intact, in send order, none twice.
+        auto arrived_in_order = [&](std::size_t to, std::size_t from, std::size_t got) {
+            std::size_t next = 0;
+            for (std::size_t r = 0; r < got; ++r) {
+                while (next < per_side &&
+                       std::memcmp(m.data() + to + r * 64, m.data() + from + next * 64, 64) != 0)
+                    ++next;
+                if (next++ == per_side)
+                    return false;
+            }
+            return true;
+        };
+        EXPECT_TRUE(arrived_in_order(131072, 0, count(b, endpoint_op::recv, false)))
+            << "B got A's messages wrong";
+        EXPECT_TRUE(arrived_in_order(65536, 4096, count(a, endpoint_op::recv, false)))
+            << "A got B's messages wrong";
+        if (iwarp && (!all_arrived() || count(a, endpoint_op::send, true) != per_side ||
+                      count(b, endpoint_op::send, true) != per_side)) {
+            std::printf("[rdmx] iWARP: round %d of a simultaneous connect: %zu of %d and %zu of %d messages "
+                        "arrived (sends that failed: %zu, %zu)\n",
+                        round, count(b, endpoint_op::recv, false), per_side,
+                        count(a, endpoint_op::recv, false), per_side,
+                        per_side - count(a, endpoint_op::send, true),
+                        per_side - count(b, endpoint_op::send, true));
+            // The sides reach each other again (a failed connection is redialled by the next
+            // operation): one more message each way, both delivered.
+            a.done.clear();
+            b.done.clear();
+            sge ra{&m, 65536 + 1024, 64}, rb{&m, 131072 + 1024, 64};
+            sge sa{&m, 0, 64}, sb{&m, 4096, 64};
+            ASSERT_FALSE(a.ep->recv(to_b, 8, 0, {&ra, 1}, 300));
+            ASSERT_FALSE(b.ep->recv(to_a, 8, 0, {&rb, 1}, 300));
+            ASSERT_FALSE(a.ep->send(to_b, 8, {&sa, 1}, 301));
+            ASSERT_FALSE(b.ep->send(to_a, 8, {&sb, 1}, 301));
+            ASSERT_TRUE(pump({&a, &b}, [&] {
+                return count(a, endpoint_op::recv, true) == 1 && count(b, endpoint_op::recv, true) == 1;
+            })) << "no recovery after the loss";
+            return;
         }
-        if (iwarp &&
-            (count(a, endpoint_op::send, true) != per_side || count(b, endpoint_op::send, true) != per_side))
-            return; // the failed connection's sides redial on the next operation
         // Exactly one connection each, and it stays up.
         pump(
             {&a, &b}, [] { return false; }, 20ms);
