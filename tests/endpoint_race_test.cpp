@@ -74,15 +74,15 @@ protected:
             return count(a, endpoint_op::recv, false) == count(b, endpoint_op::send, true) &&
                    count(b, endpoint_op::recv, false) == count(a, endpoint_op::send, true);
         };
-        // iWARP: a send completes when siw hands it to TCP, so one posted on a connection
-        // that the tie-break's churn ends right after can complete and still be lost (seen
-        // on siw under load: every send of one side succeeded, none arrived). There the test
-        // demands that every send completes, that what arrives is intact, in send order and
-        // once, that a loss is reported in the summary, and that the sides then reach each
-        // other again. Elsewhere: every message, every byte.
-        const bool done = pump(
-            {&a, &b}, [&] { return all_sent() && all_arrived(); }, iwarp ? 3s : 20s);
-        ASSERT_TRUE(done || (iwarp && all_sent())) << a.done.size() << " " << b.done.size();
+        // Every send completes and every send that succeeded arrives, on every provider. On
+        // iWARP a dial can fail under load after the acceptor saw it established: sends
+        // posted there fail (never succeed and vanish: an acceptor posts only once its
+        // dialler was heard from, docs/endpoints.md "Connections"); a round with failed
+        // sends is reported in the summary, and the sides must reach each other again.
+        ASSERT_TRUE(pump({&a, &b}, [&] { return all_sent() && all_arrived(); }))
+            << a.done.size() << " " << b.done.size() << ": sent " << count(a, endpoint_op::send, true)
+            << " and " << count(b, endpoint_op::send, true) << ", arrived "
+            << count(b, endpoint_op::recv, false) << " and " << count(a, endpoint_op::recv, false);
         pump(
             {&a, &b}, [] { return false; }, 20ms); // nothing more may come
         for (auto* e : {&a, &b})
@@ -91,11 +91,7 @@ protected:
                     ASSERT_FALSE(x.status)
                         << to_string(x.op) << " " << x.context << ": " << x.status.message();
                 }
-        ASSERT_LE(count(a, endpoint_op::recv, false), count(b, endpoint_op::send, true));
-        ASSERT_LE(count(b, endpoint_op::recv, false), count(a, endpoint_op::send, true));
-        if (!iwarp) {
-            ASSERT_TRUE(all_arrived());
-        }
+        ASSERT_TRUE(all_arrived()) << "a message came after its round";
         // What arrived at `to` (receive slots in order) is the sender's messages from `from`,
         // intact, in send order, none twice.
         auto arrived_in_order = [&](std::size_t to, std::size_t from, std::size_t got) {
@@ -113,13 +109,11 @@ protected:
             << "B got A's messages wrong";
         EXPECT_TRUE(arrived_in_order(65536, 4096, count(a, endpoint_op::recv, false)))
             << "A got B's messages wrong";
-        if (iwarp && (!all_arrived() || count(a, endpoint_op::send, true) != per_side ||
+        if (iwarp && (count(a, endpoint_op::send, true) != per_side ||
                       count(b, endpoint_op::send, true) != per_side)) {
-            std::printf("[rdmx] iWARP: round %d of a simultaneous connect: %zu of %d and %zu of %d messages "
-                        "arrived (sends that failed: %zu, %zu)\n",
-                        round, count(b, endpoint_op::recv, false), per_side,
-                        count(a, endpoint_op::recv, false), per_side,
-                        per_side - count(a, endpoint_op::send, true),
+            std::printf("[rdmx] iWARP: round %d of a simultaneous connect: a dial failed under the sends "
+                        "(sends that failed: %zu, %zu; every other message arrived)\n",
+                        round, per_side - count(a, endpoint_op::send, true),
                         per_side - count(b, endpoint_op::send, true));
             // The sides reach each other again (a failed connection is redialled by the next
             // operation): one more message each way, both delivered.

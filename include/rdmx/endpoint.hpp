@@ -201,10 +201,13 @@ public:
     virtual std::size_t wait(std::span<endpoint_completion> out,
                              std::chrono::milliseconds timeout) noexcept = 0;
 
-    /// Peers in the address vector now (inserted or met), and of those, connected.
+    /// Peers in the address vector now (inserted or met), and of those, connected, and
+    /// connecting (a connection under way, or one the peer dialled that it has not yet
+    /// shown to be up on its side: docs/endpoints.md, "Connections").
     struct stats {
         std::size_t peers = 0;
         std::size_t connected = 0;
+        std::size_t connecting = 0;
         std::size_t unexpected = 0; ///< messages held without a matching receive
     };
     virtual stats statistics() const noexcept = 0;

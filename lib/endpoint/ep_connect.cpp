@@ -125,7 +125,10 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
 
     recv_mem_.resize(static_cast<std::size_t>(buf_size_) * opts.receive_buffers);
     recv_mr_ = d.register_memory(recv_mem_.data(), recv_mem_.size(), access::local_write);
-    ctrl_mem_.resize(static_cast<std::size_t>(ctrl_size_) * nops + header_size * nrecvs);
+    // Per op: its header / rts area; per receive: its ack's header; one ready header.
+    ready_offset_ = static_cast<std::size_t>(ctrl_size_) * nops + header_size * nrecvs;
+    ctrl_mem_.resize(ready_offset_ + header_size);
+    encode(msg_header{msg_type::ready, 0, 0, 0, 0}, ctrl_mem_.data() + ready_offset_);
     ctrl_mr_ = d.register_memory(ctrl_mem_.data(), ctrl_mem_.size(), access::local_write);
     for (std::uint32_t i = 0; i < opts.receive_buffers; ++i) {
         sge s{recv_mr_.get(), static_cast<std::size_t>(i) * buf_size_, buf_size_};
@@ -289,8 +292,12 @@ endpoint::stats endpoint_impl::statistics() const noexcept
     stats s;
     s.peers = live_peers_;
     for (const auto& p : peers_)
-        if (p && p->live && p->chosen)
-            ++s.connected;
+        if (p && p->live) {
+            if (p->chosen)
+                ++s.connected;
+            else if (p->dial || p->accepted)
+                ++s.connecting;
+        }
     s.unexpected = held_count_;
     return s;
 }
@@ -381,6 +388,7 @@ void endpoint_impl::on_request(connection_request& req)
     o.context = static_cast<std::uint64_t>(handle_of(pi));
     auto reply = encode_accept(incarnation_);
     p.accepted = req.start_accept(o, reply);
+    p.accepted_up = p.accepted_heard = false;
 }
 
 // --- connection events ---
@@ -422,6 +430,13 @@ void endpoint_impl::on_event(const event& ev) noexcept
             // possible only around a restart): keep the one that was first.
             drop_connection(pi, c, errc::canceled);
             return;
+        }
+        if (c == p.accepted.get()) {
+            // Chosen once its dialler is heard from too (heard_on): on siw an acceptor is
+            // established once it sent its reply, which its dialler may never get.
+            p.accepted_up = true;
+            if (!p.accepted_heard)
+                return;
         }
         on_connected(pi, c);
         return;
@@ -465,7 +480,31 @@ void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
     p.next_dial = clock::time_point::max();
     p.deadline = clock::time_point::max();
     p.last_cause.clear();
+    if (c == p.dial.get()) {
+        // The ready message goes first (before anything queued), so that the acceptor
+        // knows our side is up whether or not we have anything to send.
+        sge s{ctrl_mr_.get(), ready_offset_, header_size};
+        work_request wr;
+        wr.opcode = opcode::send;
+        wr.wr_id = make_wr_id(wr_kind::ready, pi);
+        wr.local = {&s, 1};
+        if (auto ec = c->post({&wr, 1}))
+            RDMX_LOG(warn, "endpoint %s: %s: posting the ready message: %s (the connection's end follows)",
+                     self_.text.c_str(), p.addr.text.c_str(), ec.message().c_str());
+        else
+            ++p.posted_wrs;
+    }
     flush_queue(pi);
+}
+
+void endpoint_impl::heard_on(std::uint32_t pi, connection* c) noexcept
+{
+    peer_entry& p = *peers_[pi];
+    if (p.chosen || c != p.accepted.get() || p.accepted_heard)
+        return;
+    p.accepted_heard = true;
+    if (p.accepted_up)
+        on_connected(pi, c);
 }
 
 void endpoint_impl::start_dial(std::uint32_t pi) noexcept
@@ -546,6 +585,8 @@ void endpoint_impl::run_timers() noexcept
             std::error_code cause = p.last_cause ? p.last_cause : std::error_code(errc::timed_out);
             if (p.dial)
                 drop_connection(pi, p.dial.get(), cause);
+            if (p.accepted) // its dialler was never heard from: the next operation dials
+                drop_connection(pi, p.accepted.get(), cause);
             fail_queued(pi, cause);
             p.next_dial = clock::time_point::max();
             p.backoff = first_backoff;
@@ -646,8 +687,10 @@ void endpoint_impl::drop_connection(std::uint32_t pi, connection* c, std::error_
         }
     if (c == p.dial.get())
         p.dial.reset();
-    else if (c == p.accepted.get())
+    else if (c == p.accepted.get()) {
         p.accepted.reset();
+        p.accepted_up = p.accepted_heard = false;
+    }
 }
 
 } // namespace ep

@@ -336,9 +336,14 @@ void endpoint_impl::on_completion(const completion& c) noexcept
                 repost(idx);
             return;
         }
+        heard_on(pi, c.conn);
         on_message(idx, c.byte_len, pi, c.conn);
         return;
     }
+    case wr_kind::ready:
+        if (idx < peers_.size())
+            slot_done(idx, c.conn); // a failure ends the connection: its event follows
+        return;
     case wr_kind::op: {
         if (idx >= ops_.size() || ops_[idx].st != op_slot::state::posted)
             return;
@@ -381,6 +386,10 @@ void endpoint_impl::on_message(std::uint32_t buf, std::uint32_t byte_len, std::u
     if (!h || (h->type == msg_type::eager && h->length != byte_len - header_size) ||
         (h->type == msg_type::rts && byte_len < header_size + h->ndesc * remote_buffer::wire_size)) {
         repost(buf); // not ours, or damaged: dropped
+        return;
+    }
+    if (h->type == msg_type::ready) {
+        repost(buf); // heard_on() took what it says
         return;
     }
     if (h->type == msg_type::ack) {

@@ -32,7 +32,7 @@ inline constexpr std::chrono::milliseconds first_backoff{10};
 inline constexpr std::chrono::milliseconds max_backoff{500};
 
 /// What a work request id names (its top byte); the low 32 bits are a pool index.
-enum class wr_kind : std::uint8_t { srq = 1, op = 2, rndv_read = 3, ack = 4 };
+enum class wr_kind : std::uint8_t { srq = 1, op = 2, rndv_read = 3, ack = 4, ready = 5 };
 constexpr std::uint64_t make_wr_id(wr_kind k, std::uint32_t i) noexcept
 {
     return (static_cast<std::uint64_t>(k) << 56) | i;
@@ -101,7 +101,11 @@ struct op_chain {
 
 /// One entry of the address vector. Its connection state: idle (no connection), connecting
 /// (dial and/or accepted set, chosen null), connected (chosen set; only the chosen one
-/// carries data). `dial` is ours, `accepted` the peer's; at most one is chosen.
+/// carries data). `dial` is ours, `accepted` the peer's; at most one is chosen. A dial is
+/// chosen when it is established; an accepted connection when it is established AND the
+/// dialler's first message came over it (its `ready`): an acceptor can see `established`
+/// for a connection that its dialler then loses (siw under load), and what it posted there
+/// would be lost without an error (docs/endpoints.md, "Connections").
 struct peer_entry {
     bool live = false;
     std::uint32_t gen = 1;
@@ -109,6 +113,8 @@ struct peer_entry {
     std::uint64_t remote_inc = 0; ///< 0: not known yet
     std::unique_ptr<connection> dial, accepted;
     connection* chosen = nullptr;
+    bool accepted_up = false;     ///< `accepted`'s established event was seen
+    bool accepted_heard = false;  ///< a message came over `accepted`
     std::uint32_t posted_wrs = 0; ///< on `chosen`, all signalled
     std::uint32_t user_budget = 0, sq_depth = 0;
     op_chain queued, outstanding;
@@ -169,6 +175,9 @@ private:
     void on_event(const event& ev) noexcept;
     void start_dial(std::uint32_t pi) noexcept;
     void on_connected(std::uint32_t pi, connection* c) noexcept;
+    /// A message came over `c`: when it is the accepted connection, not chosen yet, its
+    /// dialler is up; it is chosen once its established event was seen too.
+    void heard_on(std::uint32_t pi, connection* c) noexcept;
     void on_dial_failed(std::uint32_t pi, std::error_code cause, reject_reason why) noexcept;
     /// Ends `c` (one of the peer's): fails what was posted on it with `cause`, drops it.
     void drop_connection(std::uint32_t pi, connection* c, std::error_code cause) noexcept;
@@ -218,10 +227,11 @@ private:
     endpoint_options opts_;
     std::uint64_t incarnation_ = 0;
     resolved_address self_;
-    std::uint32_t send_sge_ = 2;  ///< max_send_sge in effect (with the header's)
-    std::uint32_t buf_size_ = 0;  ///< of each receive buffer: header + payload
-    std::uint32_t ctrl_size_ = 0; ///< of each op's header / rts area
-    std::uint64_t max_chunk_ = 0; ///< of one rendezvous read
+    std::uint32_t send_sge_ = 2;   ///< max_send_sge in effect (with the header's)
+    std::uint32_t buf_size_ = 0;   ///< of each receive buffer: header + payload
+    std::uint32_t ctrl_size_ = 0;  ///< of each op's header / rts area
+    std::uint64_t max_chunk_ = 0;  ///< of one rendezvous read
+    std::size_t ready_offset_ = 0; ///< in ctrl_mem_: the ready message's header (one for all)
 
     // Pools, sized at open.
     std::vector<op_slot> ops_;

@@ -142,7 +142,7 @@ std::optional<msg_header> decode_header(std::span<const std::byte> in) noexcept
         return std::nullopt;
     msg_header h;
     auto t = std::to_integer<std::uint8_t>(in[0]);
-    if (t < 1 || t > 3)
+    if (t < 1 || t > 4)
         return std::nullopt;
     h.type = static_cast<msg_type>(t);
     h.ndesc = std::to_integer<std::uint8_t>(in[1]);

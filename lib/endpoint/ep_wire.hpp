@@ -15,7 +15,7 @@ namespace rdmx::ep
 {
 
 inline constexpr std::uint32_t wire_magic = 0x45584452; // "RDXE" read little endian
-inline constexpr std::uint8_t wire_version = 1;
+inline constexpr std::uint8_t wire_version = 2;         ///< 2: the dialler's ready message
 
 /// A listener address as the peer dialled it: the key of the address vector.
 struct net_address {
@@ -62,6 +62,7 @@ enum class msg_type : std::uint8_t {
     eager = 1, ///< the payload follows the header
     rts = 2,   ///< rendezvous request: descriptors of the sender's memory follow
     ack = 3,   ///< rendezvous done: the receiver has read the data (id = the sender's op)
+    ready = 4, ///< a dialler's first message: its side of the connection is up
 };
 
 /// The header in front of every message (32 bytes).
