@@ -452,7 +452,9 @@ public:
     virtual std::span<const std::byte> private_data() const noexcept = 0;
     /// Accepts; waits (bounded by opts.timeout) until established. Throws rdmx::error.
     /// `initial_recvs` are posted before the peer is told it may send (so that its first
-    /// message finds a receive), as post_recv would post them.
+    /// message finds a receive), as post_recv would post them. On iWARP the connector
+    /// speaks first: post nothing on an accepted connection before a message from the
+    /// peer arrived (RFC 5044 7.1.2; docs/failure-semantics.md, "iWARP").
     virtual std::unique_ptr<connection> accept(const connection_options& opts = {},
                                                std::span<const std::byte> private_data = {},
                                                std::span<const recv_request> initial_recvs = {}) = 0;
