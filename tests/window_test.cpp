@@ -542,6 +542,30 @@ TEST_P(windows, destroying_the_region_or_the_window_revokes_it)
         expect_refused(p, write(*p.client, rb, 64), "write through a destroyed window");
         EXPECT_TRUE(untouched_except());
     }
+    {
+        // Destroying the connection it was bound through revokes it too, and leaves it free:
+        // an invalidation is refused, a bind on another connection takes it at once. (rxe:
+        // destroying a QP that a bound window still references stalled, then left the
+        // window pointing into the freed QP: protection_domain::revoke_windows_of.)
+        SCOPED_TRACE("connection destroyed");
+        auto r = target_region();
+        auto w = server_dom_->allocate_window();
+        remote_buffer rb;
+        {
+            auto p = connect_pair();
+            rb = bind(*p.server, *w, *r, 0, 1024, access::remote_read | access::remote_write);
+            EXPECT_FALSE(read(*p.client, rb, 64));
+        }
+        auto p = connect_pair();
+        EXPECT_EQ(p.server->post_invalidate_window(*w, 98), errc::invalid_argument)
+            << "the window is free once its connection is gone";
+        auto rb2 = bind(*p.server, *w, *r, 0, 512, access::remote_read | access::remote_write);
+        EXPECT_NE(rb2.key, rb.key);
+        EXPECT_FALSE(write(*p.client, rb2, 64)) << "through the window bound again";
+        expect_refused(p, write(*p.client, *rb.slice(512, 64), 64),
+                       "write with the key bound through a destroyed connection");
+        EXPECT_TRUE(untouched_except(0, 64));
+    }
 }
 
 TEST_P(windows, bad_binds_and_invalidations_are_refused_before_posting)

@@ -124,6 +124,14 @@ void protection_domain::remove_window(verbs_window* w) const noexcept
         }
 }
 
+void protection_domain::revoke_windows_of(const ibv_qp* qp) const noexcept
+{
+    std::lock_guard lk(window_mutex_);
+    for (verbs_window* w = windows_; w; w = w->all_next_)
+        if (w->via_ == qp)
+            w->revoke_unlinked();
+}
+
 void protection_domain::note_invalidated(std::uint32_t rkey) const noexcept
 {
     std::lock_guard lk(window_mutex_);

@@ -44,6 +44,13 @@ public:
     /// passes to user space untranslated, where it reads as IBV_WC_IP_CSUM_OK (meaningless
     /// on an RC QP; rxe 6.1 and rdma-core 44 seen so).
     unsigned wc_with_inv() const noexcept { return wc_with_inv_; }
+    /// The QP `qp` is about to be destroyed: every window whose last bind it posted is
+    /// revoked first (ibv_dealloc_mw, a fresh window in its place, unbound). rxe (linux
+    /// 6.1) frees a QP that a bound type 2 window still references once its destroy times
+    /// out waiting for it: the destroy stalls, and the window then points to freed memory
+    /// (seen: its old key working through a later connection; a later QP's send queue
+    /// stuck). docs/memory-windows.md, "verbs".
+    void revoke_windows_of(const ibv_qp* qp) const noexcept;
     /// The domain's list of windows (verbs_window's constructor and destructor).
     void add_window(verbs_window* w) const noexcept;
     void remove_window(verbs_window* w) const noexcept;

@@ -78,7 +78,9 @@ void verbs_connection::destroy_queues() noexcept
     for (completion_queue* q : {send_shared_, recv_shared_})
         if (q && had_qp)
             q->detach(qp_num);
-    qp_.reset(); // QP before its CQ
+    if (had_qp)
+        pd_.revoke_windows_of(qp_.get()); // before the QP: protection_domain.hpp says why
+    qp_.reset();                          // QP before its CQ
     // ...and none of the QP's stays on a shared queue, where a later QP with its number
     // would be handed it.
     if (had_qp) {

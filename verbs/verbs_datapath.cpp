@@ -301,7 +301,7 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
                     static_cast<verbs_window*>(wr.window)->on_bind(
                         *static_cast<const verbs_region*>(wr.bind_region),
                         reinterpret_cast<std::uintptr_t>(wr.bind_region->data()) + wr.bind_offset,
-                        wr.bind_length, ibv_inc_rkey(mw->rkey));
+                        wr.bind_length, ibv_inc_rkey(mw->rkey), qp_.get());
                 }
             if (!counting_ && send_shared_)
                 owed_send_cq_ += static_cast<std::uint32_t>(*done);

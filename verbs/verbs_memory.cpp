@@ -62,9 +62,10 @@ void verbs_window::unlink() noexcept
 }
 
 void verbs_window::on_bind(const verbs_region& region, std::uint64_t addr, std::uint64_t length,
-                           std::uint32_t rkey) noexcept
+                           std::uint32_t rkey, const ibv_qp* via) noexcept
 {
     std::lock_guard lk(pd_.window_mutex()); // note_invalidated reads the key
+    via_ = via;
     // The provider posts a bind with the window's current key and checks it (rxe: the
     // kernel compares it with its own): ibv_post_send does not update it, so we do.
     mw_->rkey = rkey;
@@ -76,6 +77,13 @@ void verbs_window::on_bind(const verbs_region& region, std::uint64_t addr, std::
     region_ = &region;
     next_ = region.windows_;
     region.windows_ = this;
+}
+
+void verbs_window::revoke_unlinked() noexcept
+{
+    unlink();
+    via_ = nullptr;
+    revoke();
 }
 
 void verbs_window::revoke() noexcept

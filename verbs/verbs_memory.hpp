@@ -48,11 +48,11 @@ public:
     ~verbs_window() override;
     ibv_mw* native() const noexcept override { return mw_.get(); }
 
-    /// Data path, after ibv_post_send took a bind of this window over `region`'s
-    /// [addr, addr + length) with key `rkey`: records the new descriptor and key, and
+    /// Data path, after ibv_post_send on `via` took a bind of this window over `region`'s
+    /// [addr, addr + length) with key `rkey`: records the new descriptor, key and QP, and
     /// moves the link to `region`.
-    void on_bind(const verbs_region& region, std::uint64_t addr, std::uint64_t length,
-                 std::uint32_t rkey) noexcept;
+    void on_bind(const verbs_region& region, std::uint64_t addr, std::uint64_t length, std::uint32_t rkey,
+                 const ibv_qp* via) noexcept;
     /// Data path, after ibv_post_send took an invalidate of it.
     void on_invalidate() noexcept { bound_.store(false, std::memory_order_relaxed); }
     /// Bound by the last bind posted, and since neither invalidated by a post of ours nor
@@ -72,12 +72,15 @@ private:
     /// allocation fails the window is dead: native() is null and posts naming it are
     /// refused. Under the window mutex.
     void revoke() noexcept;
+    /// protection_domain::revoke_windows_of: unlinked from its region, then revoke().
+    void revoke_unlinked() noexcept;
     void unlink() noexcept; ///< from region_'s list; under the window mutex
 
     const protection_domain& pd_;
     std::shared_ptr<const void> keepalive_; ///< declared first: the MW goes before the PD
     mw_ptr mw_;
     const verbs_region* region_ = nullptr; ///< bound over it by the last bind posted
+    const ibv_qp* via_ = nullptr;          ///< the QP that posted that bind (revoked with it)
     verbs_window* next_ = nullptr;         ///< in region_->windows_
     verbs_window* all_next_ = nullptr;     ///< in the domain's list of windows (its mutex)
     std::atomic<bool> bound_{false};

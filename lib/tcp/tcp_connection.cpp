@@ -17,6 +17,7 @@ tcp_connection::tcp_connection(std::shared_ptr<tcp_domain> dom, std::shared_ptr<
 tcp_connection::~tcp_connection()
 {
     engine_->close();
+    dom_->release_windows_of(engine_->id());
 }
 
 std::unique_ptr<tcp_connection> prepare_connection(tcp_domain& dom, unique_fd fd,

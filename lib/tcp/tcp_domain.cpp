@@ -382,6 +382,19 @@ bool tcp_domain::invalidate_remote(std::uint64_t key, std::uint64_t via) noexcep
     return true;
 }
 
+void tcp_domain::release_windows_of(std::uint64_t via) noexcept
+{
+    std::lock_guard lk(regions_mu_);
+    for (auto it = keys_.begin(); it != keys_.end();) {
+        window_state* ws = it->second.window;
+        auto here = it++;
+        if (ws && ws->via == via) {
+            ws->node = keys_.extract(here);
+            ws->bound = false;
+        }
+    }
+}
+
 void tcp_domain::free_window(window_state* ws) noexcept
 {
     std::lock_guard lk(regions_mu_);

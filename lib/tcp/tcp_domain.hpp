@@ -148,6 +148,9 @@ public:
     /// A peer's send_with_invalidate arriving on `via`: revokes the window with `key` if it
     /// is bound through `via`; false if no such window (the caller fails the connection).
     bool invalidate_remote(std::uint64_t key, std::uint64_t via) noexcept;
+    /// The connection `via` is destroyed: the windows bound through it are free (their
+    /// keys leave the table), as on verbs (docs/memory-windows.md, "Revocation").
+    void release_windows_of(std::uint64_t via) noexcept;
     /// A window object is gone: revoked, and its state back to the pool.
     void free_window(window_state* w) noexcept;
     /// Revokes the region, copies the rest of every frame on the wire that still needs its

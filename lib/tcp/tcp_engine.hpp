@@ -56,6 +56,8 @@ public:
 
     /// Starts receiving on the engine. Called once, after construction.
     void start() RDMX_EXCLUDES(mu_);
+    /// Never reused: what a window bound through this connection records (`via`).
+    std::uint64_t id() const noexcept { return id_; }
     /// Reports this connection's state changes to `q` (connection_events.hpp) as `conn`.
     /// Before start() or start_client().
     void bind_events(std::shared_ptr<event_queue> q, connection* conn, std::uint64_t context,
