@@ -21,6 +21,8 @@
 
 #include <rdmx/rdmx.hpp>
 
+#include "common/endpoint_options.hpp"
+
 namespace
 {
 
@@ -58,15 +60,7 @@ int main(int argc, char** argv)
     }
     try {
         auto d = rdmx::domain::open(domain_address(addr));
-        // The tests' small_options() (tests/common/endpoint_util.hpp).
-        rdmx::endpoint_options o;
-        o.receive_buffers = 64;
-        o.unexpected_limit = 48;
-        o.completion_queue_depth = 2048;
-        o.connection.send_queue_depth = 32;
-        o.connection.timeout = std::chrono::milliseconds(3000);
-        o.connect_deadline = std::chrono::milliseconds(8000);
-        auto e = rdmx::endpoint::open(*d, addr, o);
+        auto e = rdmx::endpoint::open(*d, addr, rdmx::test::small_endpoint_options());
         alignas(8) static std::byte mem[4096];
         std::unique_ptr<rdmx::memory_region> mr;
         if (mode == "counter") {

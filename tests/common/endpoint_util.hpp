@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/endpoint_options.hpp"
 #include "common/test_util.hpp"
 
 namespace rdmx::test
@@ -38,17 +39,7 @@ protected:
         dom_ = domain::open(address(b_, 0));
     }
 
-    endpoint_options small_options() const
-    {
-        endpoint_options o;
-        o.receive_buffers = 64;
-        o.unexpected_limit = 48;
-        o.completion_queue_depth = 2048;
-        o.connection.send_queue_depth = 32;
-        o.connection.timeout = std::chrono::milliseconds(3000);
-        o.connect_deadline = std::chrono::milliseconds(8000);
-        return o;
-    }
+    endpoint_options small_options() const { return small_endpoint_options(); }
 
     /// An endpoint on `port` of the test's domain (regions from region() work with it).
     ep_handle open_ep(std::uint16_t port = 0, const endpoint_options* opts = nullptr)
