@@ -1,7 +1,8 @@
 // The endpoint's state: address vector, the peers' connection state machine, the pools of
 // operations and receives, and the shared queues behind them (docs/endpoints.md).
 // ep_connect.cpp drives connections (requests, events, redials, deadlines); ep_datapath.cpp
-// moves messages (posting, completions, matching, rendezvous). One thread calls it all
+// posts and takes completions, ep_receive.cpp delivers (matching, rendezvous reads, acks),
+// ep_progress.cpp is poll(). One thread calls it all
 // (the endpoint is thread-compatible, rdmx/endpoint.hpp).
 #pragma once
 

@@ -1,0 +1,101 @@
+// The endpoint's progress: poll() (one epoll_wait(0) on fd()'s set, then the completion
+// queue, connection events, timers and the work that waited for room) and wait().
+#include "endpoint/ep_endpoint.hpp"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace rdmx::ep
+{
+
+// --- progress ---
+
+std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
+{
+    // One system call tells which of fd()'s descriptors need one. A busy-polling caller
+    // made five (TCP) or six (rxe) per call before, whether anything had come or not, each
+    // a few microseconds under emulation (docs/endpoints.md, "What an endpoint holds").
+    epoll_event evs[8];
+    int nready = ::epoll_wait(epoll_fd_, evs, 8, 0);
+    for (int i = 0; i < nready; ++i) {
+        const int fd = evs[i].data.fd;
+        std::uint64_t v;
+        if (fd == timer_fd_) {
+            [[maybe_unused]] auto r = ::read(timer_fd_, &v, sizeof v);
+        } else if (fd == wake_fd_) {
+            [[maybe_unused]] auto r = ::read(wake_fd_, &v, sizeof v);
+            wake_raised_ = false;
+        } else if (fd == cq_->fd()) {
+            cq_->ack_notify(); // the armed notification fired: arm again below
+            cq_armed_ = false;
+        } else if (fd == listener_->fd()) {
+            take_requests();
+        }
+    }
+    poll_cq();
+    poll_events();
+    run_timers();
+    for (int pass = 0; pass < 2; ++pass) {
+        for (std::uint32_t pi : kick_) {
+            peers_[pi]->in_kick = false;
+            flush_queue(pi);
+        }
+        kick_.clear();
+        for (std::uint32_t ri = pending_recvs_.front(); ri != nil;) {
+            std::uint32_t next = pending_recvs_.next(ri);
+            progress_rndv(ri);
+            ri = next;
+        }
+        while (!deferred_reposts_.empty() && held_count_ < opts_.unexpected_limit) {
+            std::uint32_t buf = deferred_reposts_.back();
+            deferred_reposts_.pop_back();
+            sge s{recv_mr_.get(), static_cast<std::size_t>(buf) * buf_size_, buf_size_};
+            if (srq_->post_recv({&s, 1}, make_wr_id(wr_kind::srq, buf))) {
+                deferred_reposts_.push_back(buf);
+                break;
+            }
+        }
+        if (pass == 0 && !cq_armed_) {
+            // Arm, then look once more: a completion that came before the arming raises no
+            // event, so fd() would miss it. An arming stays until a completion fires it.
+            cq_->request_notify();
+            cq_armed_ = true;
+            poll_cq();
+        }
+    }
+    std::size_t n = 0;
+    while (n < out.size() && ring_count_ != 0) {
+        out[n++] = ring_[ring_head_];
+        ring_head_ = (ring_head_ + 1) % ring_.size();
+        --ring_count_;
+    }
+    arm_timerfd();
+    if (ring_count_ != 0 && !wake_raised_) {
+        std::uint64_t one = 1;
+        [[maybe_unused]] auto w = ::write(wake_fd_, &one, sizeof one); // fd() stays readable
+        wake_raised_ = true;
+    }
+    return n;
+}
+
+std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
+                                std::chrono::milliseconds timeout) noexcept
+{
+    auto deadline = clock::now() + timeout;
+    for (;;) {
+        if (std::size_t n = poll(out))
+            return n;
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+        if (left <= 0)
+            return 0;
+        epoll_event evs[8];
+        int rc = ::epoll_wait(epoll_fd_, evs, 8, static_cast<int>(std::min<long long>(left, 1000)) + 1);
+        if (rc < 0 && errno != EINTR)
+            return 0;
+    }
+}
+
+} // namespace rdmx::ep
