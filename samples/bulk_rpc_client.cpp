@@ -57,6 +57,7 @@ public:
     }
 
     std::size_t depth() const { return depth_; }
+    const std::string& address() const { return ep_->address(); }
 
     /// One batch of RPCs, call i using buffer i: PUT (version >= 0) or GET of each key.
     /// Returns the replies in order; throws if any RPC failed to complete in time.
@@ -161,6 +162,11 @@ int main(int argc, char** argv)
     CLI11_PARSE(app, argc, argv);
     try {
         client c(address, shutdown ? 1 : depth, std::chrono::milliseconds(timeout_ms));
+        // The server knows a client by this address (its listener's): a client that gets
+        // the port of one that exited is that peer again, restarted.
+        std::printf("bulk_rpc_client %llu: endpoint %s\n", static_cast<unsigned long long>(id),
+                    c.address().c_str());
+        std::fflush(stdout);
         if (shutdown) {
             br::counters s = c.shutdown();
             std::printf("bulk_rpc_client: server counters: %llu rpcs, %llu puts, %llu gets, %llu failed, "
