@@ -517,7 +517,7 @@ TEST_P(windows, window_bound_for_one_connection_is_refused_on_another)
     EXPECT_TRUE(untouched_except(0, 64));
 }
 
-TEST_P(windows, destroying_the_region_or_the_window_revokes_it)
+TEST_P(windows, destroying_the_region_the_window_or_its_connection_revokes_it)
 {
     SKIP_WITHOUT_WINDOWS();
     {
