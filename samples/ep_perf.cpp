@@ -52,6 +52,7 @@ struct options {
     std::uint32_t window = 16;
     std::uint32_t eager_limit = 8192;
     bool event = false;
+    bool busy_poll = false; ///< endpoint_options::busy_poll
     bool json = false;
     int timeout_ms = 20000;
     std::uint32_t peers = 0; ///< server: size the completion queue for this many peers
@@ -111,6 +112,7 @@ rdmx::endpoint_options ep_options(const options& o, std::size_t size)
     eo.eager_limit = o.eager_limit;
     eo.connection.timeout = std::chrono::milliseconds(o.timeout_ms);
     eo.connection.send_queue_depth = std::max<std::uint32_t>(64, 2 * o.window + 8);
+    eo.busy_poll = o.busy_poll;
     if (o.peers > 0) {
         // docs/endpoints.md: the completion queue reserves each connection's send queue
         // and the shared receive queue's depth, twice per peer during a simultaneous
@@ -394,6 +396,7 @@ int main(int argc, char** argv)
         ->check(CLI::Range(1, 1 << 20));
     app.add_option("--eager-limit", o.eager_limit, "endpoint_options::eager_limit (both sides)");
     app.add_flag("-e,--event", o.event, "sleep on the endpoint's fd instead of busy polling");
+    app.add_flag("-B,--busy-poll", o.busy_poll, "endpoint_options::busy_poll: no notification kept armed");
     app.add_flag("--json", o.json, "one JSON line");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on every wait");
     CLI11_PARSE(app, argc, argv);

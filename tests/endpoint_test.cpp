@@ -4,12 +4,15 @@
 // mode; on every backend. The races of item 3 are in endpoint_race_test.cpp.
 #include <gtest/gtest.h>
 #include <sys/epoll.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <map>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "common/endpoint_util.hpp"
@@ -714,6 +717,71 @@ TEST_P(endpoint_fixture, event_mode_sleeps_on_fd_without_busy_polling)
     EXPECT_EQ(b.ep->wait(out, 200ms), 0u);
     EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);
     ::close(ep);
+}
+
+// endpoint_options::busy_poll: poll() keeps nothing armed and takes connection requests
+// every 16th call, so a lazy connect and an exchange still complete by poll() alone; and
+// wait() still sleeps (it arms first) and wakes for a message sent while it sleeps.
+TEST_P(endpoint_fixture, busy_poll_exchanges_by_poll_alone_and_still_sleeps_in_wait)
+{
+    auto o = small_options();
+    o.busy_poll = true;
+    auto a = open_ep(0, &o);
+    auto b = open_ep(0, &o);
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(b.ep->address());
+    for (int i = 0; i < 20; ++i) {
+        SCOPED_TRACE(i);
+        a.done.clear();
+        b.done.clear();
+        fill(*m, 0, 64, i);
+        sge s{m.get(), 0, 64}, r{m.get(), 4096, 64};
+        ASSERT_FALSE(b.ep->recv(any_peer, 5, 0, {&r, 1}, 1));
+        ASSERT_FALSE(a.ep->send(to_b, 5, {&s, 1}, 1));
+        ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 1 && b.done.size() == 1; }));
+        ASSERT_FALSE(a.done[0].status) << a.done[0].status.message();
+        ASSERT_FALSE(b.done[0].status) << b.done[0].status.message();
+        EXPECT_TRUE(check(*m, 4096, 64, i));
+    }
+    // B sleeps in wait() while A, on another thread, sends 200 ms later: B wakes with it,
+    // having slept (little CPU), not spun.
+    sge r{m.get(), 8192, 64};
+    ASSERT_FALSE(b.ep->recv(any_peer, 6, 0, {&r, 1}, 2));
+    fill(*m, 1024, 64, 77);
+    std::atomic<bool> sent{false};
+    std::thread sender([&] {
+        std::this_thread::sleep_for(200ms);
+        sge s{m.get(), 1024, 64};
+        if (a.ep->send(to_b, 6, {&s, 1}, 2))
+            return;
+        endpoint_completion c[4];
+        auto until = std::chrono::steady_clock::now() + 10s;
+        while (!sent && std::chrono::steady_clock::now() < until)
+            for (std::size_t i = 0, n = a.ep->poll(c); i < n; ++i)
+                sent = c[i].op == endpoint_op::send;
+    });
+    auto cpu = [] {
+        timespec t{};
+        ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+        return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto c0 = cpu();
+    endpoint_completion out[4];
+    std::size_t n = 0;
+    while (n == 0 && std::chrono::steady_clock::now() - t0 < 10s)
+        n = b.ep->wait(out, 5s);
+    const auto wall = std::chrono::steady_clock::now() - t0;
+    const auto used = cpu() - c0;
+    sender.join();
+    ASSERT_EQ(n, 1u);
+    EXPECT_EQ(out[0].op, endpoint_op::recv);
+    EXPECT_FALSE(out[0].status) << out[0].status.message();
+    EXPECT_TRUE(check(*m, 8192, 64, 77));
+    EXPECT_GE(wall, 150ms);
+    EXPECT_LT(wall, 800ms) << "the message did not wake wait() (it sleeps 1 s at a time)";
+    EXPECT_LT(used, wall / 2) << "wait() spun instead of sleeping";
+    EXPECT_TRUE(sent.load());
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, endpoint_fixture, testing::ValuesIn(selected_backends()), param_name);

@@ -92,6 +92,12 @@ struct endpoint_options {
     std::chrono::milliseconds connect_deadline{10000};
     /// Entries of the one completion queue behind all peers.
     std::uint32_t completion_queue_depth = 16384;
+    /// For a caller that spins on poll(): poll() keeps no completion notification armed
+    /// (re-arming after each completion costs two system calls on verbs) and takes new
+    /// connection requests every 16th call (the queue, events and deadlines every call).
+    /// wait() still sleeps: it arms before it sleeps. fd() alone is then not woken by
+    /// completions: sleep in wait(), or leave this false.
+    bool busy_poll = false;
 };
 
 /// A connectionless endpoint over rdmx connections. Not movable.

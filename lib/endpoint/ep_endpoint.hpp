@@ -160,6 +160,8 @@ public:
     std::error_code invalidate_window(rdmx::peer to, memory_window& window,
                                       std::uint64_t context) noexcept override;
     std::size_t poll(std::span<endpoint_completion> out) noexcept override;
+    /// poll()'s look at fd()'s set: one epoll_wait(0), then what it found ready.
+    void scan_fds() noexcept;
     int fd() const noexcept override { return epoll_fd_; }
     std::size_t wait(std::span<endpoint_completion> out, std::chrono::milliseconds timeout) noexcept override;
     stats statistics() const noexcept override;
@@ -271,6 +273,8 @@ private:
     // raised, and the time the timerfd is set to.
     bool cq_armed_ = false, wake_raised_ = false;
     clock::time_point timer_set_ = clock::time_point::max();
+    /// busy_poll: poll() calls since it last looked at fd()'s set (it does every 16th).
+    std::uint32_t polls_since_scan_ = 0;
 };
 
 } // namespace rdmx::ep

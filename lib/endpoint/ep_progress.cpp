@@ -13,11 +13,12 @@ namespace rdmx::ep
 
 // --- progress ---
 
-std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
+void endpoint_impl::scan_fds() noexcept
 {
     // One system call tells which of fd()'s descriptors need one. A busy-polling caller
     // made five (TCP) or six (rxe) per call before, whether anything had come or not, each
     // a few microseconds under emulation (docs/endpoints.md, "What an endpoint holds").
+    polls_since_scan_ = 0;
     epoll_event evs[8];
     int nready = ::epoll_wait(epoll_fd_, evs, 8, 0);
     for (int i = 0; i < nready; ++i) {
@@ -35,6 +36,14 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
             take_requests();
         }
     }
+}
+
+std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
+{
+    // busy_poll: the queue is polled directly every call; the rest of fd()'s set (new
+    // connection requests; the timerfd and eventfd are only for sleepers) every 16th.
+    if (!opts_.busy_poll || ++polls_since_scan_ >= 16)
+        scan_fds();
     poll_cq();
     poll_events();
     run_timers();
@@ -58,7 +67,7 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
                 break;
             }
         }
-        if (pass == 0 && !cq_armed_) {
+        if (pass == 0 && !cq_armed_ && !opts_.busy_poll) {
             // Arm, then look once more: a completion that came before the arming raises no
             // event, so fd() would miss it. An arming stays until a completion fires it.
             cq_->request_notify();
@@ -73,7 +82,7 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
         --ring_count_;
     }
     arm_timerfd();
-    if (ring_count_ != 0 && !wake_raised_) {
+    if (ring_count_ != 0 && !wake_raised_ && !opts_.busy_poll) {
         std::uint64_t one = 1;
         [[maybe_unused]] auto w = ::write(wake_fd_, &one, sizeof one); // fd() stays readable
         wake_raised_ = true;
@@ -91,10 +100,19 @@ std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
         if (left <= 0)
             return 0;
+        if (opts_.busy_poll && !cq_armed_) {
+            // poll() left the queue unarmed: arm it before sleeping, then look once more (a
+            // completion that came before the arming raises no event).
+            cq_->request_notify();
+            cq_armed_ = true;
+            if (std::size_t n = poll(out))
+                return n;
+        }
         epoll_event evs[8];
         int rc = ::epoll_wait(epoll_fd_, evs, 8, static_cast<int>(std::min<long long>(left, 1000)) + 1);
         if (rc < 0 && errno != EINTR)
             return 0;
+        polls_since_scan_ = 16; // busy_poll: the next poll() looks at what woke us
     }
 }
 
