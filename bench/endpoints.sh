@@ -2,8 +2,9 @@
 # Endpoints (rdmx/endpoint.hpp) beside their peers, in interleaved rounds (round 1 runs every
 # row once, then round 2 ...) so that each ratio compares rows measured side by side.
 # On TCP loopback:
-#   8 B tagged ping-pong     rdmx_ep_perf tag_lat  vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -m tagged
-#                            (and -m msg), fabtests' fi_rdm_tagged_pingpong, ucx_perftest tag_lat
+#   8 B tagged ping-pong     rdmx_ep_perf tag_lat (and with -B, endpoint_options::busy_poll)
+#                            vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -m tagged (and -m msg),
+#                            fabtests' fi_rdm_tagged_pingpong, ucx_perftest tag_lat
 #   64 B message rate        rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw
 #   rendezvous 1 MiB, 4 MiB  rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw (UCX's rendezvous),
 #                            fi_rdm_tagged_bw -p "tcp;ofi_rxm" (rxm's rendezvous), and
@@ -66,6 +67,7 @@ if [ $guest = 1 ]; then
     for r in $(seq 1 "$rounds"); do
         echo "# guest round $r load $(cut -d' ' -f1 /proc/loadavg)"
         rdmx rxe_tag_lat_8B -t tag_lat -s 8 -n 1000 -w 100
+        SRV=-B rdmx rxe_tag_lat_8B_busy -t tag_lat -s 8 -n 1000 -w 100 -B
         fab rxe_fi_rdm_tagged_pingpong_8B fi_rdm_tagged_pingpong -S 8 -I 1000 -w 100
         rdmx rxe_tag_bw_1M -t tag_bw -s 1M -n 100 -W 16
         fab rxe_fi_rdm_tagged_bw_1M fi_rdm_tagged_bw -S 1048576 -I 100 -W 16
@@ -104,6 +106,7 @@ ucx() { # label test size iters
 for r in $(seq 1 "$rounds"); do
     echo "# round $r load $(cut -d' ' -f1 /proc/loadavg)"
     rdmx tag_lat_8B -t tag_lat -s 8 -n 20000 -w 1000
+    SRV=-B rdmx tag_lat_8B_busy -t tag_lat -s 8 -n 20000 -w 1000 -B
     fi_pp fi_rxm_tagged_lat_8B tagged
     fi_pp fi_rxm_msg_lat_8B msg
     ucx ucx_tag_lat_8B tag_lat 8 20000

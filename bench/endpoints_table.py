@@ -29,6 +29,7 @@ def fi_pp(rest):
 
 ROWS = [
     ("tag_lat_8B", "TCP rdmx endpoint 8 B tagged ping-pong, one way, median", "us", rdmx_key("lat_us")),
+    ("tag_lat_8B_busy", "TCP rdmx endpoint 8 B ping-pong, `busy_poll`, one way, median", "us", rdmx_key("lat_us")),
     ("fi_rxm_tagged_lat_8B", "TCP `fi_pingpong -p tcp;ofi_rxm -m tagged`, mean", "us", fi_pp),
     ("fi_rxm_msg_lat_8B", "TCP `fi_pingpong -p tcp;ofi_rxm -m msg`, mean", "us", fi_pp),
     ("fi_rdm_tagged_pingpong_8B", "TCP `fi_rdm_tagged_pingpong -p tcp;ofi_rxm`, mean", "us", fab(5)),
@@ -47,6 +48,8 @@ ROWS = [
     ("conn_rate_1024:lat", "TCP rdmx 1024 peers: insert to first pong, median", "us", rdmx_key("lat_us")),
     ("conn_rate_1024:p99", "TCP rdmx 1024 peers: insert to first pong, p99", "us", rdmx_key("p99_us")),
     ("rxe_tag_lat_8B", "rxe rdmx endpoint 8 B tagged ping-pong, one way, median", "us", rdmx_key("lat_us")),
+    ("rxe_tag_lat_8B_busy", "rxe rdmx endpoint 8 B ping-pong, `busy_poll`, one way, median", "us",
+     rdmx_key("lat_us")),
     ("rxe_fi_rdm_tagged_pingpong_8B", "rxe `fi_rdm_tagged_pingpong -p verbs;ofi_rxm`, mean", "us", fab(5)),
     ("rxe_tag_bw_1M", "rxe rdmx endpoint 1 MiB rendezvous, window 16", "MB/s", rdmx_key("mb_s")),
     ("rxe_fi_rdm_tagged_bw_1M", "rxe `fi_rdm_tagged_bw -p verbs;ofi_rxm -S 1M -W 16`", "MB/s", fab(4)),
@@ -63,12 +66,16 @@ RATIOS = [
     ("tag_lat_8B", "fi_rxm_tagged_lat_8B", True),
     ("tag_lat_8B", "fi_rdm_tagged_pingpong_8B", True),
     ("tag_lat_8B", "ucx_tag_lat_8B", True),
+    ("tag_lat_8B_busy", "fi_rdm_tagged_pingpong_8B", True),
+    ("tag_lat_8B_busy", "tag_lat_8B", True),
     ("tag_rate_64B", "ucx_tag_rate_64B", False),
     ("tag_bw_1M", "fi_rdm_tagged_bw_1M", False),
     ("tag_bw_1M", "ucx_tag_bw_1M", False),
     ("tag_bw_4M", "fi_rdm_tagged_bw_4M", False),
     ("tag_bw_4M", "ucx_tag_bw_4M", False),
     ("rxe_tag_lat_8B", "rxe_fi_rdm_tagged_pingpong_8B", True),
+    ("rxe_tag_lat_8B_busy", "rxe_fi_rdm_tagged_pingpong_8B", True),
+    ("rxe_tag_lat_8B_busy", "rxe_tag_lat_8B", True),
     ("rxe_tag_bw_1M", "rxe_fi_rdm_tagged_bw_1M", False),
     ("rxe_tag_bw_4M", "rxe_fi_rdm_tagged_bw_4M", False),
 ]
