@@ -483,12 +483,7 @@ void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
     if (c == p.dial.get()) {
         // The ready message goes first (before anything queued), so that the acceptor
         // knows our side is up whether or not we have anything to send.
-        sge s{ctrl_mr_.get(), ready_offset_, header_size};
-        work_request wr;
-        wr.opcode = opcode::send;
-        wr.wr_id = make_wr_id(wr_kind::ready, pi);
-        wr.local = {&s, 1};
-        if (auto ec = c->post({&wr, 1}))
+        if (auto ec = send_header(*c, ready_offset_, make_wr_id(wr_kind::ready, pi)))
             RDMX_LOG(warn, "endpoint %s: %s: posting the ready message: %s (the connection's end follows)",
                      self_.text.c_str(), p.addr.text.c_str(), ec.message().c_str());
         else

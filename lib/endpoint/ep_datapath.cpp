@@ -62,6 +62,16 @@ std::uint32_t endpoint_impl::take_recv_slot() noexcept
     return ri;
 }
 
+std::error_code endpoint_impl::send_header(connection& c, std::size_t off, std::uint64_t wr_id) noexcept
+{
+    sge s{ctrl_mr_.get(), off, header_size};
+    work_request wr;
+    wr.opcode = opcode::send;
+    wr.wr_id = wr_id;
+    wr.local = {&s, 1};
+    return c.post({&wr, 1});
+}
+
 void endpoint_impl::free_recv(std::uint32_t ri) noexcept
 {
     pending_recvs_.erase(ri);

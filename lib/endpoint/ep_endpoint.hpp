@@ -160,8 +160,6 @@ public:
     std::error_code invalidate_window(rdmx::peer to, memory_window& window,
                                       std::uint64_t context) noexcept override;
     std::size_t poll(std::span<endpoint_completion> out) noexcept override;
-    /// poll()'s look at fd()'s set: one epoll_wait(0), then what it found ready.
-    void scan_fds() noexcept;
     int fd() const noexcept override { return epoll_fd_; }
     std::size_t wait(std::span<endpoint_completion> out, std::chrono::milliseconds timeout) noexcept override;
     stats statistics() const noexcept override;
@@ -211,6 +209,8 @@ private:
     void flush_queue(std::uint32_t pi) noexcept;
     void complete_op(std::uint32_t oi) noexcept;
     void poll_cq() noexcept;
+    /// poll()'s look at fd()'s set: one epoll_wait(0), then what it found ready.
+    void scan_fds() noexcept;
     void on_completion(const completion& c) noexcept;
     void on_message(std::uint32_t buf, std::uint32_t byte_len, std::uint32_t pi, connection* c) noexcept;
     void deliver(std::uint32_t ri, std::uint32_t buf) noexcept;
@@ -221,6 +221,14 @@ private:
     void release_unexpected(std::uint32_t buf) noexcept;
     void push(const endpoint_completion& c) noexcept;
     std::uint32_t take_recv_slot() noexcept;
+    /// recv / recv_claimed's common start: checks `local`, takes a receive slot (in *ri)
+    /// posted from peer `from` with its SGEs and context; would_block when the pools are full.
+    std::error_code new_recv(std::uint32_t from, std::span<const sge> local, std::uint64_t context,
+                             std::uint32_t* ri) noexcept;
+    /// The oldest held message from `pi` (nil: any peer) whose tag matches, or nil.
+    std::uint32_t find_unexpected(std::uint32_t pi, std::uint64_t tag, std::uint64_t ignore) noexcept;
+    /// Posts the header at `off` of the control area alone as a send (ack, ready).
+    std::error_code send_header(connection& c, std::size_t off, std::uint64_t wr_id) noexcept;
     void free_recv(std::uint32_t ri) noexcept;
     void chain_push(op_chain& ch, std::uint32_t oi) noexcept;
     void chain_erase(op_chain& ch, std::uint32_t oi) noexcept;

@@ -155,12 +155,7 @@ void endpoint_impl::post_ack(std::uint32_t ri) noexcept
         std::size_t off =
             static_cast<std::size_t>(ctrl_size_) * ops_.size() + static_cast<std::size_t>(ri) * header_size;
         encode(msg_header{msg_type::ack, 0, 0, 0, r.remote_id}, ctrl_mem_.data() + off);
-        sge s{ctrl_mr_.get(), off, header_size};
-        work_request wr;
-        wr.opcode = opcode::send;
-        wr.wr_id = make_wr_id(wr_kind::ack, ri);
-        wr.local = {&s, 1};
-        std::error_code ec = r.conn->post({&wr, 1});
+        std::error_code ec = send_header(*r.conn, off, make_wr_id(wr_kind::ack, ri));
         if (!ec) {
             ++p.posted_wrs;
             r.st = recv_slot::state::ack_sent;
@@ -225,32 +220,47 @@ void endpoint_impl::release_unexpected(std::uint32_t buf) noexcept
 
 // --- receiving ---
 
+std::error_code endpoint_impl::new_recv(std::uint32_t from, std::span<const sge> local, std::uint64_t context,
+                                        std::uint32_t* ri) noexcept
+{
+    std::uint64_t total = 0;
+    if (local.size() > max_sges)
+        return errc::invalid_argument;
+    if (auto ec = check_sges(local, access::local_write, &total))
+        return ec;
+    *ri = take_recv_slot();
+    if (*ri == nil)
+        return errc::would_block;
+    recv_slot& r = recvs_[*ri];
+    r.st = recv_slot::state::posted;
+    r.from = from;
+    r.context = context;
+    r.nsge = static_cast<std::uint8_t>(local.size());
+    std::copy(local.begin(), local.end(), r.sges.begin());
+    return {};
+}
+
+std::uint32_t endpoint_impl::find_unexpected(std::uint32_t pi, std::uint64_t tag,
+                                             std::uint64_t ignore) noexcept
+{
+    return unexpected_.find([&](std::uint32_t b) {
+        const unexpected_msg& m = held_[b];
+        return (pi == nil || m.peer == pi) && tag_matches(m.hdr.tag, tag, ignore);
+    });
+}
+
 std::error_code endpoint_impl::recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
                                     std::span<const sge> local, std::uint64_t context) noexcept
 {
     std::uint32_t pi = nil;
     if (from != any_peer && (pi = index_of(from)) == nil)
         return errc::invalid_argument;
-    std::uint64_t total = 0;
-    if (local.size() > max_sges)
-        return errc::invalid_argument;
-    if (auto ec = check_sges(local, access::local_write, &total))
+    std::uint32_t ri = nil;
+    if (auto ec = new_recv(pi, local, context, &ri))
         return ec;
-    std::uint32_t ri = take_recv_slot();
-    if (ri == nil)
-        return errc::would_block;
-    recv_slot& r = recvs_[ri];
-    r.st = recv_slot::state::posted;
-    r.from = pi;
-    r.tag = tag;
-    r.ignore = ignore;
-    r.context = context;
-    r.nsge = static_cast<std::uint8_t>(local.size());
-    std::copy(local.begin(), local.end(), r.sges.begin());
-    std::uint32_t buf = unexpected_.find([&](std::uint32_t b) {
-        const unexpected_msg& m = held_[b];
-        return (pi == nil || m.peer == pi) && tag_matches(m.hdr.tag, tag, ignore);
-    });
+    recvs_[ri].tag = tag;
+    recvs_[ri].ignore = ignore;
+    std::uint32_t buf = find_unexpected(pi, tag, ignore);
     if (buf == nil) {
         posted_recvs_.push_back(ri);
         return {};
@@ -267,10 +277,7 @@ std::optional<endpoint::message_info> endpoint_impl::peek(rdmx::peer from, std::
     std::uint32_t pi = nil;
     if (from != any_peer && (pi = index_of(from)) == nil)
         return std::nullopt;
-    std::uint32_t buf = unexpected_.find([&](std::uint32_t b) {
-        const unexpected_msg& m = held_[b];
-        return (pi == nil || m.peer == pi) && tag_matches(m.hdr.tag, tag, ignore);
-    });
+    std::uint32_t buf = find_unexpected(pi, tag, ignore);
     if (buf == nil)
         return std::nullopt;
     unexpected_msg& m = held_[buf];
@@ -296,20 +303,9 @@ std::error_code endpoint_impl::recv_claimed(std::uint64_t claim, std::span<const
     if (buf >= held_.size() || !held_[buf].claimed ||
         held_[buf].claim_gen != static_cast<std::uint32_t>(claim >> 32))
         return errc::invalid_argument;
-    std::uint64_t total = 0;
-    if (local.size() > max_sges)
-        return errc::invalid_argument;
-    if (auto ec = check_sges(local, access::local_write, &total))
+    std::uint32_t ri = nil;
+    if (auto ec = new_recv(held_[buf].peer, local, context, &ri))
         return ec;
-    std::uint32_t ri = take_recv_slot();
-    if (ri == nil)
-        return errc::would_block;
-    recv_slot& r = recvs_[ri];
-    r.st = recv_slot::state::posted;
-    r.from = held_[buf].peer;
-    r.context = context;
-    r.nsge = static_cast<std::uint8_t>(local.size());
-    std::copy(local.begin(), local.end(), r.sges.begin());
     held_[buf].claimed = false;
     --held_count_;
     deliver(ri, buf);
