@@ -299,6 +299,18 @@ std::unordered_map<ibv_srq*, verbs::shared_receive_queue*> srq_routes;
 void async_fail(cm_state& st, std::error_code ec, const char* why) noexcept
 {
     std::lock_guard lock(st.mutex);
+    // A generic failure (IBV_EVENT_QP_FATAL) of a connection whose rdmx peer never said
+    // goodbye: the peer vanished (siw fails the QP when the dead process's stream is
+    // reset), which is what the same death reads as on rxe and TCP.
+    if (ec == errc::completion_error && st.peer_vanished()) {
+        if (st.state == connection_state::established || st.state == connection_state::connecting ||
+            st.state == connection_state::disconnected) {
+            st.lose_peer(why);
+            st.report();
+            st.changed.notify_all();
+        }
+        return;
+    }
     // A disconnect this side did not ask for, or a lost peer, may be followed by the event
     // that caused it (the CM's DISCONNECTED can overtake it): the cause wins.
     if (st.state == connection_state::established || st.state == connection_state::connecting ||

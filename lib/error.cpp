@@ -1,5 +1,7 @@
 #include <rdmx/error.hpp>
 
+#include "errno_status.hpp"
+
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -72,4 +74,41 @@ void throw_error(errc code, const std::string& verb)
     throw error(make_error_code(code), verb);
 }
 
+namespace detail
+{
+
+errc errc_of_errno(int err) noexcept
+{
+    switch (err < 0 ? -err : err) {
+    case ECONNRESET:
+    case EPIPE:
+    case ECONNABORTED:
+    case ESHUTDOWN: return errc::peer_lost;
+    case ENOTCONN:
+    case EPERM:
+    case EIO: return errc::not_connected;
+    case ECONNREFUSED: return errc::connection_refused;
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENETDOWN:
+    case EADDRNOTAVAIL:
+    case EAFNOSUPPORT: return errc::unreachable;
+    case ETIMEDOUT: return errc::timed_out;
+    case ENOMEM:
+    case ENOBUFS: return errc::no_resources;
+    case EINVAL: return errc::invalid_argument;
+    case EAGAIN: return errc::would_block;
+    case EOPNOTSUPP: return errc::not_supported;
+    default: return errc::completion_error;
+    }
+}
+
+std::error_code in_rdmx_category(std::error_code ec) noexcept
+{
+    if (!ec || ec.category() == category())
+        return ec;
+    return errc_of_errno(ec.value());
+}
+
+} // namespace detail
 } // namespace rdmx

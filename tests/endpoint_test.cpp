@@ -3,6 +3,7 @@
 // inserted, one-sided operations and atomics by peer, remove, peek / claim and the event
 // mode; on every backend. The races of item 3 are in endpoint_race_test.cpp.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
@@ -717,6 +718,136 @@ TEST_P(endpoint_fixture, event_mode_sleeps_on_fd_without_busy_polling)
     EXPECT_EQ(b.ep->wait(out, 200ms), 0u);
     EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);
     ::close(ep);
+}
+
+/// Whether `fd` becomes readable within `timeout` (poll(2)).
+bool readable_within(int fd, std::chrono::milliseconds timeout)
+{
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, static_cast<int>(timeout.count())) == 1;
+}
+
+/// Polls `e` until its fd() stays quiet (nothing left for poll() to do); false if it never
+/// does within 2 s.
+bool drain_until_quiet(ep_handle& e)
+{
+    auto deadline = std::chrono::steady_clock::now() + 2s;
+    while (std::chrono::steady_clock::now() < deadline) {
+        e.poll();
+        if (!readable_within(e.ep->fd(), 0ms))
+            return true;
+    }
+    return false;
+}
+
+// Issue 26, item 1: a completion made by a call outside poll() (a recv() that matches a held
+// message, a cancel, a remove() that cancels a directed receive) makes fd() readable, so an
+// application that posts outside its progress loop and sleeps on fd() wakes for it.
+TEST_P(endpoint_fixture, completions_made_outside_poll_make_fd_readable)
+{
+    auto a = open_ep();
+    auto b = open_ep();
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(b.ep->address());
+    fill(*m, 0, 64, 3);
+    sge s{m.get(), 0, 64};
+    ASSERT_FALSE(a.ep->send(to_b, 5, {&s, 1}, 1));
+    ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 1 && b.ep->statistics().unexpected == 1; }));
+    ASSERT_FALSE(a.done[0].status) << a.done[0].status.message();
+    ASSERT_TRUE(drain_until_quiet(b)) << "fd() stays readable with nothing to do";
+    // A receive that matches the held message completes inside recv().
+    sge r{m.get(), 4096, 64};
+    ASSERT_FALSE(b.ep->recv(any_peer, 5, 0, {&r, 1}, 10));
+    EXPECT_TRUE(readable_within(b.ep->fd(), 1000ms)) << "recv() completed at once, fd() says nothing";
+    b.poll();
+    ASSERT_EQ(b.done.size(), 1u);
+    EXPECT_FALSE(b.done[0].status) << b.done[0].status.message();
+    EXPECT_TRUE(check(*m, 4096, 64, 3));
+    const rdmx::peer from_a = b.done[0].peer;
+    // A posted receive canceled by its context.
+    ASSERT_FALSE(b.ep->recv(any_peer, 6, 0, {&r, 1}, 11));
+    EXPECT_EQ(b.ep->cancel_recv(12), errc::invalid_argument) << "no receive has context 12";
+    ASSERT_TRUE(drain_until_quiet(b));
+    ASSERT_FALSE(b.ep->cancel_recv(11));
+    EXPECT_EQ(b.ep->cancel_recv(11), errc::invalid_argument) << "canceled twice";
+    EXPECT_TRUE(readable_within(b.ep->fd(), 1000ms)) << "cancel_recv() completed, fd() says nothing";
+    b.poll();
+    ASSERT_EQ(b.done.size(), 2u);
+    EXPECT_EQ(b.done[1].context, 11u);
+    EXPECT_EQ(b.done[1].status, errc::canceled) << b.done[1].status.message();
+    // A receive directed at a peer, canceled by remove().
+    ASSERT_FALSE(b.ep->recv(from_a, 7, 0, {&r, 1}, 12));
+    ASSERT_TRUE(drain_until_quiet(b));
+    b.ep->remove(from_a);
+    EXPECT_TRUE(readable_within(b.ep->fd(), 1000ms)) << "remove() canceled a receive, fd() says nothing";
+    ASSERT_TRUE(pump({&b}, [&] { return b.done.size() == 3; }));
+    EXPECT_EQ(b.done[2].context, 12u);
+    EXPECT_EQ(b.done[2].status, errc::canceled) << b.done[2].status.message();
+}
+
+// Issue 26, item 1, in the shape of a service: a burst is held past unexpected_limit (so
+// buffers are held back from the receive queue), and the receiver posts its receives one
+// by one outside its loop, which polls only when fd() says so. Each receive wakes the loop;
+// the buffers go back as the store drains, and the next burst arrives too.
+TEST_P(endpoint_fixture, receives_posted_outside_the_loop_drain_a_held_burst_by_fd_alone)
+{
+    auto a = open_ep();
+    auto b = open_ep();
+    const auto o = small_options();
+    // Past unexpected_limit but within the buffers: held, without back-pressure (which
+    // iWARP does not have).
+    const int burst = static_cast<int>(o.unexpected_limit) + 8;
+    ASSERT_LT(burst, static_cast<int>(o.receive_buffers));
+    auto m = region(1 << 20);
+    rdmx::peer to_b = a.ep->insert(b.ep->address());
+    int received = 0;
+    for (int round = 0; round < 2; ++round) {
+        a.done.clear();
+        for (int i = 0; i < burst; ++i) {
+            const int k = round * burst + i;
+            fill(*m, static_cast<std::size_t>(k) * 128, 128, k);
+            sge s{m.get(), static_cast<std::size_t>(k) * 128, 128};
+            ASSERT_FALSE(a.ep->send(to_b, 9, {&s, 1}, static_cast<std::uint64_t>(k)));
+        }
+        ASSERT_TRUE(pump({&a, &b},
+                         [&] {
+                             return a.done.size() == static_cast<std::size_t>(burst) &&
+                                    b.ep->statistics().unexpected == static_cast<std::size_t>(burst);
+                         }))
+            << "round " << round << ": " << b.ep->statistics().unexpected << " held";
+        for (auto& x : a.done)
+            ASSERT_FALSE(x.status) << x.status.message();
+        ASSERT_TRUE(drain_until_quiet(b));
+        for (int i = 0; i < burst; ++i) {
+            sge r{m.get(), 512 * 1024 + static_cast<std::size_t>(received) * 128, 128};
+            ASSERT_FALSE(b.ep->recv(any_peer, 9, 0, {&r, 1}, 1000 + static_cast<std::uint64_t>(received)));
+            ASSERT_TRUE(readable_within(b.ep->fd(), 1000ms))
+                << "round " << round << ", receive " << i << " matched a held message; fd() is quiet";
+            ASSERT_EQ(b.poll(), 1u);
+            ++received;
+        }
+        EXPECT_EQ(b.ep->statistics().unexpected, 0u);
+    }
+    ASSERT_EQ(b.done.size(), static_cast<std::size_t>(received));
+    for (int k = 0; k < received; ++k) {
+        EXPECT_FALSE(b.done[static_cast<std::size_t>(k)].status);
+        EXPECT_TRUE(check(*m, 512 * 1024 + static_cast<std::size_t>(k) * 128, 128, k)) << "message " << k;
+    }
+}
+
+// Issue 26, item 2: wait() sleeps for its timeout when nothing comes, also for 1 ms (it
+// returned at once when the time left truncated to 0 ms).
+TEST_P(endpoint_fixture, wait_of_one_millisecond_sleeps_a_millisecond)
+{
+    auto a = open_ep();
+    endpoint_completion out[4];
+    const auto t0 = std::chrono::steady_clock::now();
+    int calls = 0;
+    while (std::chrono::steady_clock::now() - t0 < 200ms) {
+        EXPECT_EQ(a.ep->wait(out, 1ms), 0u);
+        ++calls;
+    }
+    EXPECT_LE(calls, 200) << "wait(1ms) returned before its millisecond " << calls << " times in 200 ms";
 }
 
 // endpoint_options::busy_poll: poll() keeps nothing armed and takes connection requests

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 
+#include "errno_status.hpp"
 #include "validate.hpp"
 #include "verbs/completion_queue.hpp"
 #include "verbs/shared_receive_queue.hpp"
@@ -27,7 +28,9 @@ std::error_code post_errno(int rc) noexcept
         return errc::would_block;
     if (rc == EINVAL)
         return errc::invalid_argument;
-    return {rc, std::system_category()};
+    // A QP that left RTS (siw: EPERM, ENOTCONN) and the rest: rdmx's codes, on every
+    // provider the same (lib/errno_status.hpp).
+    return detail::errc_of_errno(rc);
 }
 
 ibv_wr_opcode to_ibv(opcode op) noexcept

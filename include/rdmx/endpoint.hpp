@@ -57,7 +57,10 @@ struct endpoint_completion {
     /// buffer (the buffer holds its first bytes, `length` says how long it was). Any op:
     /// the cause when its peer's connection failed (connection_refused, timed_out after
     /// the connect deadline, peer_lost, transport_retry_exceeded, ...), errc::canceled when
-    /// the application removed the peer or destroyed the endpoint.
+    /// the application removed the peer or destroyed the endpoint. Always in rdmx's own
+    /// category (rdmx::errc), the same code for the same cause on every backend: a work
+    /// request flushed by a connection's end completes with that end's cause, never as
+    /// errc::flushed.
     std::error_code status;
     rdmx::peer peer{};        ///< recv: the source; otherwise the target
     std::uint64_t tag = 0;    ///< send / recv: the message's tag
@@ -145,7 +148,10 @@ public:
     /// `tag` in every bit not set in `ignore`. Receives match in the order they were posted,
     /// messages in the order they arrived (per peer, the order they were sent). `local`
     /// needs access::local_write. Completes at once (in the next poll) when a held
-    /// unexpected message matches.
+    /// unexpected message matches. A receive directed at a peer completes with the cause
+    /// (peer_lost, disconnected, ...) when that peer's connection ends (also when a new
+    /// incarnation of it replaces it); one posted while no connection is up waits for the
+    /// next. errc::canceled on remove().
     virtual std::error_code recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
                                  std::span<const sge> local, std::uint64_t context) noexcept = 0;
 
@@ -164,6 +170,12 @@ public:
     /// Receives a claimed message into `local`; invalid_argument for an unknown claim.
     virtual std::error_code recv_claimed(std::uint64_t claim, std::span<const sge> local,
                                          std::uint64_t context) noexcept = 0;
+    /// Cancels the oldest posted receive with `context` that no message has matched yet (as
+    /// libfabric's fi_cancel): it completes with errc::canceled, as any completion, in the
+    /// next poll(), and fd() is readable for it. With a timer of its own, this is how an
+    /// application times out one request. invalid_argument when no such receive is posted
+    /// (it matched already: its completion is or will be in poll()).
+    virtual std::error_code cancel_recv(std::uint64_t context) noexcept = 0;
 
     // --- one-sided by peer handle (bulk data to descriptors shipped in messages) ---
     virtual std::error_code write(rdmx::peer to, std::span<const sge> local, const remote_buffer& remote,
@@ -201,9 +213,13 @@ public:
     /// never allocates once the endpoint's pools exist.
     virtual std::size_t poll(std::span<endpoint_completion> out) noexcept = 0;
     /// Readable when poll() has something to do (level-triggered; it may wake with nothing
-    /// to return): one fd for an epoll set or an io_context.
+    /// to return): one fd for an epoll set or an io_context. This includes what the calls
+    /// above completed or made possible outside poll() (a recv() that matched a held
+    /// message, a remove() that canceled work, a send() whose post failed), so an
+    /// application may post from anywhere and sleep on fd() alone. Not with busy_poll.
     virtual int fd() const noexcept = 0;
-    /// Polls; if nothing completed, sleeps on fd() up to `timeout` and polls again.
+    /// Polls; if nothing completed, sleeps on fd() until something does or `timeout` has
+    /// passed (never less: a 1 ms wait that finds nothing takes 1 ms), and polls again.
     virtual std::size_t wait(std::span<endpoint_completion> out,
                              std::chrono::milliseconds timeout) noexcept = 0;
 

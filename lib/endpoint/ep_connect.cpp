@@ -258,15 +258,7 @@ void endpoint_impl::remove(rdmx::peer h) noexcept
     if (p.accepted)
         drop_connection(pi, p.accepted.get(), canceled);
     // Receives directed at it, and its held messages.
-    for (std::uint32_t ri = posted_recvs_.front(); ri != nil;) {
-        std::uint32_t next = posted_recvs_.next(ri);
-        if (recvs_[ri].from == pi) {
-            posted_recvs_.erase(ri);
-            recvs_[ri].status = canceled;
-            finish_recv(ri);
-        }
-        ri = next;
-    }
+    fail_directed_recvs(pi, canceled);
     for (std::uint32_t b = 0; b < held_.size(); ++b)
         if ((held_[b].held || held_[b].claimed) && held_[b].peer == pi)
             release_unexpected(b);
@@ -285,6 +277,7 @@ void endpoint_impl::remove(rdmx::peer h) noexcept
         p.gen = 1;
     free_peers_.push_back(pi);
     --live_peers_;
+    settle(); // its canceled work is out
 }
 
 endpoint::stats endpoint_impl::statistics() const noexcept
@@ -352,8 +345,10 @@ void endpoint_impl::on_request(connection_request& req)
         // incarnation with our dial accepted and torn down, and what it posted there
         // failed).
         RDMX_LOG(debug, "endpoint %s: %s restarted", self_.text.c_str(), p.addr.text.c_str());
-        if (p.chosen)
+        if (p.chosen) {
             drop_connection(pi, p.chosen, errc::peer_lost);
+            fail_directed_recvs(pi, errc::peer_lost); // the old incarnation sends nothing more
+        }
         if (p.dial && !dial_may_reach(*p.dial, id.incarnation))
             drop_connection(pi, p.dial.get(), errc::peer_lost);
         if (p.accepted)
@@ -421,8 +416,10 @@ void endpoint_impl::on_event(const event& ev) noexcept
                 on_dial_failed(pi, errc::protocol_error, reject_reason::none);
                 return;
             }
-            if (p.remote_inc != 0 && p.remote_inc != *inc && p.chosen)
-                drop_connection(pi, p.chosen, errc::peer_lost); // restarted behind our back
+            if (p.remote_inc != 0 && p.remote_inc != *inc && p.chosen) { // restarted behind our back
+                drop_connection(pi, p.chosen, errc::peer_lost);
+                fail_directed_recvs(pi, errc::peer_lost);
+            }
             p.remote_inc = *inc;
         }
         if (p.chosen && p.chosen != c) {
@@ -446,6 +443,10 @@ void endpoint_impl::on_event(const event& ev) noexcept
         if (c == p.chosen) {
             poll_cq(); // what completed before the end is not failed
             drop_connection(pi, c, cause);
+            // Its connection ended (the peer died, disconnected, or the network failed):
+            // a receive directed at it completes with that cause, as its operations do,
+            // instead of waiting for a message that may never come. Held messages stay.
+            fail_directed_recvs(pi, cause);
             if (p.queued.size != 0) {
                 p.deadline = clock::now() + opts_.connect_deadline;
                 start_dial(pi); // the next operation reaches a restarted peer (#6660)
@@ -539,13 +540,18 @@ void endpoint_impl::on_dial_failed(std::uint32_t pi, std::error_code cause, reje
     if (p.queued.size == 0)
         return;
     p.last_cause = cause;
+    // A server not up yet, or restarting. A reject that carries no endpoint's reason is
+    // that too: a listener that is closing (its process exiting before it accepted, or
+    // accepting and closing at once) or one shedding load rejects without our private
+    // data; only the deadline ends these redials.
     if (cause == errc::connection_refused || cause == errc::unreachable || cause == errc::timed_out ||
-        cause == errc::peer_lost || cause == errc::disconnected) {
-        schedule_redial(pi); // a server not up yet, or restarting
+        cause == errc::peer_lost || cause == errc::disconnected ||
+        (cause == errc::rejected && why == reject_reason::none)) {
+        schedule_redial(pi);
         return;
     }
-    // Rejected for a reason that will not change (version, malformed, self, another
-    // application), or a failure that is not the network's: the queued operations fail.
+    // Rejected by an endpoint for a reason that will not change (version, malformed, self),
+    // or a failure that is not the network's: the queued operations fail.
     RDMX_LOG(debug, "endpoint %s: dial to %s failed for good: %s (reject reason: %s)", self_.text.c_str(),
              p.addr.text.c_str(), cause.message().c_str(), to_string(why));
     fail_queued(pi, cause);
@@ -627,6 +633,19 @@ void endpoint_impl::arm_timerfd() noexcept
             its.it_value.tv_nsec = 1;
     }
     ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+void endpoint_impl::fail_directed_recvs(std::uint32_t pi, std::error_code cause) noexcept
+{
+    for (std::uint32_t ri = posted_recvs_.front(); ri != nil;) {
+        std::uint32_t next = posted_recvs_.next(ri);
+        if (recvs_[ri].from == pi) {
+            posted_recvs_.erase(ri);
+            recvs_[ri].status = cause;
+            finish_recv(ri);
+        }
+        ri = next;
+    }
 }
 
 void endpoint_impl::fail_queued(std::uint32_t pi, std::error_code cause) noexcept

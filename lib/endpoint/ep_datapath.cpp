@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "errno_status.hpp"
+
 namespace rdmx::ep
 {
 
@@ -48,8 +50,21 @@ bool endpoint_impl::pools_full() const noexcept
 void endpoint_impl::push(const endpoint_completion& c) noexcept
 {
     // Never full: each entry stands for a slot taken while slots + entries < the pools.
-    ring_[(ring_head_ + ring_count_) % ring_.size()] = c;
+    endpoint_completion& e = ring_[(ring_head_ + ring_count_) % ring_.size()];
+    e = c;
+    e.status = detail::in_rdmx_category(c.status); // the promise of endpoint_completion::status
     ++ring_count_;
+}
+
+std::error_code endpoint_impl::cause_of(std::error_code status, connection* c) const noexcept
+{
+    // A flush says only that the connection ended; why it ended (peer_lost, disconnected,
+    // transport_retry_exceeded, ...) is its last_error(), set before its flushes are
+    // polled on both backends. That is what the operation failed of.
+    if (status == errc::flushed && c != nullptr)
+        if (std::error_code why = c->last_error())
+            return why;
+    return status;
 }
 
 std::uint32_t endpoint_impl::take_recv_slot() noexcept
@@ -161,8 +176,10 @@ std::error_code endpoint_impl::issue(std::uint32_t pi, std::uint32_t oi) noexcep
     peer_entry& p = *peers_[pi];
     op_slot& o = ops_[oi];
     o.st = op_slot::state::free;
-    if (p.chosen && p.queued.size == 0 && post_op(oi) != post_result::no_room)
-        return {}; // posted, or failed (its completion says why)
+    if (p.chosen && p.queued.size == 0 && post_op(oi) != post_result::no_room) {
+        settle(); // failed: its completion is out, and fd() says so
+        return {};
+    }
     if (queued_total_ >= opts_.max_queued_ops) {
         free_ops_.give(oi);
         --ops_in_use_;
@@ -180,6 +197,7 @@ std::error_code endpoint_impl::issue(std::uint32_t pi, std::uint32_t oi) noexcep
         if (p.next_dial == clock::time_point::max())
             start_dial(pi); // lazy connect: the first operation dials
     }
+    settle(); // the deadline, and a dial that failed at once
     return {};
 }
 
@@ -254,6 +272,11 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     std::error_code ec = p.chosen->post({&wr, 1});
     if (ec == errc::would_block)
         return post_result::no_room;
+    if (ec && p.chosen->state() != connection_state::established) {
+        // The connection ended under us (its event is not polled yet): the operation never
+        // left, so it waits in the queue, and the event redials for it.
+        return post_result::no_room;
+    }
     if (o.st == op_slot::state::queued) {
         chain_erase(p.queued, oi);
         --queued_total_;
@@ -357,7 +380,7 @@ void endpoint_impl::on_completion(const completion& c) noexcept
         op_slot& o = ops_[idx];
         slot_done(o.peer, o.conn);
         if (c.status && !o.status)
-            o.status = c.status;
+            o.status = cause_of(c.status, o.conn);
         o.awaiting_local = false;
         if (o.status || !o.awaiting_ack)
             complete_op(idx);
@@ -370,7 +393,7 @@ void endpoint_impl::on_completion(const completion& c) noexcept
         slot_done(r.peer, r.conn);
         --r.reads_outstanding;
         if (c.status && !r.status)
-            r.status = c.status;
+            r.status = cause_of(c.status, r.conn);
         if (r.reads_outstanding == 0 && (r.status || r.posted_bytes == r.to_read))
             progress_rndv(idx); // finishes it
         return;

@@ -162,6 +162,7 @@ public:
     std::size_t poll(std::span<endpoint_completion> out) noexcept override;
     int fd() const noexcept override { return epoll_fd_; }
     std::size_t wait(std::span<endpoint_completion> out, std::chrono::milliseconds timeout) noexcept override;
+    std::error_code cancel_recv(std::uint64_t context) noexcept override;
     stats statistics() const noexcept override;
 
 private:
@@ -187,6 +188,8 @@ private:
     void run_timers() noexcept;
     void arm_timerfd() noexcept;
     void fail_queued(std::uint32_t pi, std::error_code cause) noexcept;
+    /// Completes the posted receives directed at peer `pi` (not yet matched) with `cause`.
+    void fail_directed_recvs(std::uint32_t pi, std::error_code cause) noexcept;
     bool connecting(const peer_entry& p) const noexcept { return p.dial || p.accepted; }
     // --- data path (ep_datapath.cpp) ---
     std::error_code check_sges(std::span<const sge> local, access need, std::uint64_t* total) const noexcept;
@@ -218,8 +221,21 @@ private:
     void finish_recv(std::uint32_t ri) noexcept;
     void post_ack(std::uint32_t ri) noexcept;
     void repost(std::uint32_t buf) noexcept;
+    /// Gives back the buffers that back-pressure kept, while fewer than unexpected_limit
+    /// messages are held.
+    void give_back_deferred() noexcept;
+    /// The end of every call that can leave poll() work outside poll() (a completion pushed
+    /// by recv(), remove() or a failed post, a buffer freed, a deadline set): gives the
+    /// freed buffers back, keeps fd() readable while poll() has something to return, and
+    /// sets the timerfd for a new deadline, so that a caller asleep on fd() wakes.
+    void settle() noexcept;
+    /// Makes fd() readable (the eventfd) unless it is already, or busy_poll.
+    void raise_wake() noexcept;
     void release_unexpected(std::uint32_t buf) noexcept;
     void push(const endpoint_completion& c) noexcept;
+    /// A failed work request's status as the operation's cause: a flush is replaced by why
+    /// its connection `c` ended.
+    std::error_code cause_of(std::error_code status, connection* c) const noexcept;
     std::uint32_t take_recv_slot() noexcept;
     /// recv / recv_claimed's common start: checks `local`, takes a receive slot (in *ri)
     /// posted from peer `from` with its SGEs and context; would_block when the pools are full.

@@ -58,15 +58,7 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
             progress_rndv(ri);
             ri = next;
         }
-        while (!deferred_reposts_.empty() && held_count_ < opts_.unexpected_limit) {
-            std::uint32_t buf = deferred_reposts_.back();
-            deferred_reposts_.pop_back();
-            sge s{recv_mr_.get(), static_cast<std::size_t>(buf) * buf_size_, buf_size_};
-            if (srq_->post_recv({&s, 1}, make_wr_id(wr_kind::srq, buf))) {
-                deferred_reposts_.push_back(buf);
-                break;
-            }
-        }
+        give_back_deferred();
         if (pass == 0 && !cq_armed_ && !opts_.busy_poll) {
             // Arm, then look once more: a completion that came before the arming raises no
             // event, so fd() would miss it. An arming stays until a completion fires it.
@@ -82,24 +74,57 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
         --ring_count_;
     }
     arm_timerfd();
-    if (ring_count_ != 0 && !wake_raised_ && !opts_.busy_poll) {
-        std::uint64_t one = 1;
-        [[maybe_unused]] auto w = ::write(wake_fd_, &one, sizeof one); // fd() stays readable
-        wake_raised_ = true;
-    }
+    if (ring_count_ != 0)
+        raise_wake(); // fd() stays readable
     return n;
+}
+
+void endpoint_impl::give_back_deferred() noexcept
+{
+    while (!deferred_reposts_.empty() && held_count_ < opts_.unexpected_limit) {
+        std::uint32_t buf = deferred_reposts_.back();
+        deferred_reposts_.pop_back();
+        sge s{recv_mr_.get(), static_cast<std::size_t>(buf) * buf_size_, buf_size_};
+        if (srq_->post_recv({&s, 1}, make_wr_id(wr_kind::srq, buf))) {
+            deferred_reposts_.push_back(buf);
+            break;
+        }
+    }
+}
+
+void endpoint_impl::raise_wake() noexcept
+{
+    if (wake_raised_ || opts_.busy_poll)
+        return;
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto w = ::write(wake_fd_, &one, sizeof one);
+    wake_raised_ = true;
+}
+
+void endpoint_impl::settle() noexcept
+{
+    // An application that posts receives (or removes peers, or sends) outside the loop
+    // that polls, and sleeps on fd() (endpoint_watch), must be woken for what these calls
+    // completed or made possible: nothing else would make fd() readable.
+    give_back_deferred();
+    if (ring_count_ != 0 || !kick_.empty() || !pending_recvs_.empty() ||
+        (!deferred_reposts_.empty() && held_count_ < opts_.unexpected_limit))
+        raise_wake();
+    arm_timerfd();
 }
 
 std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
                                 std::chrono::milliseconds timeout) noexcept
 {
-    auto deadline = clock::now() + timeout;
+    const auto deadline = clock::now() + timeout;
     for (;;) {
         if (std::size_t n = poll(out))
             return n;
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
-        if (left <= 0)
+        const auto now = clock::now();
+        if (now >= deadline)
             return 0;
+        // Rounded up: a wait of 1 ms with 0.9 ms left sleeps, where truncating to 0 spun.
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
         if (opts_.busy_poll && !cq_armed_) {
             // poll() left the queue unarmed: arm it before sleeping, then look once more (a
             // completion that came before the arming raises no event).
@@ -109,7 +134,7 @@ std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
                 return n;
         }
         epoll_event evs[8];
-        int rc = ::epoll_wait(epoll_fd_, evs, 8, static_cast<int>(std::min<long long>(left, 1000)) + 1);
+        int rc = ::epoll_wait(epoll_fd_, evs, 8, static_cast<int>(std::min<long long>(left, 1000)));
         if (rc < 0 && errno != EINTR)
             return 0;
         polls_since_scan_ = 16; // busy_poll: the next poll() looks at what woke us

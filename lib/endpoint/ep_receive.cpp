@@ -268,6 +268,19 @@ std::error_code endpoint_impl::recv(rdmx::peer from, std::uint64_t tag, std::uin
     unexpected_.erase(buf);
     --held_count_;
     deliver(ri, buf);
+    settle();
+    return {};
+}
+
+std::error_code endpoint_impl::cancel_recv(std::uint64_t context) noexcept
+{
+    std::uint32_t ri = posted_recvs_.find([&](std::uint32_t i) { return recvs_[i].context == context; });
+    if (ri == nil)
+        return errc::invalid_argument;
+    posted_recvs_.erase(ri);
+    recvs_[ri].status = errc::canceled;
+    finish_recv(ri);
+    settle();
     return {};
 }
 
@@ -309,6 +322,7 @@ std::error_code endpoint_impl::recv_claimed(std::uint64_t claim, std::span<const
     held_[buf].claimed = false;
     --held_count_;
     deliver(ri, buf);
+    settle();
     return {};
 }
 

@@ -8,6 +8,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "errno_status.hpp"
 #include "tcp/tcp_engine.hpp"
 
 namespace rdmx::tcp
@@ -23,7 +24,9 @@ std::error_code connect_status(int err) noexcept
     case ENETUNREACH:
     case EADDRNOTAVAIL: return errc::unreachable;
     case ETIMEDOUT: return errc::timed_out;
-    default: return {err, std::system_category()};
+    // ECONNRESET: a listener that closed (or died) during the handshake: peer_lost, which
+    // the endpoint redials. A connection's cause is always rdmx's code.
+    default: return detail::errc_of_errno(err);
     }
 }
 
