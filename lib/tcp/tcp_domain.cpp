@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <string>
 
 #include "backends.hpp"
 #include "log.hpp"
@@ -481,8 +482,14 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     if (!recv_exact(fd.get(), {buf, handshake::reply_size}, deadline, what + " (waiting for accept)"))
         throw error(make_error_code(errc::rejected), what + ": the listener closed the connection");
     auto reply = handshake::decode({buf, handshake::reply_size}, false);
-    if (!reply)
+    if (!reply) {
+        auto v = handshake::peer_version({buf, handshake::reply_size});
+        if (v && *v != protocol_version)
+            throw error(make_error_code(errc::protocol_error),
+                        what + ": the listener speaks wire protocol version " + std::to_string(*v) +
+                            ", this side " + std::to_string(protocol_version));
         throw error(make_error_code(errc::protocol_error), what + ": malformed handshake reply");
+    }
     if (reply->type == handshake_type::reject) {
         auto d = reply->data();
         throw error(make_error_code(errc::rejected), what, std::vector<std::byte>(d.begin(), d.end()));

@@ -10,6 +10,7 @@
 
 #include "errno_status.hpp"
 #include "tcp/tcp_engine.hpp"
+#include "tcp/tcp_log.hpp"
 
 namespace rdmx::tcp
 {
@@ -133,6 +134,10 @@ void connection_engine::handshake_step() noexcept
         }
         auto reply = handshake::decode({hs_buf_.data(), handshake::reply_size}, false);
         if (!reply) {
+            if (auto v = handshake::peer_version({hs_buf_.data(), handshake::reply_size});
+                v && *v != protocol_version)
+                log_limited("connect: the listener speaks wire protocol version %u, this side %u",
+                            unsigned{*v}, unsigned{protocol_version});
             handshake_failed(errc::protocol_error);
             return;
         }

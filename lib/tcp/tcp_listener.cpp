@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -44,6 +45,12 @@ namespace
 
 /// How long an accepted socket may take to deliver its HELLO.
 constexpr auto hello_timeout = std::chrono::seconds(5);
+/// A source at its share of handshake slots evicts only its own handshakes older than this:
+/// one that holds its share and reopens each socket the moment it is evicted would
+/// otherwise rotate a legitimate client of the same address out between its connect and
+/// its HELLO, within milliseconds. With none that old, the newcomer takes a free slot past
+/// the share (the table's own bound still holds).
+constexpr auto evict_grace = std::chrono::milliseconds(250);
 /// Handshakes in progress at once: the listen backlog, but at least this many.
 constexpr std::size_t min_pending = 128;
 /// The share of those that one source address may hold without its HELLO: 1 / this.
@@ -372,14 +379,41 @@ private:
             pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
             if (hello)
                 return std::make_unique<tcp_request>(dom_, std::move(fd), *hello);
+            refuse_other_version({p.buf.data(), handshake::hello_size}, fd.get());
             --i; // malformed: closed
         }
         return nullptr;
     }
 
+    /// A HELLO of another protocol version is answered with a REJECT in that version's
+    /// form (the layout of section 1 has not changed: only the version byte and what the
+    /// flags and opcodes mean), so that its client fails with `rejected` and a reason it
+    /// can print, instead of an unexplained close. Anything else malformed gets no reply.
+    static void refuse_other_version(std::span<const std::byte> hello, int fd) noexcept
+    {
+        auto v = handshake::peer_version(hello);
+        if (!v || *v == protocol_version || *v == 0)
+            return;
+        handshake r;
+        r.type = handshake_type::reject;
+        r.version = *v;
+        char text[96];
+        int n = std::snprintf(text, sizeof text, "rdmx tcp: wire protocol version %u required, HELLO was %u",
+                              unsigned{protocol_version}, unsigned{*v});
+        r.private_data_len = static_cast<std::uint8_t>(std::clamp(n, 0, static_cast<int>(sizeof text) - 1));
+        std::memcpy(r.private_data.data(), text, r.private_data_len);
+        std::byte buf[handshake::reply_size];
+        r.encode(buf);
+        // A fresh socket's buffer takes 212 bytes at once; if not, the client sees the close.
+        [[maybe_unused]] auto sent = ::send(fd, buf, r.wire_size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        log_limited("listener: refused a HELLO of wire protocol version %u (this side speaks %u)",
+                    unsigned{*v}, unsigned{protocol_version});
+    }
+
     /// Evicts handshakes without a HELLO so that `p` fits: the oldest of its own source
-    /// when that holds its share already, else (table full) the oldest of the source that
-    /// holds the most. False if no slot could be freed.
+    /// that is older than evict_grace when that source holds its share already (none such:
+    /// it may go past its share while the table has room), else (table full) the oldest of
+    /// the source that holds the most. False if no slot could be freed.
     bool make_room(const pending& p)
     {
         for (;;) {
@@ -387,17 +421,28 @@ private:
             for (const auto& q : pending_)
                 if (!q.complete())
                     ++idle[q.source];
-            bool own = !p.complete() && idle[p.source] >= max_per_source_;
-            if (!own && pending_.size() < max_pending_)
-                return true;
+            const bool own = !p.complete() && idle[p.source] >= max_per_source_;
             std::size_t victim = pending_.size();
-            for (std::size_t i = 0; i < pending_.size(); ++i) {
-                const pending& q = pending_[i];
-                if (q.complete() || (own && q.source != p.source))
-                    continue;
-                // pending_ is in order of arrival: the first of the heaviest source wins.
-                if (victim == pending_.size() || idle[q.source] > idle[pending_[victim].source])
-                    victim = i;
+            if (own) {
+                // A deadline later than this: accepted less than evict_grace ago.
+                const auto young = clock::now() + hello_timeout - evict_grace;
+                for (std::size_t i = 0; i < pending_.size() && victim == pending_.size(); ++i) {
+                    const pending& q = pending_[i];
+                    if (!q.complete() && q.source == p.source && q.deadline <= young)
+                        victim = i; // pending_ is in order of arrival: the oldest
+                }
+            }
+            if (victim == pending_.size()) {
+                if (pending_.size() < max_pending_)
+                    return true;
+                for (std::size_t i = 0; i < pending_.size(); ++i) {
+                    const pending& q = pending_[i];
+                    if (q.complete())
+                        continue;
+                    // The first of the heaviest source wins.
+                    if (victim == pending_.size() || idle[q.source] > idle[pending_[victim].source])
+                        victim = i;
+                }
             }
             if (victim == pending_.size())
                 return false;

@@ -179,6 +179,12 @@ connection_engine::rx_status connection_engine::rx_step() noexcept
         protocol_violation(why, false);
         return rx_status::stop;
     }
+    if (goodbye_heard_) {
+        // GOODBYE is the peer's last frame (section 6): anything after it, a second
+        // GOODBYE too, is a violation, not a request to serve.
+        protocol_violation("a frame after the peer's GOODBYE", false);
+        return rx_status::stop;
+    }
     if (h.is_request() && resp_.full()) {
         // Backpressure: leave the header staged and stop reading until a response has
         // gone out. A peer within max_rd_atomic never gets here.

@@ -53,7 +53,15 @@ void connection_engine::begin_response(const frame_header& h) noexcept
 {
     switch (h.op) {
     case frame_op::ack: on_ack(h.seq); return;
-    case frame_op::goodbye: goodbye_heard_ = true; return; // EOF follows: a clean disconnect
+    case frame_op::goodbye:
+        // Only a peer that set the GOODBYE flag may send one (it declared that it ends its
+        // connections so); one that did not is not speaking version 2.
+        if (!peer_goodbye_) {
+            protocol_violation("GOODBYE from a peer whose handshake did not set the GOODBYE flag", false);
+            return;
+        }
+        goodbye_heard_ = true; // EOF follows: a clean disconnect
+        return;
     case frame_op::nak: on_nak(h.seq, static_cast<nak_code>(h.status)); return;
     case frame_op::read_resp: {
         if (sq_head_ >= tx_next_ || h.seq != sq_head_) {

@@ -174,7 +174,7 @@ void handshake::encode(std::byte* out) const noexcept
 {
     std::memset(out, 0, wire_size());
     std::memcpy(out, handshake_magic.data(), 4);
-    put_le(out + 4, protocol_version, 1);
+    put_le(out + 4, version, 1);
     put_le(out + 5, static_cast<std::uint8_t>(type), 1);
     put_le(out + 6, private_data_len, 1);
     put_le(out + 7, flags, 1);
@@ -183,6 +183,13 @@ void handshake::encode(std::byte* out) const noexcept
     if (n > max_private_data(type))
         n = max_private_data(type);
     std::memcpy(out + header_size, private_data.data(), n);
+}
+
+std::optional<std::uint8_t> handshake::peer_version(std::span<const std::byte> in) noexcept
+{
+    if (in.size() < header_size || std::memcmp(in.data(), handshake_magic.data(), 4) != 0)
+        return std::nullopt;
+    return static_cast<std::uint8_t>(get_le(in.data() + 4, 1));
 }
 
 std::optional<handshake> handshake::decode(std::span<const std::byte> in, bool expect_hello) noexcept
@@ -208,6 +215,9 @@ std::optional<handshake> handshake::decode(std::span<const std::byte> in, bool e
         return std::nullopt;
     h.max_rd_atomic = static_cast<std::uint32_t>(get_le(in.data() + 8, 4));
     h.flags = static_cast<std::uint8_t>(get_le(in.data() + 7, 1));
+    // A REJECT ends the attempt: no GOODBYE follows it, and its flags are 0.
+    if (h.type == handshake_type::reject && h.flags != 0)
+        return std::nullopt;
     // HELLO and ACCEPT state how many reads their sender serves: at least one (every rdmx
     // side serves reads), any larger value is fine (each side uses the smaller of the two).
     // REJECT serves nothing and carries 0.

@@ -13,7 +13,10 @@
 namespace rdmx::tcp
 {
 
-inline constexpr std::uint8_t protocol_version = 1;
+/// The handshake's version byte (docs/wire-format.md section 1). 2 added the GOODBYE flag
+/// and frame, the atomic frames and SEND_INV; a version-1 HELLO is answered with a REJECT
+/// in version 1's form whose private data says so (reject_text_for_version).
+inline constexpr std::uint8_t protocol_version = 2;
 /// Opens every handshake message; differs from remote_buffer's "RDMX" on purpose.
 inline constexpr std::array<std::byte, 4> handshake_magic = {std::byte{'R'}, std::byte{'D'}, std::byte{'X'},
                                                              std::byte{'T'}};
@@ -112,6 +115,8 @@ struct handshake {
     std::uint32_t max_rd_atomic = 0; ///< reads the sender will serve at once (its responder resources)
     std::uint8_t private_data_len = 0;
     std::uint8_t flags = 0; ///< handshake_flag_goodbye; other bits are malformed
+    /// encode() writes it; decode() accepts protocol_version alone (see peer_version).
+    std::uint8_t version = protocol_version;
     std::array<std::byte, 196> private_data{};
 
     static constexpr std::size_t header_size = 16;
@@ -127,6 +132,10 @@ struct handshake {
     /// magic, version or type, reserved or padding bytes not zero, private data over the
     /// limit, max_rd_atomic 0 in a HELLO or ACCEPT, or not 0 in a REJECT.
     static std::optional<handshake> decode(std::span<const std::byte> in, bool expect_hello) noexcept;
+    /// The version byte of a handshake message that starts with the magic (at least
+    /// header_size bytes), whatever the version; nullopt otherwise. For answering a peer of
+    /// another version in a form it can read.
+    static std::optional<std::uint8_t> peer_version(std::span<const std::byte> in) noexcept;
     /// Largest private data per type: 56 (hello), 196 (accept), 148 (reject).
     static std::size_t max_private_data(handshake_type t) noexcept;
 };

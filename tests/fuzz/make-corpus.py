@@ -14,9 +14,11 @@ def frame(op, seq=0, addr=0, key=0, length=0, imm=0, flags=0, status=0, payload=
     return struct.pack("<BBHIQQQII", op, flags, 0, imm, seq, addr, key, length, status) + payload
 
 
-def handshake(kind, pdata=b"", max_rd=16, size=None):
+def handshake(kind, pdata=b"", max_rd=16, size=None, version=2, flags=None):
     size = size or (72 if kind == 1 else 212)
-    head = b"RDXT" + struct.pack("<BBBBII", 1, kind, len(pdata), 0, max_rd, 0)
+    if flags is None:
+        flags = 0 if kind == 3 else 1  # GOODBYE in HELLO and ACCEPT, as rdmx sends them
+    head = b"RDXT" + struct.pack("<BBBBII", version, kind, len(pdata), flags, max_rd, 0)
     return (head + pdata).ljust(size, b"\0")
 
 
@@ -58,7 +60,9 @@ write("fuzz_handshake", {
     "accept": b"\0" + handshake(2, b"welcome", max_rd=4),
     "reject": b"\0" + handshake(3, b"r" * 148, max_rd=0),
     "short": b"\0" + handshake(2)[:20],
-    "bad-version": b"\1" + b"RDXT\2\1" + handshake(1)[6:],
+    "bad-version": b"\1" + b"RDXT\3\1" + handshake(1)[6:],
+    "version-1": b"\1" + handshake(1, b"hi", version=1, flags=0),
+    "reject-goodbye": b"\0" + handshake(3, b"r", max_rd=0, flags=1),
     # Near misses: padding not zero, no reads served, a reject that serves reads.
     "hello-padding": b"\1" + handshake(1, b"hi")[:71] + b"\1",
     "hello-no-reads": b"\1" + handshake(1, b"hi", max_rd=0),

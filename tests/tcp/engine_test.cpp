@@ -1174,11 +1174,12 @@ TEST_F(hostile, random_bytes_never_crash_or_touch_memory)
 class wire_rules : public hostile
 {
 protected:
-    static std::vector<std::byte> hello_bytes(std::uint32_t max_rd)
+    static std::vector<std::byte> hello_bytes(std::uint32_t max_rd, std::uint8_t flags = 0)
     {
         handshake h;
         h.type = handshake_type::hello;
         h.max_rd_atomic = max_rd;
+        h.flags = flags;
         h.private_data_len = 2;
         h.private_data[0] = std::byte{'h'};
         h.private_data[1] = std::byte{'i'};
@@ -1199,11 +1200,11 @@ protected:
     }
     /// Accepts a raw peer (HELLO with `max_rd`) without posting a receive; returns the reply.
     std::unique_ptr<connection> accept_bare(int& fd, handshake& reply, const connection_options& o = {},
-                                            std::uint32_t max_rd = 16)
+                                            std::uint32_t max_rd = 16, std::uint8_t flags = 0)
     {
         fd = raw_connect(port_);
         EXPECT_GE(fd, 0);
-        auto hb = hello_bytes(max_rd);
+        auto hb = hello_bytes(max_rd, flags);
         EXPECT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hb.size()));
         auto req = listener_->get_request(5s);
         EXPECT_NE(req, nullptr);
@@ -1248,6 +1249,64 @@ TEST_F(wire_rules, malformed_hellos_are_closed_unanswered)
     // The listener still serves well-formed clients.
     auto p = connect_pair();
     EXPECT_EQ(p.client->state(), connection_state::established);
+}
+
+// Issue 26, item 9: the wire protocol's version. A HELLO of version 1 (before the GOODBYE
+// flag, the atomic frames and SEND_INV) is answered with a REJECT in version 1's form whose
+// private data names the version required; the application never sees it.
+TEST_F(wire_rules, a_hello_of_another_version_is_rejected_in_its_own_form_with_the_reason)
+{
+    for (std::uint8_t v : {std::uint8_t{1}, std::uint8_t{3}}) {
+        SCOPED_TRACE(int{v});
+        auto hb = hello_bytes(16);
+        hb[4] = std::byte{v};
+        int fd = raw_connect(port_);
+        ASSERT_GE(fd, 0);
+        ASSERT_TRUE(send_all(fd, hb.data(), hb.size()));
+        EXPECT_EQ(listener_->get_request(300ms), nullptr) << "another version's HELLO became a request";
+        std::byte buf[handshake::reply_size];
+        ASSERT_EQ(recv_all(fd, buf, sizeof buf), sizeof buf) << "no REJECT";
+        EXPECT_EQ(handshake::peer_version(buf), v) << "the REJECT is not in the HELLO's version";
+        // As that version's client reads it: our decoder with the version byte ours.
+        buf[4] = std::byte{tcp::protocol_version};
+        auto r = handshake::decode(buf, false);
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->type, handshake_type::reject);
+        std::string why(reinterpret_cast<const char*>(r->data().data()), r->data().size());
+        EXPECT_NE(why.find("version 2 required"), std::string::npos) << why;
+        char x;
+        EXPECT_EQ(::recv(fd, &x, 1, 0), 0) << "closed after the REJECT";
+        ::close(fd);
+    }
+    auto p = connect_pair();
+    EXPECT_EQ(p.client->state(), connection_state::established);
+}
+
+// Issue 26, item 9: GOODBYE is the last frame of a peer that set the GOODBYE flag. One from
+// a peer without the flag, and any frame after a GOODBYE, are violations: the connection
+// goes to error (protocol_error), not to a clean `disconnected`.
+TEST_F(wire_rules, goodbye_only_from_a_peer_with_the_flag_and_nothing_after_it)
+{
+    for (bool flagged : {false, true}) {
+        SCOPED_TRACE(flagged ? "a frame after GOODBYE" : "GOODBYE without the flag");
+        int fd;
+        handshake reply;
+        auto c = accept_bare(fd, reply, {}, 16, flagged ? tcp::handshake_flag_goodbye : 0);
+        ASSERT_NE(c, nullptr);
+        EXPECT_EQ(reply.flags, tcp::handshake_flag_goodbye) << "rdmx always sets the flag in ACCEPT";
+        ASSERT_NO_FATAL_FAILURE(send_frame(fd, frame_header{.op = frame_op::goodbye}));
+        if (flagged) {
+            // A request that would be well-formed before the GOODBYE (seq 0, empty).
+            ASSERT_NO_FATAL_FAILURE(send_frame(fd, frame_header{.op = frame_op::send}));
+        }
+        auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (c->state() == connection_state::established && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        EXPECT_EQ(c->state(), connection_state::error) << to_string(c->state());
+        EXPECT_EQ(c->last_error(), errc::protocol_error) << c->last_error().message();
+        ::close(fd);
+        c.reset();
+    }
 }
 
 TEST_F(wire_rules, a_large_read_limit_is_accepted_and_the_smaller_one_applies)

@@ -167,7 +167,8 @@ TEST(tcp_wire, handshake_round_trip)
     ASSERT_EQ(h.wire_size(), 72u);
     h.encode(buf);
     EXPECT_EQ(0, std::memcmp(buf, "RDXT", 4));
-    EXPECT_EQ(buf[4], std::byte{1}) << "version";
+    EXPECT_EQ(buf[4], std::byte{2}) << "version";
+    EXPECT_EQ(handshake::peer_version(buf), 2);
     EXPECT_EQ(buf[5], std::byte{1}) << "hello";
     auto d = handshake::decode({buf, handshake::hello_size}, true);
     ASSERT_TRUE(d);
@@ -193,8 +194,17 @@ TEST(tcp_wire, handshake_round_trip)
     buf[0] = std::byte{'X'};
     EXPECT_FALSE(handshake::decode({buf, handshake::reply_size}, false)) << "bad magic";
     r.encode(buf);
-    buf[4] = std::byte{2};
-    EXPECT_FALSE(handshake::decode({buf, handshake::reply_size}, false)) << "other version";
+    buf[4] = std::byte{1};
+    EXPECT_FALSE(handshake::decode({buf, handshake::reply_size}, false)) << "version 1";
+    EXPECT_EQ(handshake::peer_version(buf), 1);
+    buf[4] = std::byte{3};
+    EXPECT_FALSE(handshake::decode({buf, handshake::reply_size}, false)) << "version 3";
+    r.type = handshake_type::reject;
+    r.max_rd_atomic = 0;
+    r.private_data_len = 0;
+    r.flags = tcp::handshake_flag_goodbye;
+    r.encode(buf);
+    EXPECT_FALSE(handshake::decode({buf, handshake::reply_size}, false)) << "a REJECT with the GOODBYE flag";
 
     handshake big;
     big.type = handshake_type::hello;
@@ -392,8 +402,12 @@ TEST(tcp_wire, handshake_padding_and_reserved_bytes_must_be_zero)
         auto flagged = good;
         flagged[7] = std::byte{handshake_flag_goodbye};
         auto h = handshake::decode(flagged, hello);
-        ASSERT_TRUE(h);
-        EXPECT_EQ(h->flags, handshake_flag_goodbye);
+        if (t == handshake_type::reject) {
+            EXPECT_FALSE(h) << "the GOODBYE flag in a REJECT (no connection follows it)";
+        } else {
+            ASSERT_TRUE(h);
+            EXPECT_EQ(h->flags, handshake_flag_goodbye);
+        }
         // A full private data area leaves no padding.
         auto full = handshake_bytes(t, rd, std::string(handshake::max_private_data(t), 'x'));
         EXPECT_TRUE(handshake::decode(full, hello));
