@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -512,9 +513,16 @@ TEST_P(endpoint_race, two_thousand_connect_remove_cycles)
             << "cycle " << i;
         ASSERT_FALSE(b.done.back().status) << "cycle " << i << ": " << b.done.back().status.message();
         ASSERT_TRUE(check(*m, 4096, 16, i)) << "cycle " << i;
+        ASSERT_EQ(a.ep->statistics().connected, 1u) << "cycle " << i;
         a.ep->remove(to_b);
+        // statistics() keeps counts (issue 26: it walked the address vector): they follow
+        // every connection that comes and goes, on both sides.
+        ASSERT_EQ(a.ep->statistics().connected + a.ep->statistics().connecting, 0u) << "cycle " << i;
     }
     EXPECT_EQ(a.ep->statistics().peers, 0u);
+    ASSERT_TRUE(pump({&a, &b}, [&] { return b.ep->statistics().connected == 0; }));
+    EXPECT_EQ(b.ep->statistics().connecting, 0u);
+    EXPECT_EQ(b.ep->statistics().peers, 1u) << "B keys A by its listener address: one peer throughout";
 }
 
 TEST_P(endpoint_race, more_peers_than_1024_reach_one_endpoint)
@@ -760,6 +768,133 @@ TEST_P(endpoint_race, a_flood_nobody_receives_is_held_bounded_back_pressures_the
     for (int s = 0; s < senders; ++s)
         EXPECT_EQ(next[s], n) << "sender " << s;
     EXPECT_EQ(b.ep->statistics().unexpected, 0u);
+}
+
+// Issue 26, item 6: an eager send that completed successfully is never lost, on every
+// provider. A flooder runs the receiver out of buffers before a well-behaved client sends;
+// nobody receives yet. On RoCE and TCP both are held back (receiver not ready) and everything
+// arrives once the receiver takes it. On iWARP a receiver out of buffers ends the connection
+// that brought the message (siw ended the good client's, whose sends had completed: gone);
+// now a send there succeeds only once the receiver's endpoint holds the message, so the
+// sends that succeeded arrived, and those that did not fail with a cause.
+TEST_P(endpoint_race, a_send_that_succeeded_beside_a_flooder_arrives_on_every_provider)
+{
+    constexpr int flood = 150, polite = 10;
+    constexpr std::size_t len = 64;
+    auto ro = small_options();
+    ro.receive_buffers = 64;
+    ro.unexpected_limit = 48;
+    ro.connection.min_rnr_timer = 18;
+    ro.connection.rnr_retry_count = 7;
+    auto so = ro;
+    auto b = open_ep(0, &ro);
+    ep_handle f = open_ep(0, &so), g = open_ep(0, &so);
+    rdmx::peer f_to_b = f.ep->insert(b.ep->address()), g_to_b = g.ep->insert(b.ep->address());
+    auto m = region(1 << 20);
+    const std::size_t rx = 512 * 1024;
+    // Message k of sender s (0: flooder, 1: polite) at (s * 1000 + k) * len, its id inside.
+    auto at = [&](int s, int k) {
+        return (static_cast<std::size_t>(s) * 1000 + static_cast<std::size_t>(k)) * len;
+    };
+    auto prepare = [&](int s, int k) {
+        fill(*m, at(s, k), len, s * 100000 + k);
+        std::int32_t id[2] = {s, k};
+        std::memcpy(m->data() + at(s, k), id, sizeof id);
+    };
+    for (int k = 0; k < flood; ++k) {
+        prepare(0, k);
+        sge sg{m.get(), at(0, k), len};
+        ASSERT_FALSE(f.ep->send(f_to_b, 9, {&sg, 1}, static_cast<std::uint64_t>(k)));
+    }
+    // The flood meets the receiver's buffers first.
+    pump(
+        {&f, &b}, [&] { return b.ep->statistics().unexpected >= ro.unexpected_limit; }, 20s);
+    pump(
+        {&f, &b}, [] { return false; }, 300ms);
+    for (int k = 0; k < polite; ++k) {
+        prepare(1, k);
+        sge sg{m.get(), at(1, k), len};
+        ASSERT_FALSE(g.ep->send(g_to_b, 9, {&sg, 1}, static_cast<std::uint64_t>(k)));
+    }
+    pump(
+        {&f, &g, &b}, [] { return false; }, 500ms);
+    // Now the receiver takes everything that comes.
+    const int total = flood + polite;
+    for (int i = 0; i < total; ++i) {
+        sge r{m.get(), rx + static_cast<std::size_t>(i) * len, len};
+        ASSERT_FALSE(b.ep->recv(any_peer, 9, 0, {&r, 1}, static_cast<std::uint64_t>(i)));
+    }
+    auto ok_sends = [](const ep_handle& e) {
+        std::vector<int> v;
+        for (auto& x : e.done)
+            if (x.op == endpoint_op::send && !x.status)
+                v.push_back(static_cast<int>(x.context));
+        return v;
+    };
+    auto received_from = [&](int s) {
+        std::vector<int> v;
+        for (auto& x : b.done) {
+            if (x.op != endpoint_op::recv || x.status)
+                continue;
+            std::int32_t id[2];
+            std::memcpy(id, m->data() + rx + x.context * len, sizeof id);
+            if (id[0] == s)
+                v.push_back(id[1]);
+        }
+        return v;
+    };
+    auto covered = [&](int s, const ep_handle& e) {
+        auto got = received_from(s);
+        for (int k : ok_sends(e))
+            if (std::find(got.begin(), got.end(), k) == got.end())
+                return false;
+        return true;
+    };
+    const bool all = pump(
+        {&f, &g, &b},
+        [&] {
+            return f.done.size() == static_cast<std::size_t>(flood) &&
+                   g.done.size() == static_cast<std::size_t>(polite) && covered(0, f) && covered(1, g);
+        },
+        60s);
+    pump(
+        {&f, &g, &b}, [] { return false; }, 50ms);
+    std::size_t failed = (flood - ok_sends(f).size()) + (polite - ok_sends(g).size());
+    std::printf("[ flood    ] %s: %zu of %d sends succeeded, %zu failed; %zu received\n", to_string(b_),
+                ok_sends(f).size() + ok_sends(g).size(), total, failed,
+                received_from(0).size() + received_from(1).size());
+    ASSERT_TRUE(all) << "a send that succeeded never arrived (flooder " << received_from(0).size() << " of "
+                     << ok_sends(f).size() << ", polite " << received_from(1).size() << " of "
+                     << ok_sends(g).size() << "), or a send never completed (" << f.done.size() << ", "
+                     << g.done.size() << ")";
+    if (!dom_->limits().iwarp) {
+        EXPECT_EQ(failed, 0u) << "receiver-not-ready holds senders back without failing them";
+    }
+    for (auto* e : {&f, &g})
+        for (auto& x : e->done)
+            if (x.status) {
+                EXPECT_NE(x.status, errc::flushed);
+                EXPECT_EQ(&x.status.category(), &rdmx::category()) << x.status.message();
+            }
+    // What arrived is intact, in order per sender, none twice.
+    for (int s = 0; s < 2; ++s) {
+        auto got = received_from(s);
+        for (std::size_t i = 1; i < got.size(); ++i)
+            EXPECT_LT(got[i - 1], got[i]) << "sender " << s << ": out of order or twice";
+    }
+    for (auto& x : b.done) {
+        if (x.status)
+            continue;
+        std::int32_t id[2];
+        std::memcpy(id, m->data() + rx + x.context * len, sizeof id);
+        ASSERT_TRUE(id[0] == 0 || id[0] == 1);
+        bool ok = true;
+        for (std::size_t j = sizeof id; j < len; ++j)
+            ok &= m->data()[rx + x.context * len + j] ==
+                  static_cast<std::byte>(
+                      (j * 131 + static_cast<std::size_t>(id[0] * 100000 + id[1]) * 7 + 1) & 0xff);
+        EXPECT_TRUE(ok) << "sender " << id[0] << ", message " << id[1];
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, endpoint_race, testing::ValuesIn(selected_backends()), param_name);

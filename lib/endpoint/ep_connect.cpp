@@ -95,6 +95,7 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
     ctrl_size_ = static_cast<std::uint32_t>(header_size + remote_buffer::wire_size * max_rts_desc);
     buf_size_ = static_cast<std::uint32_t>(header_size) + std::max(opts.eager_limit, ctrl_size_);
     max_chunk_ = lim.max_msg_size ? std::min<std::uint64_t>(lim.max_msg_size, 1u << 30) : (1u << 30);
+    delivery_acks_ = lim.iwarp;
 
     // The listener first: its port is part of the address that peers insert.
     auto want = resolve_address(address, d.backend(), true);
@@ -219,6 +220,8 @@ std::uint32_t endpoint_impl::find_or_add(const resolved_address& a)
     // The lists of peers grow with the vector here, so that the data path never does.
     timers_.reserve(peers_.size());
     kick_.reserve(peers_.size());
+    ack_due_.reserve(peers_.size());
+    ensure_delivered_slot(i);
     return i;
 }
 
@@ -270,6 +273,10 @@ void endpoint_impl::remove(rdmx::peer h) noexcept
         kick_.erase(std::find(kick_.begin(), kick_.end(), pi));
         p.in_kick = false;
     }
+    if (p.in_ack_due) {
+        ack_due_.erase(std::find(ack_due_.begin(), ack_due_.end(), pi));
+        p.in_ack_due = false;
+    }
     by_address_.erase(p.addr.text);
     p.live = false;
     ++p.gen;
@@ -284,13 +291,8 @@ endpoint::stats endpoint_impl::statistics() const noexcept
 {
     stats s;
     s.peers = live_peers_;
-    for (const auto& p : peers_)
-        if (p && p->live) {
-            if (p->chosen)
-                ++s.connected;
-            else if (p->dial || p->accepted)
-                ++s.connecting;
-        }
+    s.connected = connected_peers_;
+    s.connecting = connecting_peers_;
     s.unexpected = held_count_;
     return s;
 }
@@ -382,8 +384,10 @@ void endpoint_impl::on_request(connection_request& req)
     o.events = events_;
     o.context = static_cast<std::uint64_t>(handle_of(pi));
     auto reply = encode_accept(incarnation_);
+    const auto before = class_of(p);
     p.accepted = req.start_accept(o, reply);
     p.accepted_up = p.accepted_heard = false;
+    reclass(before, p);
 }
 
 // --- connection events ---
@@ -472,7 +476,9 @@ void endpoint_impl::on_event(const event& ev) noexcept
 void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
 {
     peer_entry& p = *peers_[pi];
+    const auto before = class_of(p);
     p.chosen = c;
+    reclass(before, p);
     p.posted_wrs = 0;
     p.sq_depth = c->limits().send_queue_depth;
     // A quarter of the send queue (at least one slot) is kept for acknowledgements.
@@ -481,6 +487,10 @@ void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
     p.next_dial = clock::time_point::max();
     p.deadline = clock::time_point::max();
     p.last_cause.clear();
+    p.tx_eager = p.peer_delivered = p.told = 0;
+    p.delivered_posted = false;
+    if (delivery_acks_ && rx_count(p, c) != 0)
+        need_ack(pi); // what came before it was chosen
     if (c == p.dial.get()) {
         // The ready message goes first (before anything queued), so that the acceptor
         // knows our side is up whether or not we have anything to send.
@@ -517,7 +527,9 @@ void endpoint_impl::start_dial(std::uint32_t pi) noexcept
     o.context = static_cast<std::uint64_t>(handle_of(pi));
     auto pd = encode(identity{incarnation_, self_.key});
     try {
+        const auto before = class_of(p);
         p.dial = dom_.start_connect(p.addr.text, o, pd);
+        reclass(before, p);
     } catch (const rdmx::error& e) {
         RDMX_LOG(debug, "endpoint %s: dial %s: %s", self_.text.c_str(), p.addr.text.c_str(), e.what());
         on_dial_failed(pi, e.code(), reject_reason::none);
@@ -659,9 +671,30 @@ void endpoint_impl::fail_queued(std::uint32_t pi, std::error_code cause) noexcep
     p.deadline = clock::time_point::max();
 }
 
+void endpoint_impl::reclass(peer_class before, const peer_entry& p) noexcept
+{
+    const peer_class now = class_of(p);
+    if (now == before)
+        return;
+    if (before == peer_class::connected)
+        --connected_peers_;
+    else if (before == peer_class::connecting)
+        --connecting_peers_;
+    if (now == peer_class::connected)
+        ++connected_peers_;
+    else if (now == peer_class::connecting)
+        ++connecting_peers_;
+}
+
 void endpoint_impl::drop_connection(std::uint32_t pi, connection* c, std::error_code cause) noexcept
 {
     peer_entry& p = *peers_[pi];
+    struct reclass_at_end {
+        endpoint_impl& e;
+        const peer_entry& p;
+        peer_class before;
+        ~reclass_at_end() { e.reclass(before, p); }
+    } counts{*this, p, class_of(p)};
     if (c == p.chosen) {
         // Its outstanding operations fail with the cause; their completions, if any are
         // still in the queue, go with the connection.
@@ -691,6 +724,7 @@ void endpoint_impl::drop_connection(std::uint32_t pi, connection* c, std::error_
         }
         p.chosen = nullptr;
         p.posted_wrs = 0;
+        p.delivered_posted = false;
     }
     for (std::uint32_t b = 0; b < held_.size(); ++b)
         if ((held_[b].held || held_[b].claimed) && held_[b].conn == c) {
@@ -699,11 +733,13 @@ void endpoint_impl::drop_connection(std::uint32_t pi, connection* c, std::error_
             else
                 held_[b].conn = nullptr;
         }
-    if (c == p.dial.get())
+    if (c == p.dial.get()) {
         p.dial.reset();
-    else if (c == p.accepted.get()) {
+        p.rx_dial = 0;
+    } else if (c == p.accepted.get()) {
         p.accepted.reset();
         p.accepted_up = p.accepted_heard = false;
+        p.rx_accepted = 0;
     }
 }
 

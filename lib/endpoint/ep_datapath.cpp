@@ -218,13 +218,17 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     case endpoint_op::send:
         wr.opcode = opcode::send;
         if (!o.rndv) {
-            encode(msg_header{msg_type::eager, 0, o.tag, o.length, 0}, ctrl);
+            msg_header h{msg_type::eager, 0, o.tag, o.length, 0};
+            h.delivered = tell_delivered(p);
+            encode(h, ctrl);
             s[n++] = sge{ctrl_mr_.get(), ctrl_off, header_size};
             for (std::uint8_t i = 0; i < o.nsge; ++i)
                 s[n++] = o.sges[i];
         } else {
             std::uint64_t id = (static_cast<std::uint64_t>(o.gen) << 32) | oi;
-            encode(msg_header{msg_type::rts, o.nsge, o.tag, o.length, id}, ctrl);
+            msg_header h{msg_type::rts, o.nsge, o.tag, o.length, id};
+            h.delivered = tell_delivered(p);
+            encode(h, ctrl);
             for (std::uint8_t i = 0; i < o.nsge; ++i) {
                 remote_buffer rb;
                 try {
@@ -290,7 +294,10 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     o.st = op_slot::state::posted;
     o.conn = p.chosen;
     o.awaiting_local = true;
-    o.awaiting_ack = o.rndv;
+    // Rendezvous: the receiver's ack. An eager send on iWARP: its delivered count.
+    o.awaiting_ack = o.rndv || (delivery_acks_ && o.kind == endpoint_op::send);
+    if (delivery_acks_ && o.kind == endpoint_op::send && !o.rndv)
+        o.seq = ++p.tx_eager;
     chain_push(p.outstanding, oi);
     ++p.posted_wrs;
     return post_result::posted;
@@ -374,6 +381,15 @@ void endpoint_impl::on_completion(const completion& c) noexcept
         if (idx < peers_.size())
             slot_done(idx, c.conn); // a failure ends the connection: its event follows
         return;
+    case wr_kind::delivered:
+        if (idx < peers_.size() && peers_[idx] && peers_[idx]->live && c.conn == peers_[idx]->chosen) {
+            peer_entry& p = *peers_[idx];
+            p.delivered_posted = false;
+            slot_done(idx, c.conn);
+            if (rx_count(p, p.chosen) != p.told)
+                need_ack(idx); // more came while it was in flight
+        }
+        return;
     case wr_kind::op: {
         if (idx >= ops_.size() || ops_[idx].st != op_slot::state::posted)
             return;
@@ -418,8 +434,11 @@ void endpoint_impl::on_message(std::uint32_t buf, std::uint32_t byte_len, std::u
         repost(buf); // not ours, or damaged: dropped
         return;
     }
-    if (h->type == msg_type::ready) {
-        repost(buf); // heard_on() took what it says
+    peer_entry& p = *peers_[pi];
+    if (c == p.chosen)
+        on_delivered(pi, h->delivered);
+    if (h->type == msg_type::ready || h->type == msg_type::delivered) {
+        repost(buf); // heard_on() and on_delivered() took what they say
         return;
     }
     if (h->type == msg_type::ack) {
@@ -435,6 +454,11 @@ void endpoint_impl::on_message(std::uint32_t buf, std::uint32_t byte_len, std::u
         }
         repost(buf);
         return;
+    }
+    if (h->type == msg_type::eager) {
+        ++rx_count(p, c);
+        if (delivery_acks_ && c == p.chosen)
+            need_ack(pi);
     }
     unexpected_msg& m = held_[buf];
     m.peer = pi;

@@ -33,7 +33,7 @@ inline constexpr std::chrono::milliseconds first_backoff{10};
 inline constexpr std::chrono::milliseconds max_backoff{500};
 
 /// What a work request id names (its top byte); the low 32 bits are a pool index.
-enum class wr_kind : std::uint8_t { srq = 1, op = 2, rndv_read = 3, ack = 4, ready = 5 };
+enum class wr_kind : std::uint8_t { srq = 1, op = 2, rndv_read = 3, ack = 4, ready = 5, delivered = 6 };
 constexpr std::uint64_t make_wr_id(wr_kind k, std::uint32_t i) noexcept
 {
     return (static_cast<std::uint64_t>(k) << 56) | i;
@@ -50,6 +50,7 @@ struct op_slot {
     bool awaiting_ack = false;   ///< rendezvous: the receiver's ack has not come
     std::uint8_t nsge = 0;
     std::uint32_t gen = 0; ///< with the index, the id an ack names
+    std::uint32_t seq = 0; ///< an eager send on iWARP: its number on the connection (delivered counts)
     std::uint32_t peer = nil;
     std::uint32_t prev = nil, next = nil; ///< in its peer's queued or outstanding chain
     std::uint64_t context = 0, tag = 0, length = 0;
@@ -124,6 +125,14 @@ struct peer_entry {
     std::chrono::milliseconds backoff = first_backoff;
     std::error_code last_cause;
     bool in_timers = false, in_kick = false;
+    // Delivery acknowledgements of eager messages, on iWARP (docs/endpoints.md, "Completion
+    // semantics"). Counts are per connection, mod 2^32.
+    std::uint32_t rx_dial = 0, rx_accepted = 0; ///< eager messages received over each
+    std::uint32_t tx_eager = 0;                 ///< eager sends posted on `chosen` (each one's seq)
+    std::uint32_t peer_delivered = 0;           ///< of those, what the peer said it holds
+    std::uint32_t told = 0;                     ///< what we last said over `chosen` (of rx on it)
+    bool delivered_posted = false;              ///< a `delivered` message is in flight on `chosen`
+    bool in_ack_due = false;
 };
 
 class endpoint_impl final : public endpoint
@@ -188,9 +197,33 @@ private:
     void run_timers() noexcept;
     void arm_timerfd() noexcept;
     void fail_queued(std::uint32_t pi, std::error_code cause) noexcept;
+    // --- delivery acknowledgements on iWARP (ep_delivery.cpp) ---
+    /// Eager messages received over `c`, one of peer p's connections.
+    static std::uint32_t& rx_count(peer_entry& p, const connection* c) noexcept
+    {
+        return c == p.dial.get() ? p.rx_dial : p.rx_accepted;
+    }
+    /// The delivered count for a header sent over p's chosen connection (and noted as told).
+    std::uint32_t tell_delivered(peer_entry& p) noexcept;
+    /// A header over p's chosen connection said `delivered`: the eager sends it covers complete.
+    void on_delivered(std::uint32_t pi, std::uint32_t delivered) noexcept;
+    void need_ack(std::uint32_t pi) noexcept;
+    /// poll()'s end: a `delivered` message to each peer whose count no header carried yet.
+    void send_due_acks() noexcept;
+    /// The registered header slot of peer `i` for its `delivered` messages (grows in blocks).
+    void ensure_delivered_slot(std::uint32_t i);
     /// Completes the posted receives directed at peer `pi` (not yet matched) with `cause`.
     void fail_directed_recvs(std::uint32_t pi, std::error_code cause) noexcept;
     bool connecting(const peer_entry& p) const noexcept { return p.dial || p.accepted; }
+    /// What statistics() counts a peer as; reclass() keeps the counts when it changes.
+    enum class peer_class : std::uint8_t { idle, connecting, connected };
+    static peer_class class_of(const peer_entry& p) noexcept
+    {
+        return p.chosen                 ? peer_class::connected
+               : (p.dial || p.accepted) ? peer_class::connecting
+                                        : peer_class::idle;
+    }
+    void reclass(peer_class before, const peer_entry& p) noexcept;
     // --- data path (ep_datapath.cpp) ---
     std::error_code check_sges(std::span<const sge> local, access need, std::uint64_t* total) const noexcept;
     /// A cleared op slot of `kind` for peer `pi`, or nil when the pools are full
@@ -280,8 +313,9 @@ private:
     std::vector<std::unique_ptr<peer_entry>> peers_;
     std::vector<std::uint32_t> free_peers_;
     std::unordered_map<std::string, std::uint32_t> by_address_;
-    std::vector<std::uint32_t> timers_, kick_;
+    std::vector<std::uint32_t> timers_, kick_, ack_due_;
     std::size_t live_peers_ = 0;
+    std::size_t connected_peers_ = 0, connecting_peers_ = 0; ///< statistics(), kept by reclass()
 
     // The destructor ends the connections (in peers_) first; then, in reverse order of
     // these members, the listener, the regions, their memory and the queues.
@@ -290,6 +324,16 @@ private:
     std::shared_ptr<shared_receive_queue> srq_;
     std::vector<std::byte> recv_mem_, ctrl_mem_;
     std::unique_ptr<memory_region> recv_mr_, ctrl_mr_;
+    /// iWARP: eager sends complete on the receiver's delivered count, not on their own
+    /// completion (which says only that TCP took the message).
+    bool delivery_acks_ = false;
+    /// One header slot per peer for its `delivered` messages, in registered blocks.
+    static constexpr std::uint32_t delivered_block = 64;
+    struct header_block {
+        std::array<std::byte, delivered_block * header_size> mem{};
+        std::unique_ptr<memory_region> mr;
+    };
+    std::vector<std::unique_ptr<header_block>> delivered_blocks_;
     std::unique_ptr<listener> listener_;
     int epoll_fd_ = -1, timer_fd_ = -1, wake_fd_ = -1;
     // What poll() knows without a system call (it makes one, epoll_wait(0), when nothing

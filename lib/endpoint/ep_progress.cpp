@@ -67,6 +67,8 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
             poll_cq();
         }
     }
+    if (!ack_due_.empty())
+        send_due_acks();
     std::size_t n = 0;
     while (n < out.size() && ring_count_ != 0) {
         out[n++] = ring_[ring_head_];

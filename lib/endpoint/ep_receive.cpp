@@ -154,7 +154,9 @@ void endpoint_impl::post_ack(std::uint32_t ri) noexcept
     if (p.posted_wrs < p.sq_depth) {
         std::size_t off =
             static_cast<std::size_t>(ctrl_size_) * ops_.size() + static_cast<std::size_t>(ri) * header_size;
-        encode(msg_header{msg_type::ack, 0, 0, 0, r.remote_id}, ctrl_mem_.data() + off);
+        msg_header h{msg_type::ack, 0, 0, 0, r.remote_id};
+        h.delivered = tell_delivered(p);
+        encode(h, ctrl_mem_.data() + off);
         std::error_code ec = send_header(*r.conn, off, make_wr_id(wr_kind::ack, ri));
         if (!ec) {
             ++p.posted_wrs;
