@@ -155,6 +155,10 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     // Never promise more reads than the initiator asked for, nor accept more than we allow.
     param.responder_resources = std::min(param.responder_resources, request.initiator_depth);
     param.initiator_depth = std::min(param.initiator_depth, request.responder_resources);
+    // limits() says what this connection got: the reads it may have outstanding at the
+    // peer are what the peer offered to serve, when that is fewer than ours.
+    if (param.initiator_depth != 0)
+        set_max_rd_atomic(param.initiator_depth);
     // (A depth of 0 keeps rdma_cm's value, which is then 0 as well.)
     // On iWARP these depths travel as IRD/ORD in the MPA exchange and the provider moves
     // the QP to RTS itself (it refuses RTS from us: the QP has no stream yet).

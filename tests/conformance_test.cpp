@@ -97,6 +97,27 @@ TEST_P(conformance, connect_accept_exchanges_private_data)
     }
 }
 
+// Issue 26, item 8: limits() says what the connection got, not what this side asked for.
+// A client that offers one outstanding read: the server's connection may have one read
+// outstanding at it, not its own 16.
+TEST_P(conformance, limits_report_the_read_depth_the_connection_got)
+{
+    connection_options one;
+    one.max_rd_atomic = 1;
+    auto accepted = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(10s);
+        if (!req)
+            throw std::runtime_error("no connection request within 10 s");
+        connection_options sixteen;
+        sixteen.max_rd_atomic = 16;
+        return req->accept(sixteen);
+    });
+    auto client = client_dom_->connect(server_address(), one);
+    auto server = accepted.get();
+    EXPECT_EQ(client->limits().max_rd_atomic, 1u);
+    EXPECT_EQ(server->limits().max_rd_atomic, 1u) << "the peer offered one read; the server reports its own";
+}
+
 TEST_P(conformance, automatic_choice_picks_this_backend_and_says_so)
 {
     // auto:// maps the address to an RDMA device when there is one (the verbs run's

@@ -57,6 +57,9 @@ public:
     bool complete(const ibv_wc& wc, completion& out, const completion_queue* from) noexcept;
 
 protected:
+    /// What the connection set-up negotiated (the reads outstanding at the peer), for
+    /// limits(); before the connection is handed out.
+    void set_max_rd_atomic(std::uint32_t n) noexcept { limits_.max_rd_atomic = n; }
     /// Reserves room on the shared completion queues of `opts` (throws errc::no_resources
     /// naming `verb` and the queue without room) and creates the completion channel and
     /// the CQ of the sides without one; the QP comes with create_qp(). `keepalive` holds

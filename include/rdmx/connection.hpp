@@ -236,7 +236,12 @@ struct connection_limits {
     std::uint32_t max_rd_atomic = 0;
 };
 
-/// Handles for low-level control on the verbs backend; all null on TCP.
+/// Handles for low-level control on the verbs backend; all null on TCP. rdmx keeps its own
+/// accounting of the QP and CQ (docs/failure-semantics.md, "Escape hatches"): query them
+/// and read the cm_id freely; register memory on the pd and build objects of your own on it.
+/// Do not post to `qp` or poll `cq` (rdmx counts queue slots and takes every completion;
+/// a raw post or poll desynchronises both), nor disconnect, destroy or modify them: use the
+/// connection's own calls.
 struct native_handles {
     rdma_cm_id* cm_id = nullptr;
     ibv_qp* qp = nullptr;

@@ -495,6 +495,8 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
         throw error(make_error_code(errc::rejected), what, std::vector<std::byte>(d.begin(), d.end()));
     }
     auto d = reply->data();
+    // limits() says what the connection got (section 1 of docs/wire-format.md).
+    lim.max_rd_atomic = std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, reply->max_rd_atomic));
     auto conn = prepare_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
                                    std::vector<std::byte>(d.begin(), d.end()), std::move(shared),
                                    initial_recvs, false);

@@ -135,6 +135,9 @@ private:
         reply_ = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
         set_congestion_control(fd_.get(), opts.tcp.congestion);
         fd_raw_ = fd_.get();
+        // limits() says what the connection got: its reads at the peer are bounded by what
+        // the peer serves too (section 1 of docs/wire-format.md).
+        lim.max_rd_atomic = std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, hello_.max_rd_atomic));
         auto conn = prepare_connection(*dom_, std::move(fd_), lim, opts, hello_.max_rd_atomic,
                                        std::vector<std::byte>(hello_.data().begin(), hello_.data().end()),
                                        std::move(shared), initial_recvs, started);
