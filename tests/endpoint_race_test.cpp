@@ -459,6 +459,58 @@ TEST_P(endpoint_race, a_receive_directed_at_a_peer_that_dies_completes_with_the_
     EXPECT_FALSE(a.ep->cancel_recv(3));
 }
 
+// Issue 26: peer events. With endpoint_options::peer_events a service learns that a
+// client's connection ended (SIGKILL: peer_down with the cause) and that a new incarnation at
+// its address made contact (peer_restarted), so it can retire the dead one's state.
+TEST_P(endpoint_race, peer_events_report_a_client_that_died_and_its_restart)
+{
+    const std::uint16_t port = free_port();
+    auto o = small_options();
+    o.peer_events = true;
+    auto a = open_ep(0, &o);
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(address(b_, port));
+    child_process b(peer_program(), {address(b_, port), "answer"});
+    char one = 0;
+    ASSERT_TRUE(b.read_exact(&one, 1, 20s)) << "the peer did not start";
+    sge s{m.get(), 0, 64};
+    ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
+    ASSERT_TRUE(pump({&a}, [&] { return a.done.size() == 1; }));
+    ASSERT_FALSE(a.done[0].status) << a.done[0].status.message();
+    b.kill();
+    ASSERT_TRUE(pump(
+        {&a}, [&] { return a.done.size() == 2; }, 15s))
+        << "no peer_down after the peer died";
+    EXPECT_EQ(a.done[1].op, endpoint_op::peer_down) << to_string(a.done[1].op);
+    EXPECT_EQ(a.done[1].peer, to_b);
+    EXPECT_TRUE(a.done[1].status == errc::peer_lost || a.done[1].status == errc::disconnected ||
+                a.done[1].status == errc::transport_retry_exceeded)
+        << a.done[1].status.message();
+    // The next incarnation, at the same address: the next operation reaches it.
+    auto b2 = open_ep(port);
+    sge r{m.get(), 4096, 64};
+    ASSERT_FALSE(b2.ep->recv(any_peer, 2, 0, {&r, 1}, 1));
+    ASSERT_FALSE(a.ep->send(to_b, 2, {&s, 1}, 2));
+    auto has = [&](endpoint_op op) {
+        return std::any_of(a.done.begin(), a.done.end(),
+                           [&](const endpoint_completion& x) { return x.op == op; });
+    };
+    ASSERT_TRUE(pump({&a, &b2}, [&] { return b2.done.size() == 1 && has(endpoint_op::peer_restarted); }))
+        << "no peer_restarted for the new incarnation";
+    for (auto& x : a.done) {
+        if (x.op == endpoint_op::peer_restarted) {
+            EXPECT_EQ(x.peer, to_b);
+        }
+    }
+    // Removing a peer reports nothing more about it.
+    const std::size_t before = a.done.size();
+    a.ep->remove(to_b);
+    pump(
+        {&a, &b2}, [] { return false; }, 100ms);
+    for (std::size_t i = before; i < a.done.size(); ++i)
+        EXPECT_NE(a.done[i].op, endpoint_op::peer_down) << "remove() reported as peer_down";
+}
+
 // Issue 26, item 3: a server that goes away while a client dials (its listener rejects
 // without an endpoint's reason, as a closing listener or an exiting process does) is
 // redialled until the deadline: the operations queued meanwhile reach the server that

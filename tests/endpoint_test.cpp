@@ -757,7 +757,9 @@ TEST_P(endpoint_fixture, completions_made_outside_poll_make_fd_readable)
     ASSERT_TRUE(drain_until_quiet(b)) << "fd() stays readable with nothing to do";
     // A receive that matches the held message completes inside recv().
     sge r{m.get(), 4096, 64};
-    ASSERT_FALSE(b.ep->recv(any_peer, 5, 0, {&r, 1}, 10));
+    bool matched = false;
+    ASSERT_FALSE(b.ep->recv(any_peer, 5, 0, {&r, 1}, 10, matched));
+    EXPECT_TRUE(matched) << "recv() matched a held message and did not say so";
     EXPECT_TRUE(readable_within(b.ep->fd(), 1000ms)) << "recv() completed at once, fd() says nothing";
     b.poll();
     ASSERT_EQ(b.done.size(), 1u);
@@ -765,7 +767,8 @@ TEST_P(endpoint_fixture, completions_made_outside_poll_make_fd_readable)
     EXPECT_TRUE(check(*m, 4096, 64, 3));
     const rdmx::peer from_a = b.done[0].peer;
     // A posted receive canceled by its context.
-    ASSERT_FALSE(b.ep->recv(any_peer, 6, 0, {&r, 1}, 11));
+    ASSERT_FALSE(b.ep->recv(any_peer, 6, 0, {&r, 1}, 11, matched));
+    EXPECT_FALSE(matched) << "nothing held matches tag 6";
     EXPECT_EQ(b.ep->cancel_recv(12), errc::invalid_argument) << "no receive has context 12";
     ASSERT_TRUE(drain_until_quiet(b));
     ASSERT_FALSE(b.ep->cancel_recv(11));

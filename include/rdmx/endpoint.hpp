@@ -46,12 +46,19 @@ enum class endpoint_op : std::uint8_t {
     compare_swap,      ///< an atomic compare-and-swap by peer handle (the old value is in `local`)
     bind_window,       ///< a memory window bound for a peer: its remote() is valid now
     invalidate_window, ///< a memory window revoked
+    /// endpoint_options::peer_events: the connection to `peer` ended (`status` says why:
+    /// peer_lost, disconnected, ...). Its held messages stay; the next operation to it
+    /// redials; remove() retires it. Not for remove() itself.
+    peer_down,
+    /// endpoint_options::peer_events: a new incarnation of `peer` (the same address, a
+    /// restarted process) made contact; what the old one had is gone.
+    peer_restarted,
 };
 const char* to_string(endpoint_op op) noexcept;
 
 /// One completion of an endpoint, polled into a caller-supplied array.
 struct endpoint_completion {
-    std::uint64_t context = 0; ///< the caller's, given with the operation
+    std::uint64_t context = 0; ///< the caller's, given with the operation (0 for peer events)
     endpoint_op op = endpoint_op::send;
     /// Empty on success. recv: errc::local_length when the message was longer than the
     /// buffer (the buffer holds its first bytes, `length` says how long it was). Any op:
@@ -101,6 +108,10 @@ struct endpoint_options {
     /// wait() still sleeps: it arms before it sleeps. fd() alone is then not woken by
     /// completions: sleep in wait(), or leave this false.
     bool busy_poll = false;
+    /// poll() also reports peer_down and peer_restarted (endpoint_op), so that a service
+    /// can retire the state of clients that died or restarted. Off by default: a caller
+    /// that does not expect them never sees them.
+    bool peer_events = false;
 };
 
 /// A connectionless endpoint over rdmx connections. Not movable.
@@ -154,6 +165,11 @@ public:
     /// next. errc::canceled on remove().
     virtual std::error_code recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
                                  std::span<const sge> local, std::uint64_t context) noexcept = 0;
+    /// As above; `matched` says whether a held message matched it at once (its completion
+    /// is waiting in poll() already), false when it was posted to wait for one.
+    virtual std::error_code recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
+                                 std::span<const sge> local, std::uint64_t context,
+                                 bool& matched) noexcept = 0;
 
     /// An unexpected message, as peek() finds it.
     struct message_info {

@@ -30,6 +30,8 @@ const char* to_string(endpoint_op op) noexcept
     case endpoint_op::compare_swap: return "compare_swap";
     case endpoint_op::bind_window: return "bind_window";
     case endpoint_op::invalidate_window: return "invalidate_window";
+    case endpoint_op::peer_down: return "peer_down";
+    case endpoint_op::peer_restarted: return "peer_restarted";
     }
     return "?";
 }
@@ -221,6 +223,7 @@ std::uint32_t endpoint_impl::find_or_add(const resolved_address& a)
     timers_.reserve(peers_.size());
     kick_.reserve(peers_.size());
     ack_due_.reserve(peers_.size());
+    event_peers_.reserve(peers_.size());
     ensure_delivered_slot(i);
     return i;
 }
@@ -276,6 +279,10 @@ void endpoint_impl::remove(rdmx::peer h) noexcept
     if (p.in_ack_due) {
         ack_due_.erase(std::find(ack_due_.begin(), ack_due_.end(), pi));
         p.in_ack_due = false;
+    }
+    if (p.in_peer_events) { // its handle is stale now: nothing more about it
+        event_peers_.erase(std::find(event_peers_.begin(), event_peers_.end(), pi));
+        p.in_peer_events = false;
     }
     by_address_.erase(p.addr.text);
     p.live = false;
@@ -347,6 +354,7 @@ void endpoint_impl::on_request(connection_request& req)
         // incarnation with our dial accepted and torn down, and what it posted there
         // failed).
         RDMX_LOG(debug, "endpoint %s: %s restarted", self_.text.c_str(), p.addr.text.c_str());
+        note_peer_event(pi, endpoint_op::peer_restarted, {});
         if (p.chosen) {
             drop_connection(pi, p.chosen, errc::peer_lost);
             fail_directed_recvs(pi, errc::peer_lost); // the old incarnation sends nothing more
@@ -420,6 +428,8 @@ void endpoint_impl::on_event(const event& ev) noexcept
                 on_dial_failed(pi, errc::protocol_error, reject_reason::none);
                 return;
             }
+            if (p.remote_inc != 0 && p.remote_inc != *inc)
+                note_peer_event(pi, endpoint_op::peer_restarted, {});
             if (p.remote_inc != 0 && p.remote_inc != *inc && p.chosen) { // restarted behind our back
                 drop_connection(pi, p.chosen, errc::peer_lost);
                 fail_directed_recvs(pi, errc::peer_lost);
@@ -647,6 +657,50 @@ void endpoint_impl::arm_timerfd() noexcept
     ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
 }
 
+void endpoint_impl::note_peer_event(std::uint32_t pi, endpoint_op what, std::error_code cause) noexcept
+{
+    if (!opts_.peer_events)
+        return;
+    peer_entry& p = *peers_[pi];
+    if (what == endpoint_op::peer_restarted)
+        p.restarted = true;
+    else if (!p.down_cause) // the first cause, of the connection that was up
+        p.down_cause = cause ? cause : make_error_code(errc::disconnected);
+    if (!p.in_peer_events) {
+        p.in_peer_events = true;
+        event_peers_.push_back(pi); // reserved to the vector's size in find_or_add
+    }
+}
+
+void endpoint_impl::emit_peer_events() noexcept
+{
+    // The ring holds an entry for every slot in use plus as many more (the constructor):
+    // events take only what the slots in flight cannot need.
+    auto room = [&] { return ring_count_ + ops_in_use_ + recvs_in_use_ + 1 < ring_.size(); };
+    std::size_t k = 0;
+    for (; k < event_peers_.size() && room(); ++k) {
+        peer_entry& p = *peers_[event_peers_[k]];
+        endpoint_completion c;
+        c.peer = handle_of(event_peers_[k]);
+        if (p.down_cause) {
+            c.op = endpoint_op::peer_down;
+            c.status = p.down_cause;
+            push(c);
+            p.down_cause.clear();
+        }
+        if (p.restarted && room()) {
+            c.op = endpoint_op::peer_restarted;
+            c.status.clear();
+            push(c);
+            p.restarted = false;
+        }
+        if (p.restarted) // no room left for it: the next poll()
+            break;
+        p.in_peer_events = false;
+    }
+    event_peers_.erase(event_peers_.begin(), event_peers_.begin() + static_cast<std::ptrdiff_t>(k));
+}
+
 void endpoint_impl::fail_directed_recvs(std::uint32_t pi, std::error_code cause) noexcept
 {
     for (std::uint32_t ri = posted_recvs_.front(); ri != nil;) {
@@ -696,6 +750,8 @@ void endpoint_impl::drop_connection(std::uint32_t pi, connection* c, std::error_
         ~reclass_at_end() { e.reclass(before, p); }
     } counts{*this, p, class_of(p)};
     if (c == p.chosen) {
+        if (cause != errc::canceled)
+            note_peer_event(pi, endpoint_op::peer_down, cause);
         // Its outstanding operations fail with the cause; their completions, if any are
         // still in the queue, go with the connection.
         while (p.outstanding.head != nil) {

@@ -270,7 +270,9 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
         wr.opcode = opcode::invalidate_window;
         wr.window = o.window;
         break;
-    case endpoint_op::recv: break; // receives have slots of their own, never an op slot
+    case endpoint_op::recv: // receives have slots of their own, never an op slot
+    case endpoint_op::peer_down:
+    case endpoint_op::peer_restarted: break; // events, never operations
     }
     wr.local = std::span<const sge>(s.data(), n);
     std::error_code ec = p.chosen->post({&wr, 1});

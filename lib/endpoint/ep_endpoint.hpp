@@ -133,6 +133,10 @@ struct peer_entry {
     std::uint32_t told = 0;                     ///< what we last said over `chosen` (of rx on it)
     bool delivered_posted = false;              ///< a `delivered` message is in flight on `chosen`
     bool in_ack_due = false;
+    // Peer events (endpoint_options::peer_events) not yet polled: at most one of each.
+    std::error_code down_cause; ///< peer_down pending when set
+    bool restarted = false;     ///< peer_restarted pending
+    bool in_peer_events = false;
 };
 
 class endpoint_impl final : public endpoint
@@ -150,6 +154,8 @@ public:
                          std::uint64_t context) noexcept override;
     std::error_code recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore, std::span<const sge> local,
                          std::uint64_t context) noexcept override;
+    std::error_code recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore, std::span<const sge> local,
+                         std::uint64_t context, bool& matched) noexcept override;
     std::optional<message_info> peek(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
                                      bool claim) noexcept override;
     std::error_code recv_claimed(std::uint64_t claim, std::span<const sge> local,
@@ -197,6 +203,11 @@ private:
     void run_timers() noexcept;
     void arm_timerfd() noexcept;
     void fail_queued(std::uint32_t pi, std::error_code cause) noexcept;
+    /// Notes a peer event for poll() (endpoint_options::peer_events).
+    void note_peer_event(std::uint32_t pi, endpoint_op what, std::error_code cause) noexcept;
+    /// poll(): the pending peer events into the ring, while it has room beyond what the
+    /// operations in flight may still need.
+    void emit_peer_events() noexcept;
     // --- delivery acknowledgements on iWARP (ep_delivery.cpp) ---
     /// Eager messages received over `c`, one of peer p's connections.
     static std::uint32_t& rx_count(peer_entry& p, const connection* c) noexcept
@@ -313,7 +324,7 @@ private:
     std::vector<std::unique_ptr<peer_entry>> peers_;
     std::vector<std::uint32_t> free_peers_;
     std::unordered_map<std::string, std::uint32_t> by_address_;
-    std::vector<std::uint32_t> timers_, kick_, ack_due_;
+    std::vector<std::uint32_t> timers_, kick_, ack_due_, event_peers_;
     std::size_t live_peers_ = 0;
     std::size_t connected_peers_ = 0, connecting_peers_ = 0; ///< statistics(), kept by reclass()
 

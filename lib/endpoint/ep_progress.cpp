@@ -69,6 +69,8 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
     }
     if (!ack_due_.empty())
         send_due_acks();
+    if (!event_peers_.empty())
+        emit_peer_events();
     std::size_t n = 0;
     while (n < out.size() && ring_count_ != 0) {
         out[n++] = ring_[ring_head_];

@@ -254,6 +254,14 @@ std::uint32_t endpoint_impl::find_unexpected(std::uint32_t pi, std::uint64_t tag
 std::error_code endpoint_impl::recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
                                     std::span<const sge> local, std::uint64_t context) noexcept
 {
+    bool matched = false;
+    return recv(from, tag, ignore, local, context, matched);
+}
+
+std::error_code endpoint_impl::recv(rdmx::peer from, std::uint64_t tag, std::uint64_t ignore,
+                                    std::span<const sge> local, std::uint64_t context, bool& matched) noexcept
+{
+    matched = false;
     std::uint32_t pi = nil;
     if (from != any_peer && (pi = index_of(from)) == nil)
         return errc::invalid_argument;
@@ -269,6 +277,7 @@ std::error_code endpoint_impl::recv(rdmx::peer from, std::uint64_t tag, std::uin
     }
     unexpected_.erase(buf);
     --held_count_;
+    matched = true;
     deliver(ri, buf);
     settle();
     return {};
