@@ -5,6 +5,8 @@
 // the same tests run on TCP, rxe and siw, with every sanitizer.
 //
 //   endpoint_peer ADDRESS MODE
+//   endpoint_peer ADDRESS rpc SERVER ID COUNT
+//   endpoint_peer ADDRESS flood SERVER COUNT
 //
 // Opens an endpoint on ADDRESS (scheme://host:port; the domain on the same host), then, as
 // MODE says: `answer` posts one receive (tag 1, 64 bytes, any peer), `idle` posts none,
@@ -12,12 +14,25 @@
 // writes to stdout one byte (answer, idle) or the counter's serialized remote_buffer
 // (counter), and serves the endpoint (its completions are dropped) until it is killed.
 // Exit status 1 if it could not get there.
+//
+// `rpc` is a client of the echo service of tests/asio_endpoint_service_test.cpp: COUNT
+// requests to SERVER of 1 B .. 300 kB (eager and rendezvous), each resent (with a new tag)
+// until its echo arrives with every byte right, as a client of a server that may restart
+// does; one '.' on stdout per request done, then 'D', exit 0. `flood` sends COUNT
+// messages with tags the service never asks for, as fast as the endpoint takes them,
+// ignoring failures, then writes 'D' and serves until killed.
 #include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <vector>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include <rdmx/rdmx.hpp>
 
@@ -45,12 +60,145 @@ bool write_all(const void* data, std::size_t len)
     return true;
 }
 
+/// The byte at `i` of request `k` of client `id`: what the echo must bring back.
+std::byte pattern_byte(int id, int k, std::size_t i)
+{
+    return static_cast<std::byte>(
+        (i * 131 + static_cast<std::size_t>(id) * 7919 + static_cast<std::size_t>(k) * 31 + 5) & 0xff);
+}
+
+int rpc_client(const std::string& addr, const std::string& server, int id, int count)
+{
+    using namespace std::chrono;
+    constexpr std::array<std::size_t, 7> sizes = {1, 64, 1000, 8192, 8193, 65536, 300000};
+    constexpr std::size_t max_size = 300000;
+    try {
+        auto d = rdmx::domain::open(domain_address(addr));
+        auto o = rdmx::test::small_endpoint_options();
+        auto e = rdmx::endpoint::open(*d, addr, o);
+        std::vector<std::byte> mem(2 * max_size);
+        auto mr =
+            d->register_memory(mem.data(), mem.size(), rdmx::access::local_write | rdmx::access::remote_read);
+        const rdmx::peer srv = e->insert(server);
+        const auto give_up = steady_clock::now() + seconds(150);
+        rdmx::endpoint_completion out[16];
+        for (int k = 0; k < count; ++k) {
+            const std::size_t len = sizes[static_cast<std::size_t>(id + k) % sizes.size()];
+            for (std::size_t i = 0; i < len; ++i)
+                mem[i] = pattern_byte(id, k, i);
+            bool done = false;
+            for (std::uint64_t attempt = 0; !done; ++attempt) {
+                if (steady_clock::now() > give_up) {
+                    std::fprintf(stderr, "rpc client %d: request %d: no echo within 150 s\n", id, k);
+                    return 1;
+                }
+                // A tag per attempt: an echo of an earlier attempt never matches this one.
+                const std::uint64_t tag = (1ull << 63) | (static_cast<std::uint64_t>(id) << 40) |
+                                          (static_cast<std::uint64_t>(k) << 8) | (attempt & 0xff);
+                const std::uint64_t rctx = (static_cast<std::uint64_t>(k) << 20) | (attempt << 1);
+                std::fill(mem.begin() + static_cast<std::ptrdiff_t>(max_size),
+                          mem.begin() + static_cast<std::ptrdiff_t>(max_size + len), std::byte{0});
+                rdmx::sge r{mr.get(), max_size, len}, s{mr.get(), 0, len};
+                if (e->recv(srv, tag, 0, {&r, 1}, rctx) || e->send(srv, tag, {&s, 1}, rctx | 1)) {
+                    e->cancel_recv(rctx);
+                    std::this_thread::sleep_for(milliseconds(20));
+                    continue;
+                }
+                bool sent = false, got = false, failed = false;
+                const auto attempt_end = steady_clock::now() + seconds(10);
+                while (!(sent && (got || failed)) && steady_clock::now() < attempt_end) {
+                    std::size_t n = e->wait(out, milliseconds(50));
+                    for (std::size_t j = 0; j < n; ++j) {
+                        if (out[j].context == (rctx | 1)) {
+                            sent = true;
+                            failed |= static_cast<bool>(out[j].status);
+                        } else if (out[j].context == rctx) {
+                            if (out[j].status) {
+                                failed = true;
+                                continue;
+                            }
+                            if (out[j].length != len) {
+                                std::fprintf(stderr,
+                                             "rpc client %d: request %d: echo of %llu bytes, sent %zu\n", id,
+                                             k, static_cast<unsigned long long>(out[j].length), len);
+                                return 1;
+                            }
+                            for (std::size_t i = 0; i < len; ++i)
+                                if (mem[max_size + i] != pattern_byte(id, k, i)) {
+                                    std::fprintf(stderr,
+                                                 "rpc client %d: request %d: byte %zu of the echo wrong\n",
+                                                 id, k, i);
+                                    return 1;
+                                }
+                            got = true;
+                        }
+                    }
+                    if (failed && !got)
+                        e->cancel_recv(rctx); // the send failed: its echo will not come
+                }
+                done = got;
+                if (!got) {
+                    e->cancel_recv(rctx);
+                    // The send must be over before its buffer is written again.
+                    while (!sent && steady_clock::now() < give_up) {
+                        std::size_t n = e->wait(out, milliseconds(50));
+                        for (std::size_t j = 0; j < n; ++j)
+                            sent |= out[j].context == (rctx | 1);
+                    }
+                }
+            }
+            if (!write_all(".", 1))
+                return 1;
+        }
+        return write_all("D", 1) ? 0 : 1;
+    } catch (const std::exception& ex) {
+        std::fprintf(stderr, "rpc client %d: %s\n", id, ex.what());
+        return 1;
+    }
+}
+
+int flooder(const std::string& addr, const std::string& server, int count)
+{
+    try {
+        auto d = rdmx::domain::open(domain_address(addr));
+        auto e = rdmx::endpoint::open(*d, addr, rdmx::test::small_endpoint_options());
+        static std::byte mem[1000];
+        auto mr = d->register_memory(mem, sizeof mem, rdmx::access::local_write);
+        const rdmx::peer srv = e->insert(server);
+        rdmx::endpoint_completion out[64];
+        int sent = 0, outstanding = 0;
+        while (sent < count) {
+            rdmx::sge s{mr.get(), 0, sizeof mem};
+            // Bit 63 clear: a tag the service asks for with nothing but its sink.
+            if (outstanding < 32 && !e->send(srv, static_cast<std::uint64_t>(sent), {&s, 1}, 0)) {
+                ++sent;
+                ++outstanding;
+            }
+            outstanding -=
+                static_cast<int>(e->wait(out, std::chrono::milliseconds(outstanding < 32 ? 0 : 20)));
+        }
+        if (!write_all("D", 1))
+            return 1;
+        for (;;)
+            e->wait(out, std::chrono::milliseconds(100));
+    } catch (const std::exception& ex) {
+        std::fprintf(stderr, "flooder: %s\n", ex.what());
+        return 1;
+    }
+}
+
 } // namespace
 
 int main(int argc, char** argv)
 {
+    if (argc >= 3 && std::strcmp(argv[2], "rpc") == 0 && argc == 6)
+        return rpc_client(argv[1], argv[3], std::atoi(argv[4]), std::atoi(argv[5]));
+    if (argc >= 3 && std::strcmp(argv[2], "flood") == 0 && argc == 5)
+        return flooder(argv[1], argv[3], std::atoi(argv[4]));
     if (argc != 3) {
-        std::fprintf(stderr, "usage: endpoint_peer ADDRESS answer|idle|counter\n");
+        std::fprintf(stderr, "usage: endpoint_peer ADDRESS answer|idle|counter\n"
+                             "       endpoint_peer ADDRESS rpc SERVER ID COUNT\n"
+                             "       endpoint_peer ADDRESS flood SERVER COUNT\n");
         return 2;
     }
     const std::string addr = argv[1], mode = argv[2];

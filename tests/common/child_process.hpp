@@ -105,6 +105,23 @@ public:
         return true;
     }
 
+    /// What the child has written to stdout so far and not yet read, without waiting
+    /// (empty when nothing is there, or it closed stdout).
+    std::string read_available()
+    {
+        std::string got;
+        char buf[256];
+        for (;;) {
+            pollfd pfd{out_, POLLIN, 0};
+            if (::poll(&pfd, 1, 0) != 1)
+                return got;
+            ssize_t n = ::read(out_, buf, sizeof buf);
+            if (n <= 0)
+                return got;
+            got.append(buf, static_cast<std::size_t>(n));
+        }
+    }
+
     /// Writes to the child's stdin; false if it is gone.
     bool write(const void* data, std::size_t len)
     {
