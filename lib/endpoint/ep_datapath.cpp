@@ -177,7 +177,7 @@ std::error_code endpoint_impl::issue(std::uint32_t pi, std::uint32_t oi) noexcep
     op_slot& o = ops_[oi];
     o.st = op_slot::state::free;
     if (p.chosen && p.queued.size == 0 && post_op(oi) != post_result::no_room) {
-        settle(); // failed: its completion is out, and fd() says so
+        settle(); // posted, or failed at once: then its completion is out, and fd() says so
         return {};
     }
     if (queued_total_ >= opts_.max_queued_ops) {
