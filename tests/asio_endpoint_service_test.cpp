@@ -40,7 +40,8 @@ class echo_service
 {
 public:
     echo_service(net::io_context& io, domain& d, const std::string& address, const endpoint_options& o)
-        : io_(io), ep_(endpoint::open(d, address, o)), mem_(request_slots * slot_size + sink_slots * sink_size),
+        : io_(io), ep_(endpoint::open(d, address, o)),
+          mem_(request_slots * slot_size + sink_slots * sink_size),
           mr_(d.register_memory(mem_.data(), mem_.size(), access::local_write | access::remote_read)),
           watch_(io, *ep_)
     {
@@ -206,18 +207,20 @@ TEST_P(asio_endpoint_service, one_thread_serves_clients_that_die_a_flooder_and_i
                                               std::to_string(requests)}));
     for (int i = 0; i < 2; ++i)
         victims.push_back(std::make_unique<child_process>(
-            program, std::vector<std::string>{address(b_, 0), "rpc", addr, std::to_string(100 + i), "100000"}));
+            program,
+            std::vector<std::string>{address(b_, 0), "rpc", addr, std::to_string(100 + i), "100000"}));
     // The flooder: on iWARP a receiver out of buffers ends connections (no receiver-not-
     // ready), and without per-peer credits (not built: docs/endpoints.md, "Completion
     // semantics") a flood there costs the other clients their connections over and over.
     const bool flood = !dom_->limits().iwarp;
     if (!flood)
-        std::printf("[ service  ] iWARP: no flooder (per-peer credits are not built; a flood ends other peers' "
-                    "connections there)\n");
+        std::printf(
+            "[ service  ] iWARP: no flooder (per-peer credits are not built; a flood ends other peers' "
+            "connections there)\n");
     std::unique_ptr<child_process> flooder;
     if (flood)
-        flooder = std::make_unique<child_process>(program,
-                                                  std::vector<std::string>{address(b_, 0), "flood", addr, "3000"});
+        flooder = std::make_unique<child_process>(
+            program, std::vector<std::string>{address(b_, 0), "flood", addr, "3000"});
 
     std::vector<int> progress(clients, 0), victim_progress(2, 0);
     std::vector<bool> finished(clients, false);
@@ -243,7 +246,8 @@ TEST_P(asio_endpoint_service, one_thread_serves_clients_that_die_a_flooder_and_i
             total += progress[static_cast<std::size_t>(i)];
         }
         for (int v = 0; v < 2; ++v)
-            read_progress(*victims[static_cast<std::size_t>(v)], victim_progress[static_cast<std::size_t>(v)], nullptr);
+            read_progress(*victims[static_cast<std::size_t>(v)], victim_progress[static_cast<std::size_t>(v)],
+                          nullptr);
         // Mid-run: the two victims are killed once each has had some requests served.
         if (!killed && victim_progress[0] >= 3 && victim_progress[1] >= 3) {
             for (auto& v : victims)
@@ -258,8 +262,9 @@ TEST_P(asio_endpoint_service, one_thread_serves_clients_that_die_a_flooder_and_i
                 run(5ms);
             downs_before_restart = svc->peers_down;
             EXPECT_TRUE(svc->error.empty()) << svc->error;
-            std::printf("[ service  ] %s: first incarnation served %d, sank %d, %d peers down, %d reply failures\n",
-                        to_string(b_), svc->served, svc->sunk, svc->peers_down, svc->reply_failures);
+            std::printf(
+                "[ service  ] %s: first incarnation served %d, sank %d, %d peers down, %d reply failures\n",
+                to_string(b_), svc->served, svc->sunk, svc->peers_down, svc->reply_failures);
             svc.reset();
             svc = std::make_unique<echo_service>(io, *dom_, addr, o);
             restarted = true;
