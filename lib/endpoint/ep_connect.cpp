@@ -268,22 +268,10 @@ void endpoint_impl::remove(rdmx::peer h) noexcept
     for (std::uint32_t b = 0; b < held_.size(); ++b)
         if ((held_[b].held || held_[b].claimed) && held_[b].peer == pi)
             release_unexpected(b);
-    if (p.in_timers) {
-        timers_.erase(std::find(timers_.begin(), timers_.end(), pi));
-        p.in_timers = false;
-    }
-    if (p.in_kick) {
-        kick_.erase(std::find(kick_.begin(), kick_.end(), pi));
-        p.in_kick = false;
-    }
-    if (p.in_ack_due) {
-        ack_due_.erase(std::find(ack_due_.begin(), ack_due_.end(), pi));
-        p.in_ack_due = false;
-    }
-    if (p.in_peer_events) { // its handle is stale now: nothing more about it
-        event_peers_.erase(std::find(event_peers_.begin(), event_peers_.end(), pi));
-        p.in_peer_events = false;
-    }
+    unlist(timers_, p.in_timers, pi);
+    unlist(kick_, p.in_kick, pi);
+    unlist(ack_due_, p.in_ack_due, pi);
+    unlist(event_peers_, p.in_peer_events, pi); // its handle is stale now: nothing more about it
     by_address_.erase(p.addr.text);
     p.live = false;
     ++p.gen;
@@ -589,11 +577,7 @@ void endpoint_impl::schedule_redial(std::uint32_t pi) noexcept
 
 void endpoint_impl::need_timers(std::uint32_t pi) noexcept
 {
-    peer_entry& p = *peers_[pi];
-    if (!p.in_timers) {
-        p.in_timers = true;
-        timers_.push_back(pi); // reserved to the vector's size in find_or_add
-    }
+    list_once(timers_, peers_[pi]->in_timers, pi);
 }
 
 void endpoint_impl::run_timers() noexcept

@@ -361,10 +361,8 @@ void endpoint_impl::on_completion(const completion& c) noexcept
         if (conn != p.chosen || p.posted_wrs == 0)
             return;
         --p.posted_wrs;
-        if (p.queued.size != 0 && !p.in_kick) {
-            p.in_kick = true;
-            kick_.push_back(pi); // reserved to the vector's size
-        }
+        if (p.queued.size != 0)
+            list_once(kick_, p.in_kick, pi);
     };
     switch (kind) {
     case wr_kind::srq: {

@@ -44,11 +44,7 @@ void endpoint_impl::on_delivered(std::uint32_t pi, std::uint32_t delivered) noex
 
 void endpoint_impl::need_ack(std::uint32_t pi) noexcept
 {
-    peer_entry& p = *peers_[pi];
-    if (!p.in_ack_due) {
-        p.in_ack_due = true;
-        ack_due_.push_back(pi); // reserved to the vector's size in find_or_add
-    }
+    list_once(ack_due_, peers_[pi]->in_ack_due, pi);
 }
 
 void endpoint_impl::send_due_acks() noexcept

@@ -6,6 +6,7 @@
 // (the endpoint is thread-compatible, rdmx/endpoint.hpp).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -226,6 +227,24 @@ private:
     /// Completes the posted receives directed at peer `pi` (not yet matched) with `cause`.
     void fail_directed_recvs(std::uint32_t pi, std::error_code cause) noexcept;
     bool connecting(const peer_entry& p) const noexcept { return p.dial || p.accepted; }
+    /// Puts peer `pi` on one of the endpoint's lists of peers (timers_, kick_, ack_due_,
+    /// event_peers_) unless its flag `on` for that list says it is there; each list is
+    /// reserved to the address vector's size in find_or_add, so this never allocates.
+    static void list_once(std::vector<std::uint32_t>& list, bool& on, std::uint32_t pi) noexcept
+    {
+        if (!on) {
+            on = true;
+            list.push_back(pi);
+        }
+    }
+    /// Takes peer `pi` off such a list (remove()).
+    static void unlist(std::vector<std::uint32_t>& list, bool& on, std::uint32_t pi) noexcept
+    {
+        if (on) {
+            list.erase(std::find(list.begin(), list.end(), pi));
+            on = false;
+        }
+    }
     /// What statistics() counts a peer as; reclass() keeps the counts when it changes.
     enum class peer_class : std::uint8_t { idle, connecting, connected };
     static peer_class class_of(const peer_entry& p) noexcept

@@ -16,10 +16,7 @@ void endpoint_impl::note_peer_event(std::uint32_t pi, endpoint_op what, std::err
         p.restarted = true;
     else if (!p.down_cause) // the first cause, of the connection that was up
         p.down_cause = cause ? cause : make_error_code(errc::disconnected);
-    if (!p.in_peer_events) {
-        p.in_peer_events = true;
-        event_peers_.push_back(pi); // reserved to the vector's size in find_or_add
-    }
+    list_once(event_peers_, p.in_peer_events, pi);
 }
 
 void endpoint_impl::emit_peer_events() noexcept

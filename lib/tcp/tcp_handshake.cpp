@@ -17,18 +17,12 @@ namespace rdmx::tcp
 namespace
 {
 
+/// A connection's cause is always rdmx's code (lib/errno_status.hpp): refused, unreachable,
+/// timed out; ECONNRESET, a listener that closed (or died) during the handshake, is
+/// peer_lost, which the endpoint redials.
 std::error_code connect_status(int err) noexcept
 {
-    switch (err) {
-    case ECONNREFUSED: return errc::connection_refused;
-    case EHOSTUNREACH:
-    case ENETUNREACH:
-    case EADDRNOTAVAIL: return errc::unreachable;
-    case ETIMEDOUT: return errc::timed_out;
-    // ECONNRESET: a listener that closed (or died) during the handshake: peer_lost, which
-    // the endpoint redials. A connection's cause is always rdmx's code.
-    default: return detail::errc_of_errno(err);
-    }
+    return detail::errc_of_errno(err);
 }
 
 } // namespace
