@@ -110,6 +110,7 @@ void cm_connection::setup_qp()
     {
         std::lock_guard lock(cm_.mutex);
         cm_.qp = qp();
+        cm_.end = &end_;
     }
     register_qp(qp(), send_cq(), recv_cq(), id_.get(), &cm_);
     modify_qp(IBV_QPS_INIT);

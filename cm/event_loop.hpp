@@ -22,6 +22,7 @@
 #include "cm/cm_handles.hpp"
 #include "cm/private_data.hpp"
 #include "connection_events.hpp"
+#include "verbs/qp_end.hpp"
 
 namespace rdmx::verbs
 {
@@ -64,6 +65,8 @@ struct cm_state {
     detail::connection_events events;
     /// Set true when the connection becomes established (verbs_connection::sendable_).
     std::atomic<bool>* sendable = nullptr;
+    /// Raised by report() once `state` says the connection ended (verbs/qp_end.hpp).
+    verbs::qp_end* end = nullptr;
 
     // --- a connection started without waiting (start_connect / start_accept) ---
     /// The flow's next step, run on the event loop thread after each event of the id
@@ -77,7 +80,12 @@ struct cm_state {
     std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 
     /// Tells the event queue (if any) about `state`; with `mutex` held.
-    void report() noexcept { events.report(state, error, !local_disconnect); }
+    void report() noexcept
+    {
+        events.report(state, error, !local_disconnect);
+        if (end && (state == connection_state::error || state == connection_state::disconnected))
+            end->raise();
+    }
 
     /// The peer left without the goodbye an rdmx peer writes before it disconnects: its
     /// process died, or its connection was torn down under it. With `mutex` held.

@@ -831,6 +831,61 @@ TEST_P(shared_cq, a_disconnect_keeps_every_other_connections_completions)
     EXPECT_EQ(b.client->state(), connection_state::established);
 }
 
+// Work posted to a connection whose peer has left, once this side knows it (its state
+// says so), is never lost: each post fails at once in rdmx's category, or its request
+// completes flushed, on the connection's own CQ and on a shared one. siw leaves a request
+// posted to a QP in the error state in its send queue for good (its doorbell flushes
+// nothing there); rdmx completes it (verbs_connection::strands_). The same race on a
+// connection whose peer just died is what made shapes' clients_killed_mid_transfer
+// flaky on siw.
+TEST_P(shared_cq, work_posted_after_the_peer_left_completes_flushed)
+{
+    auto cq = server_dom_->create_completion_queue({.depth = 64});
+    for (const bool shared : {false, true}) {
+        SCOPED_TRACE(shared ? "shared CQ" : "own CQ");
+        connection_options sopts = small(8);
+        if (shared)
+            sopts.send_cq = sopts.recv_cq = cq;
+        pair p = connect_with(small(8), sopts);
+        std::vector<std::byte> src = pattern(256, 9), dst(256);
+        auto smr = server_dom_->register_memory(src.data(), src.size(), access::local_write);
+        auto dmr =
+            client_dom_->register_memory(dst.data(), dst.size(), access::local_write | access::remote_write);
+        const auto target = *dmr->remote().slice(0, 64);
+        p.client->disconnect();
+        auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (p.server->state() == connection_state::established &&
+               std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        ASSERT_NE(p.server->state(), connection_state::established) << "the peer's disconnect never arrived";
+        std::this_thread::sleep_for(50ms); // whatever the provider does at the end is done
+
+        std::size_t posted = 0;
+        for (std::uint64_t round = 0; round < 2; ++round) {
+            sge a{smr.get(), 0, 64}, b{smr.get(), 64, 64}, w{smr.get(), 128, 64};
+            const std::error_code ecs[] = {p.server->post_send({&a, 1}, 10 * round + 1),
+                                           p.server->post_send({&b, 1}, 10 * round + 2),
+                                           p.server->post_write({&w, 1}, target, 10 * round + 3)};
+            for (const std::error_code& ec : ecs) {
+                if (ec)
+                    EXPECT_EQ(&ec.category(), &rdmx::category()) << ec.message();
+                else
+                    ++posted;
+            }
+            std::vector<completion> got =
+                shared ? poll_n(*cq, posted, 10s) : test::poll_n(*p.server, posted, 10s);
+            auto more = shared ? poll_for(*cq, 100ms) : test::poll_n(*p.server, 1, 100ms);
+            EXPECT_EQ(got.size(), posted) << "round " << round << ": requests posted but never completed";
+            EXPECT_TRUE(more.empty()) << "a completion too many, wr_id " << more.front().wr_id;
+            for (const completion& c : got) {
+                EXPECT_EQ(c.conn, p.server.get());
+                EXPECT_EQ(c.status, errc::flushed) << c.wr_id << ": " << c.status.message();
+            }
+            posted = 0;
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, shared_cq, testing::ValuesIn(selected_backends()), param_name);
 
 } // namespace

@@ -5,6 +5,7 @@
 // is data path and lives in verbs_datapath.cpp.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -57,10 +58,19 @@ public:
     /// order, to the stash that poll() empties first.
     void stash_polled() noexcept;
 
+    /// Raised when a connection whose send side reports here ended on siw, which may have
+    /// stranded requests (verbs_connection::has_stranded()): poll() looks for them once the
+    /// CQ is empty.
+    std::atomic<bool> stranded_watch{false};
+
 private:
     /// Hands `wc` to its connection as `out`; false if it has none (dropped) or it is
     /// rdmx's own (a goodbye).
     bool route(const ibv_wc& wc, completion& out) noexcept;
+    /// Polls the CQ into `out` (mu_ held); `drained`: it had no more.
+    std::size_t drain(std::span<completion> out, bool& drained) noexcept;
+    /// The requests that connections here stranded (stranded_watch), into `out`; mu_ held.
+    [[gnu::noinline, gnu::cold]] std::size_t poll_stranded(std::span<completion> out) noexcept;
 
     std::shared_ptr<const void> keepalive_; ///< owner of the device context; destroyed last
     comp_channel_ptr channel_;

@@ -32,6 +32,7 @@ protection_domain::protection_domain(ibv_context* ctx, std::uint8_t port_num)
     iwarp_ = ctx_->device->transport_type == IBV_TRANSPORT_IWARP;
     limits_.write_with_imm = !iwarp_;
     limits_.iwarp = iwarp_;
+    siw_ = attr.vendor_id == 0x626d74; // SIW_VENDOR_ID (drivers/infiniband/sw/siw/siw.h)
     // siw has no atomics at all; rxe and HCAs say IBV_ATOMIC_HCA (atomic among the
     // atomics of this device) or IBV_ATOMIC_GLOB (against CPU atomics too).
     limits_.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;

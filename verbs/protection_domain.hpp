@@ -58,6 +58,8 @@ public:
     ibv_pd* native_pd() const noexcept { return pd_.get(); }
     /// An iWARP device: its CM drives the QP to RTS itself and it has no write with immediate.
     bool iwarp() const noexcept { return iwarp_; }
+    /// soft-iWARP (vendor id 0x626d74, "bmt"): see verbs_connection::strands_.
+    bool siw() const noexcept { return siw_; }
     /// Entries a completion queue of this device may have (ibv_device_attr::max_cqe).
     std::uint32_t max_cqe() const noexcept { return max_cqe_; }
 
@@ -68,6 +70,7 @@ private:
     pd_ptr pd_;
     device_limits limits_;
     bool iwarp_ = false;
+    bool siw_ = false;
     std::uint32_t max_cqe_ = 0;
     unsigned wc_with_inv_ = IBV_WC_WITH_INV;
     mutable std::mutex window_mutex_;

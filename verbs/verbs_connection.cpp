@@ -38,6 +38,12 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
     // Every completion_queue_base of the verbs backend is a verbs::completion_queue.
     send_shared_ = static_cast<completion_queue*>(shared_.send_cq());
     recv_shared_ = static_cast<completion_queue*>(shared_.recv_cq());
+    strands_ = pd.siw();
+    if (strands_) {
+        mirror_.resize(limits_.send_queue_depth);
+        if (send_shared_)
+            end_.send_cq_watch = &send_shared_->stranded_watch;
+    }
     for (completion_queue* q : {send_shared_, recv_shared_})
         if (q && q->context() != pd.native_context())
             throw_error(errc::invalid_argument,

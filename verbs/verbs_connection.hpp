@@ -18,6 +18,7 @@
 #include "verbs/completion_queue.hpp"
 #include "verbs/handles.hpp"
 #include "verbs/protection_domain.hpp"
+#include "verbs/qp_end.hpp"
 
 namespace rdmx::verbs
 {
@@ -55,6 +56,22 @@ public:
     /// `out` and frees the queue slots it stands for; false (nothing in `out`) for the
     /// goodbye's, which is rdmx's own (reserved_wr_id). Data-path thread (verbs_datapath.cpp).
     bool complete(const ibv_wc& wc, completion& out, const completion_queue* from) noexcept;
+    /// Requests siw stranded (strands_): the connection ended with requests of its send
+    /// queue not completed. Then, with the CQ its send side reports to polled empty, the
+    /// caller calls flush_stranded() and, if that returns true, polls that CQ once more
+    /// (siw has written the flush's completions by the time it returns), then
+    /// complete_stranded(). Data-path thread.
+    bool has_stranded() const noexcept
+    {
+        return strands_ && mirror_count_ && end_.ended.load(std::memory_order_acquire);
+    }
+    /// Moves the QP to the error state, once (siw: that waits for a flush in progress);
+    /// true if it did so now. `from`: the CQ polled (null: the own one); false for any
+    /// other than the send side's.
+    bool flush_stranded(const completion_queue* from) noexcept;
+    /// After flush_stranded() and the poll it asks for: what is left of the send queue,
+    /// completed as flushed into `out`; how many.
+    std::size_t complete_stranded(std::span<completion> out, const completion_queue* from) noexcept;
 
 protected:
     /// What the connection set-up negotiated (the reads outstanding at the peer), for
@@ -110,6 +127,8 @@ protected:
     ibv_cq* recv_cq() const noexcept { return recv_shared_ ? recv_shared_->native() : cq_.get(); }
     /// The shared receive queue the QP consumes from; null: it has its own.
     shared_receive_queue* srq() const noexcept { return srq_; }
+    /// The connection manager raises it when the connection ends (cm_state::report()).
+    qp_end end_;
 
     /// An error completion (`status`) showed the QP in the error state: the connection
     /// says so in its state (as the TCP backend does). Called from poll(), on the
@@ -203,6 +222,39 @@ private:
     /// overrun a queue others use.
     std::uint32_t owed_send_cq_ = 0;
     std::uint32_t owed_recv_cq_ = 0;
+
+    /// siw: a request posted after the QP went to the error state sits in its user-mapped
+    /// send queue for good (the kernel flushed that queue when the state changed; the
+    /// doorbell of a QP in error flushes nothing), and a service that replies to a client
+    /// the moment it dies would wait forever. So on siw the data path mirrors the send
+    /// queue, posted request by request (the goodbye excepted: rdmx's own, it waits with a
+    /// bound), and completes what is left of it once the connection ended
+    /// (complete_stranded()). siw gives the opcode of error completions too, so each of the
+    /// send queue's is told from the receive queue's.
+    bool strands_ = false;
+    struct mirror_entry {
+        std::uint64_t wr_id;
+        bool signaled;
+    };
+    std::vector<mirror_entry> mirror_; ///< ring, send_queue_depth entries (siw only)
+    std::size_t mirror_head_ = 0, mirror_count_ = 0;
+    bool end_flushed_ = false; ///< complete_stranded() moved the QP to the error state
+    void mirror_push(std::uint64_t wr_id, bool signaled) noexcept
+    {
+        mirror_[(mirror_head_ + mirror_count_++) % mirror_.size()] = {wr_id, signaled};
+    }
+    /// A completion of the send queue: `error`, one request (siw completes each request in
+    /// error, signalled or not); otherwise a signalled one and the unsignalled before it.
+    void mirror_pop(bool error) noexcept
+    {
+        while (mirror_count_) {
+            const bool signaled = mirror_[mirror_head_].signaled;
+            mirror_head_ = mirror_head_ + 1 == mirror_.size() ? 0 : mirror_head_ + 1;
+            --mirror_count_;
+            if (error || signaled)
+                return;
+        }
+    }
 
     /// The goodbye's completion: none yet, polled successful, polled with an error.
     enum class goodbye_state : std::uint8_t { none, ok, failed };

@@ -251,9 +251,11 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
     }
     // After an error on a shared send CQ: what its reservation holds, less the goodbye's.
     const std::uint32_t user_send_entries = shared_.send_entries() - detail::own_send_entries;
-    const std::size_t room = counting_      ? limits_.send_queue_depth - sq_outstanding_
-                             : send_shared_ ? user_send_entries - std::min(owed_send_cq_, user_send_entries)
-                                            : wrs.size();
+    std::size_t room = counting_      ? limits_.send_queue_depth - sq_outstanding_
+                       : send_shared_ ? user_send_entries - std::min(owed_send_cq_, user_send_entries)
+                                      : wrs.size();
+    if (strands_) [[unlikely]]
+        room = std::min(room, mirror_.size() - mirror_count_); // equal while counting_
     return post_within(
         wrs, room, posted, [this, windows](std::span<const work_request> some, std::size_t* done) {
             std::error_code ec = post_in_batches<ibv_send_wr>(
@@ -308,6 +310,12 @@ std::error_code verbs_connection::post(std::span<const work_request> wrs, std::s
                 }
             if (!counting_ && send_shared_)
                 owed_send_cq_ += static_cast<std::uint32_t>(*done);
+            if (strands_) [[unlikely]] {
+                for (std::size_t i = 0; i < *done; ++i)
+                    mirror_push(some[i].wr_id, has(some[i].flags, send_flags::signaled));
+                if (*done && end_.ended.load(std::memory_order_relaxed))
+                    end_.raise(); // posted after the end: the shared CQ looks again
+            }
             for (std::size_t i = 0; counting_ && i < *done; ++i) {
                 // A signalled request's completion frees its slot and those of the unsignalled
                 // ones posted before it (ibv_post_send(3)).
@@ -366,6 +374,9 @@ bool verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
                        std::memory_order_release);
         return false;
     }
+    if (strands_) [[unlikely]]
+        if (wc.opcode != IBV_WC_RECV && wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM)
+            mirror_pop(wc.status != IBV_WC_SUCCESS);
     c.wr_id = wc.wr_id;
     // A receive of the shared receive queue: polled, so its slot is free; the application
     // gets back the wr_id it posted there.
@@ -432,12 +443,44 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
     while (n < out.size()) {
         int want = static_cast<int>(std::min<std::size_t>(poll_batch, out.size() - n));
         int got = ibv_poll_cq(cq_.get(), want, wc);
-        if (got <= 0)
-            break;
         for (int i = 0; i < got; ++i)
             n += complete(wc[i], out[n], nullptr) ? 1 : 0;
-        if (got < want)
+        if (got < want) {
+            // Drained: on siw, what the ended connection's send queue still holds.
+            if (!send_shared_ && n < out.size() && has_stranded()) [[unlikely]]
+                n += flush_stranded(nullptr) ? poll(out.subspan(n))
+                                             : complete_stranded(out.subspan(n), nullptr);
             break;
+        }
+    }
+    return n;
+}
+
+bool verbs_connection::flush_stranded(const completion_queue* from) noexcept
+{
+    if (end_flushed_ || from != send_shared_)
+        return false;
+    end_flushed_ = true;
+    // Idempotent; on siw it takes the QP's state lock, which the flush that moved the QP
+    // to the error state (siw_qp_llp_close) holds throughout.
+    flush_qp(qp_.get());
+    return true;
+}
+
+std::size_t verbs_connection::complete_stranded(std::span<completion> out,
+                                                const completion_queue* from) noexcept
+{
+    if (!end_flushed_ || from != send_shared_)
+        return 0;
+    std::size_t n = 0;
+    while (mirror_count_ && n < out.size()) {
+        // As siw's own flush would have completed it; complete() takes it off the mirror.
+        ibv_wc wc{};
+        wc.wr_id = mirror_[mirror_head_].wr_id;
+        wc.status = IBV_WC_WR_FLUSH_ERR;
+        wc.opcode = IBV_WC_SEND;
+        wc.qp_num = qp_->qp_num;
+        n += complete(wc, out[n], from) ? 1 : 0;
     }
     return n;
 }
@@ -478,6 +521,24 @@ bool completion_queue::route(const ibv_wc& wc, completion& out) noexcept
     return it->second.conn->complete(wc, out, this);
 }
 
+std::size_t completion_queue::drain(std::span<completion> out, bool& drained) noexcept
+{
+    ibv_wc wc[poll_batch];
+    std::size_t n = 0;
+    drained = false;
+    while (n < out.size()) {
+        int want = static_cast<int>(std::min<std::size_t>(poll_batch, out.size() - n));
+        int got = ibv_poll_cq(cq_.get(), want, wc);
+        for (int i = 0; i < got; ++i)
+            n += route(wc[i], out[n]) ? 1 : 0;
+        if (got < want) {
+            drained = true;
+            break;
+        }
+    }
+    return n;
+}
+
 std::size_t completion_queue::poll(std::span<completion> out) noexcept
 {
     // Held throughout: a connection being destroyed waits in detach() until its last
@@ -491,17 +552,38 @@ std::size_t completion_queue::poll(std::span<completion> out) noexcept
             stash_head_ = stash_head_ + 1 == stash_.size() ? 0 : stash_head_ + 1;
             --stash_count_;
         }
-    ibv_wc wc[poll_batch];
-    while (n < out.size()) {
-        int want = static_cast<int>(std::min<std::size_t>(poll_batch, out.size() - n));
-        int got = ibv_poll_cq(cq_.get(), want, wc);
-        if (got <= 0)
-            break;
-        for (int i = 0; i < got; ++i)
-            n += route(wc[i], out[n]) ? 1 : 0;
-        if (got < want)
-            break;
+    bool drained = false;
+    n += drain(out.subspan(n), drained);
+    if (drained && n < out.size() && stranded_watch.load(std::memory_order_acquire)) [[unlikely]]
+        n += poll_stranded(out.subspan(n));
+    return n;
+}
+
+std::size_t completion_queue::poll_stranded(std::span<completion> out) noexcept
+{
+    // Cleared first: a connection that ends (or posts after its end) meanwhile raises it again.
+    stranded_watch.store(false, std::memory_order_relaxed);
+    bool flushed = false;
+    for (auto& [qp_num, r] : routes_)
+        if (r.conn && r.conn->has_stranded())
+            flushed = r.conn->flush_stranded(this) || flushed;
+    std::size_t n = 0;
+    if (flushed) {
+        bool drained = false;
+        n = drain(out, drained);
+        if (!drained) {
+            stranded_watch.store(true, std::memory_order_relaxed);
+            return n;
+        }
     }
+    bool left = false;
+    for (auto& [qp_num, r] : routes_)
+        if (r.conn && r.conn->has_stranded()) {
+            n += r.conn->complete_stranded(out.subspan(n), this);
+            left = left || r.conn->has_stranded();
+        }
+    if (left)
+        stranded_watch.store(true, std::memory_order_relaxed);
     return n;
 }
 
