@@ -7,22 +7,13 @@
 // while the clients run. On tcp, rxe and siw. No re-arming or kicking of the watch by hand.
 #include <gtest/gtest.h>
 
-#include <rdmx/asio.hpp>
-
 #include <algorithm>
-#include <atomic>
-#include <cstring>
 #include <memory>
 #include <vector>
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
 #include "common/child_process.hpp"
 #include "common/endpoint_util.hpp"
+#include "samples/ep_service.hpp" // the service under test is the sample's
 
 namespace rdmx::test
 {
@@ -30,145 +21,7 @@ namespace
 {
 
 namespace net = boost::asio;
-
-constexpr std::uint64_t request_bit = 1ull << 63;
-constexpr std::size_t slot_size = 320 * 1024; // the largest request (300 kB) fits
-constexpr std::size_t request_slots = 12, sink_slots = 4, sink_size = 2048;
-
-/// One incarnation of the echo service on an endpoint at a fixed address.
-class echo_service
-{
-public:
-    echo_service(net::io_context& io, domain& d, const std::string& address, const endpoint_options& o)
-        : io_(io), ep_(endpoint::open(d, address, o)),
-          mem_(request_slots * slot_size + sink_slots * sink_size),
-          mr_(d.register_memory(mem_.data(), mem_.size(), access::local_write | access::remote_read)),
-          watch_(io, *ep_)
-    {
-        // A few receives now; the rest from a handler, as an application that fills its
-        // receives from elsewhere than its progress loop.
-        for (std::size_t s = 0; s < 2; ++s)
-            post_request(s);
-        later([this] {
-            for (std::size_t s = 2; s < request_slots; ++s)
-                post_request(s);
-            for (std::size_t s = 0; s < sink_slots; ++s)
-                post_sink(s);
-        });
-        net::co_spawn(io_, serve(), net::detached);
-    }
-    ~echo_service() { *alive_ = false; } // handlers still queued do nothing
-    /// Stops the loop; the endpoint goes once it has (its coroutine ended).
-    void stop()
-    {
-        stopping_ = true;
-        watch_.cancel();
-    }
-    bool stopped() const { return ended_; }
-
-    int served = 0, sunk = 0, peers_down = 0, peers_restarted = 0, reply_failures = 0;
-    std::string error;
-
-private:
-    // Contexts: a request slot's receive or reply, a sink slot's receive.
-    enum class kind : std::uint64_t { request = 1, reply = 2, sink = 3 };
-    static std::uint64_t ctx(kind k, std::size_t s) { return static_cast<std::uint64_t>(k) << 56 | s; }
-
-    void post_request(std::size_t s)
-    {
-        sge r{mr_.get(), s * slot_size, slot_size};
-        // Every tag with bit 63 set: the requests.
-        if (auto ec = ep_->recv(any_peer, request_bit, ~request_bit, {&r, 1}, ctx(kind::request, s)))
-            note("recv: " + ec.message());
-    }
-    void post_sink(std::size_t s)
-    {
-        sge r{mr_.get(), request_slots * slot_size + s * sink_size, sink_size};
-        // Every tag with bit 63 clear: what a flooder sends, taken and dropped.
-        if (auto ec = ep_->recv(any_peer, 0, ~request_bit, {&r, 1}, ctx(kind::sink, s)))
-            note("sink recv: " + ec.message());
-    }
-    /// Runs `f` from the io_context later, outside the loop that polls (if still alive).
-    template <class F> void later(F f)
-    {
-        net::post(io_, [alive = alive_, f = std::move(f)] {
-            if (*alive)
-                f();
-        });
-    }
-    void note(const std::string& what)
-    {
-        if (error.empty())
-            error = what;
-    }
-
-    net::awaitable<void> serve()
-    {
-        endpoint_completion out[32];
-        while (!stopping_) {
-            std::size_t n = 0;
-            try {
-                n = co_await watch_.async_poll(out, net::use_awaitable);
-            } catch (const boost::system::system_error&) {
-                break; // canceled: stop()
-            }
-            for (std::size_t i = 0; i < n; ++i)
-                on_completion(out[i]);
-        }
-        ended_ = true;
-    }
-
-    void on_completion(const endpoint_completion& c)
-    {
-        const auto k = static_cast<kind>(c.context >> 56);
-        const std::size_t s = c.context & 0xffffffff;
-        switch (c.op) {
-        case endpoint_op::peer_down:
-            // A client that died: retire it (its handle goes stale; a new incarnation at its
-            // address gets a new one when it makes contact).
-            ++peers_down;
-            ep_->remove(c.peer);
-            return;
-        case endpoint_op::peer_restarted: ++peers_restarted; return;
-        case endpoint_op::recv:
-            if (k == kind::sink) {
-                ++sunk;
-                later([this, s] { post_sink(s); });
-                return;
-            }
-            if (c.status) { // truncated, say: the slot goes back
-                later([this, s] { post_request(s); });
-                return;
-            }
-            {
-                // The echo: the request's bytes back to its source, with its tag.
-                sge back{mr_.get(), s * slot_size, c.length};
-                if (ep_->send(c.peer, c.tag, {&back, 1}, ctx(kind::reply, s))) {
-                    ++reply_failures; // a peer removed meanwhile: the client asks again
-                    later([this, s] { post_request(s); });
-                }
-            }
-            return;
-        case endpoint_op::send:
-            if (c.status)
-                ++reply_failures; // the client died or the connection ended: it asks again
-            else
-                ++served;
-            // The slot's buffer is free again: its receive goes back, outside the loop.
-            later([this, s] { post_request(s); });
-            return;
-        default: note(std::string("unexpected completion ") + to_string(c.op)); return;
-        }
-    }
-
-    net::io_context& io_;
-    std::unique_ptr<endpoint> ep_;
-    std::vector<std::byte> mem_;
-    std::unique_ptr<memory_region> mr_;
-    rdmx::asio::endpoint_watch watch_;
-    bool stopping_ = false, ended_ = false;
-    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-};
+using ep_service::echo_service;
 
 class asio_endpoint_service : public ep_fixture
 {
