@@ -111,6 +111,7 @@ void cm_connection::setup_qp()
         std::lock_guard lock(cm_.mutex);
         cm_.qp = qp();
         cm_.end = &end_;
+        cm_.max_rd_atomic = max_rd_atomic_slot();
     }
     register_qp(qp(), send_cq(), recv_cq(), id_.get(), &cm_);
     modify_qp(IBV_QPS_INIT);
@@ -152,6 +153,10 @@ void cm_connection::modify_qp(ibv_qp_state to, std::uint8_t rd_atomic)
         mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
         if (rd_atomic)
             attr.max_rd_atomic = rd_atomic;
+        else if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr.max_rd_atomic)
+            // The active side: rdma_cm's value is the responder resources the peer's accept
+            // granted, which limits() reports (before the connection is handed out).
+            set_max_rd_atomic(attr.max_rd_atomic);
     }
     if (int rc = ibv_modify_qp(qp(), &attr, mask))
         throw_errno(rc, verb);

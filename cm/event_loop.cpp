@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -212,6 +213,10 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
     case RDMA_CM_EVENT_ADDR_RESOLVED: st.resolved = resolve_step::addr_resolved; break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: st.resolved = resolve_step::route_resolved; break;
     case RDMA_CM_EVENT_ESTABLISHED:
+        // iWARP's active side (on RoCE and IB it gets CONNECT_RESPONSE instead): the reads
+        // the peer serves, as siw reports them in the MPA reply; limits() says what we got.
+        if (st.max_rd_atomic && st.resolved != resolve_step::none && ev.param.conn.initiator_depth)
+            *st.max_rd_atomic = std::min<std::uint32_t>(*st.max_rd_atomic, ev.param.conn.initiator_depth);
         // On the client this carries the accept's private data; on the server it is empty.
         if (ev.param.conn.private_data_len && st.private_data.empty() && !st.peer_goodbye)
             take_accept_private();

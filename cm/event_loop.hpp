@@ -67,6 +67,8 @@ struct cm_state {
     std::atomic<bool>* sendable = nullptr;
     /// Raised by report() once `state` says the connection ended (verbs/qp_end.hpp).
     verbs::qp_end* end = nullptr;
+    /// The connection's limits().max_rd_atomic, lowered by ESTABLISHED on iWARP's active side.
+    std::uint32_t* max_rd_atomic = nullptr;
 
     // --- a connection started without waiting (start_connect / start_accept) ---
     /// The flow's next step, run on the event loop thread after each event of the id

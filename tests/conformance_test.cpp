@@ -97,25 +97,43 @@ TEST_P(conformance, connect_accept_exchanges_private_data)
     }
 }
 
-// Issue 26, item 8: limits() says what the connection got, not what this side asked for.
-// A client that offers one outstanding read: the server's connection may have one read
-// outstanding at it, not its own 16.
+// limits().max_rd_atomic is what the connection got: the reads this side may have
+// outstanding, which the peer's offer may lower, on the side that accepts and on the side
+// that connects (blocking or started), never what was asked.
 TEST_P(conformance, limits_report_the_read_depth_the_connection_got)
 {
-    connection_options one;
-    one.max_rd_atomic = 1;
-    auto accepted = std::async(std::launch::async, [&] {
-        auto req = listener_->get_request(10s);
-        if (!req)
-            throw std::runtime_error("no connection request within 10 s");
-        connection_options sixteen;
-        sixteen.max_rd_atomic = 16;
-        return req->accept(sixteen);
-    });
-    auto client = client_dom_->connect(server_address(), one);
-    auto server = accepted.get();
-    EXPECT_EQ(client->limits().max_rd_atomic, 1u);
-    EXPECT_EQ(server->limits().max_rd_atomic, 1u) << "the peer offered one read; the server reports its own";
+    struct depths {
+        std::uint32_t client, server;
+    };
+    for (depths d : {depths{1, 16}, depths{16, 1}, depths{4, 2}})
+        for (bool started : {false, true}) {
+            SCOPED_TRACE("client asks " + std::to_string(d.client) + ", server " + std::to_string(d.server) +
+                         (started ? ", start_connect" : ", connect"));
+            auto accepted = std::async(std::launch::async, [&] {
+                auto req = listener_->get_request(10s);
+                if (!req)
+                    throw std::runtime_error("no connection request within 10 s");
+                connection_options o;
+                o.max_rd_atomic = d.server;
+                return req->accept(o);
+            });
+            connection_options o;
+            o.max_rd_atomic = d.client;
+            std::unique_ptr<connection> client;
+            if (started) {
+                client = client_dom_->start_connect(server_address(), o);
+                auto deadline = std::chrono::steady_clock::now() + 10s;
+                while (client->state() == connection_state::connecting && std::chrono::steady_clock::now() < deadline)
+                    std::this_thread::sleep_for(1ms);
+                ASSERT_EQ(client->state(), connection_state::established);
+            } else {
+                client = client_dom_->connect(server_address(), o);
+            }
+            auto server = accepted.get();
+            const std::uint32_t got = std::min(d.client, d.server);
+            EXPECT_EQ(client->limits().max_rd_atomic, got) << "the client's";
+            EXPECT_EQ(server->limits().max_rd_atomic, got) << "the server's";
+        }
 }
 
 TEST_P(conformance, automatic_choice_picks_this_backend_and_says_so)

@@ -77,6 +77,8 @@ protected:
     /// What the connection set-up negotiated (the reads outstanding at the peer), for
     /// limits(); before the connection is handed out.
     void set_max_rd_atomic(std::uint32_t n) noexcept { limits_.max_rd_atomic = n; }
+    /// The same, for the connection manager's event thread (before `established`).
+    std::uint32_t* max_rd_atomic_slot() noexcept { return &limits_.max_rd_atomic; }
     /// Reserves room on the shared completion queues of `opts` (throws errc::no_resources
     /// naming `verb` and the queue without room) and creates the completion channel and
     /// the CQ of the sides without one; the QP comes with create_qp(). `keepalive` holds

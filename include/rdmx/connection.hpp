@@ -233,7 +233,7 @@ struct connection_limits {
     std::uint32_t max_send_sge = 0;
     std::uint32_t max_recv_sge = 0;
     std::uint32_t max_inline = 0;
-    std::uint32_t max_rd_atomic = 0;
+    std::uint32_t max_rd_atomic = 0; ///< reads/atomics outstanding at the peer: the smaller offer
 };
 
 /// Handles for low-level control on the verbs backend; all null on TCP. rdmx keeps its own

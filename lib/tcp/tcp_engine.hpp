@@ -424,7 +424,9 @@ private:
     void close_socket() noexcept RDMX_REQUIRES(mu_, engine_thread_);
 
     tcp_domain& dom_;
-    const connection_limits lim_;
+    /// Fixed once the connection is established; the started connect's handshake writes
+    /// max_rd_atomic (the peer's reply lowers it) before it says so.
+    connection_limits lim_;
     const std::uint8_t rnr_limit_;
     const std::chrono::microseconds rnr_delay_;
     /// reads this side may have outstanding at the peer (start_client: known with the reply)

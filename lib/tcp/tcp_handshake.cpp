@@ -142,6 +142,7 @@ void connection_engine::handshake_step() noexcept
             return;
         }
         max_rd_out_ = std::max<std::uint32_t>(1, std::min(lim_.max_rd_atomic, reply->max_rd_atomic));
+        lim_.max_rd_atomic = max_rd_out_; // limits(): what the connection got (before `established`)
         peer_goodbye_ = (reply->flags & handshake_flag_goodbye) != 0;
         begin_established();
         return;
