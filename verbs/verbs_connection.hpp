@@ -237,26 +237,22 @@ private:
     struct mirror_entry {
         std::uint64_t wr_id;
         bool signaled;
+        bool done; ///< completed, behind one that has not (a read siw completes late)
     };
     std::vector<mirror_entry> mirror_; ///< ring, send_queue_depth entries (siw only)
     std::size_t mirror_head_ = 0, mirror_count_ = 0;
     bool end_flushed_ = false; ///< complete_stranded() moved the QP to the error state
+    mirror_entry& mirror_at(std::size_t i) noexcept { return mirror_[(mirror_head_ + i) % mirror_.size()]; }
     void mirror_push(std::uint64_t wr_id, bool signaled) noexcept
     {
-        mirror_[(mirror_head_ + mirror_count_++) % mirror_.size()] = {wr_id, signaled};
+        mirror_[(mirror_head_ + mirror_count_++) % mirror_.size()] = {wr_id, signaled, false};
     }
-    /// A completion of the send queue: `error`, one request (siw completes each request in
-    /// error, signalled or not); otherwise a signalled one and the unsignalled before it.
-    void mirror_pop(bool error) noexcept
-    {
-        while (mirror_count_) {
-            const bool signaled = mirror_[mirror_head_].signaled;
-            mirror_head_ = mirror_head_ + 1 == mirror_.size() ? 0 : mirror_head_ + 1;
-            --mirror_count_;
-            if (error || signaled)
-                return;
-        }
-    }
+    /// A completion of the send queue, for request `wr_id`: with `error`, that request
+    /// alone (siw completes each request in error, signalled or not); otherwise a signalled
+    /// one and the unsignalled posted before it. siw completes a read after requests posted
+    /// behind it, so the request is looked for by wr_id (the first not done with it; none:
+    /// the first not done), and entries leave from the front once done.
+    void mirror_complete(std::uint64_t wr_id, bool error) noexcept;
 
     /// The goodbye's completion: none yet, polled successful, polled with an error.
     enum class goodbye_state : std::uint8_t { none, ok, failed };

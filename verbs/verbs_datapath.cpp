@@ -376,7 +376,7 @@ bool verbs_connection::complete(const ibv_wc& wc, completion& c, const completio
     }
     if (strands_) [[unlikely]]
         if (wc.opcode != IBV_WC_RECV && wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM)
-            mirror_pop(wc.status != IBV_WC_SUCCESS);
+            mirror_complete(wc.wr_id, wc.status != IBV_WC_SUCCESS);
     c.wr_id = wc.wr_id;
     // A receive of the shared receive queue: polled, so its slot is free; the application
     // gets back the wr_id it posted there.
@@ -456,6 +456,33 @@ std::size_t verbs_connection::poll(std::span<completion> out) noexcept
     return n;
 }
 
+void verbs_connection::mirror_complete(std::uint64_t wr_id, bool error) noexcept
+{
+    std::size_t hit = mirror_count_, first = mirror_count_;
+    for (std::size_t i = 0; i < mirror_count_; ++i) {
+        const mirror_entry& e = mirror_at(i);
+        if (e.done)
+            continue;
+        first = std::min(first, i);
+        if (e.wr_id == wr_id && (error || e.signaled)) {
+            hit = i;
+            break;
+        }
+    }
+    if (hit == mirror_count_)
+        hit = first; // none matched (a provider's odd wr_id): count one anyway
+    if (hit == mirror_count_)
+        return;
+    mirror_at(hit).done = true;
+    for (std::size_t i = 0; !error && i < hit; ++i)
+        if (!mirror_at(i).signaled)
+            mirror_at(i).done = true;
+    while (mirror_count_ && mirror_[mirror_head_].done) {
+        mirror_head_ = mirror_head_ + 1 == mirror_.size() ? 0 : mirror_head_ + 1;
+        --mirror_count_;
+    }
+}
+
 bool verbs_connection::flush_stranded(const completion_queue* from) noexcept
 {
     if (end_flushed_ || from != send_shared_)
@@ -475,6 +502,7 @@ std::size_t verbs_connection::complete_stranded(std::span<completion> out,
     std::size_t n = 0;
     while (mirror_count_ && n < out.size()) {
         // As siw's own flush would have completed it; complete() takes it off the mirror.
+        // (The front is never done: done entries leave at once.)
         ibv_wc wc{};
         wc.wr_id = mirror_[mirror_head_].wr_id;
         wc.status = IBV_WC_WR_FLUSH_ERR;
