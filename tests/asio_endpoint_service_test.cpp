@@ -13,7 +13,7 @@
 
 #include "common/child_process.hpp"
 #include "common/endpoint_util.hpp"
-#include "samples/ep_service.hpp" // the service under test is the sample's
+#include "samples/asio_ep_service.hpp" // the service under test is the sample's
 
 namespace rdmx::test
 {

@@ -123,7 +123,8 @@ TEST_P(conformance, limits_report_the_read_depth_the_connection_got)
             if (started) {
                 client = client_dom_->start_connect(server_address(), o);
                 auto deadline = std::chrono::steady_clock::now() + 10s;
-                while (client->state() == connection_state::connecting && std::chrono::steady_clock::now() < deadline)
+                while (client->state() == connection_state::connecting &&
+                       std::chrono::steady_clock::now() < deadline)
                     std::this_thread::sleep_for(1ms);
                 ASSERT_EQ(client->state(), connection_state::established);
             } else {

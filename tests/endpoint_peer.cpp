@@ -15,7 +15,7 @@
 // (counter), and serves the endpoint (its completions are dropped) until it is killed.
 // Exit status 1 if it could not get there.
 //
-// `rpc` is a client of the echo service (samples/ep_service.hpp, rdmx_ep_service): COUNT
+// `rpc` is a client of the echo service (samples/asio_ep_service.hpp, rdmx_ep_service): COUNT
 // requests to SERVER of 1 B .. 300 kB (eager and rendezvous), each resent (with a new tag)
 // until its echo arrives with every byte right, as a client of a server that may restart
 // does; one '.' on stdout per request done, then 'D', exit 0. `flood` sends COUNT

@@ -1,5 +1,5 @@
 #!/bin/sh
-# rdmx_ep_service (samples/ep_service.cpp) as a user runs it: the service on one thread,
+# rdmx_ep_service (samples/asio_ep_service.cpp) as a user runs it: the service on one thread,
 # 4 clients (tests/endpoint_peer rpc: requests of 1 B .. 300 kB, every byte of every echo
 # checked), one more client killed with SIGKILL mid-run, a flooder of tags the service
 # drops; then SIGTERM, and the service's counters must add up. Over TCP on this host; the

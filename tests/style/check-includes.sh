@@ -14,7 +14,8 @@
 #                   event loop, built on verbs/
 #   gpu/            librdmx-gpu: the public API only (it builds on librdmx)
 #   samples/        programs a user would copy: the public API and their own shared header
-#                   (and Boost.Asio in samples/asio_*, which use rdmx/asio.hpp)
+#                   (and Boost.Asio in samples/asio_*, which use rdmx/asio.hpp and may
+#                   include each other)
 #
 # So: verbs/ <- cm/ <- lib/ core (domain::open, by declaration), never the other way;
 # tests/ may include anything (white-box tests). Standard and other system headers are
@@ -34,7 +35,7 @@ declare -A allowed=(
     [cm]="api core verbs cm ibverbs rdma_cm"
     [gpu]="api gpu cuda"
     [samples]="api samples"
-    [samples_asio]="api samples asio"
+    [samples_asio]="api samples samples_asio asio"
 )
 
 layer_of() { # PATH (relative to the root) -> layer, or nothing for unchecked files

@@ -1,4 +1,4 @@
-// rdmx_ep_service: an endpoint echo service on one Boost.Asio thread (ep_service.hpp), until
+// rdmx_ep_service: an endpoint echo service on one Boost.Asio thread (asio_ep_service.hpp), until
 // SIGINT or SIGTERM; then it prints what it did.
 //
 //   rdmx_ep_service tcp://0.0.0.0:7480
@@ -13,7 +13,7 @@
 
 #include <boost/asio/signal_set.hpp>
 
-#include "ep_service.hpp"
+#include "asio_ep_service.hpp"
 
 int main(int argc, char** argv)
 {

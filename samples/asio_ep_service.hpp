@@ -1,4 +1,4 @@
-// The endpoint echo service of rdmx_ep_service (ep_service.cpp), in the shape services are
+// The endpoint echo service of rdmx_ep_service (asio_ep_service.cpp), in the shape services are
 // written: one io_context thread; one coroutine that waits on the endpoint through
 // rdmx::asio::endpoint_watch, and nothing else polls it; receives posted from handlers
 // outside that loop; peer events (endpoint_options::peer_events) retiring clients that died.
