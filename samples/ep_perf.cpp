@@ -8,6 +8,7 @@
 //   rdmx_ep_perf tcp://127.0.0.1:7700 -t first_msg -n 50   (a new endpoint per message)
 //   rdmx_ep_perf --server --peers 1024 tcp://127.0.0.1:7700  (completion queue for 1024 peers)
 //   rdmx_ep_perf tcp://127.0.0.1:7700 -t conn_rate -n 1024 -W 64
+//   rdmx_ep_perf tcp://127.0.0.1:7700 -t flood -s 1K          (floods until killed)
 //
 // tag_lat: ping-pong of `size` bytes; one-way latency = round trip / 2 (as fi_pingpong).
 // tag_bw: a window of W sends in flight; after n of them the client sends FIN, which the
@@ -21,6 +22,9 @@
 //   connections per second over the span from the first insert to the last pong, and the
 //   median and p99 of each peer's time from its insert to its pong. The server needs
 //   --peers n (its completion queue reserves every connection's send queue).
+// flood: sends `size`-byte messages with a tag the server never receives, as fast as the
+//   endpoint takes them, never receiving, until killed (bench/flood_p99.sh times tag_lat
+//   beside it: a flooder must not starve other peers).
 // Every wait is bounded by --timeout-ms; -e sleeps on the endpoint's fd instead of polling.
 #include <CLI/CLI.hpp>
 
@@ -41,6 +45,8 @@ namespace
 using clock_type = std::chrono::steady_clock;
 
 constexpr std::uint64_t tag_ping = 1, tag_pong = 2, tag_data = 3, tag_fin = 4, tag_fin_ack = 5;
+/// The server receives tags 0-255 only: a flood's messages stay unexpected.
+constexpr std::uint64_t served_tags = 0xff, tag_flood = 0x100;
 
 struct options {
     std::string address;
@@ -165,7 +171,7 @@ int run_server(const options& o)
         dom->register_memory(mem.data(), mem.size(), rdmx::access::local_write | rdmx::access::remote_read);
     auto post = [&](std::size_t i) {
         rdmx::sge s{mr.get(), i * size, size};
-        check(ep->recv(rdmx::any_peer, 0, ~std::uint64_t{0}, {&s, 1}, i), "recv");
+        check(ep->recv(rdmx::any_peer, 0, served_tags, {&s, 1}, i), "recv");
     };
     for (std::size_t i = 0; i < nbuf; ++i)
         post(i);
@@ -239,6 +245,41 @@ row run_lat(const options& o, std::size_t size)
         v = ping(*ep, server, *mr, size, o);
     std::sort(rtt.begin(), rtt.end());
     return {"tag_lat", size, rtt[rtt.size() / 2] / 2, 0, rtt[rtt.size() * 99 / 100] / 2};
+}
+
+/// Sends tag_flood messages until killed: as many as the endpoint takes (it queues what
+/// the server's credit does not cover, and says would_block when its queue is full).
+int run_flood(const options& o, std::size_t size)
+{
+    auto dom = rdmx::domain::open(o.address);
+    auto ep = rdmx::endpoint::open(*dom, own_address(o.address), ep_options(o, size));
+    std::vector<std::byte> mem(size);
+    auto mr =
+        dom->register_memory(mem.data(), mem.size(), rdmx::access::local_write | rdmx::access::remote_read);
+    rdmx::peer server = ep->insert(o.address);
+    rdmx::endpoint_completion out[64];
+    std::uint64_t issued = 0, completed = 0;
+    auto report = clock_type::now() + std::chrono::seconds(1);
+    for (;;) {
+        rdmx::sge s{mr.get(), 0, size};
+        std::error_code ec = ep->send(server, tag_flood, {&s, 1}, 0);
+        if (ec && ec != rdmx::errc::would_block)
+            throw rdmx::error(ec, "endpoint send (flood)");
+        issued += !ec;
+        std::size_t n = ec ? ep->wait(out, std::chrono::milliseconds(10)) : ep->poll(out);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (out[i].status)
+                throw rdmx::error(out[i].status, "endpoint send (flood) completion");
+            ++completed;
+        }
+        if (clock_type::now() >= report) {
+            // Where the flood stands: how many sends the server's credit let complete.
+            std::printf("flood: %llu sends issued, %llu completed\n", static_cast<unsigned long long>(issued),
+                        static_cast<unsigned long long>(completed));
+            std::fflush(stdout);
+            report += std::chrono::seconds(1);
+        }
+    }
 }
 
 row run_first_msg(const options& o)
@@ -385,8 +426,8 @@ int main(int argc, char** argv)
     options o;
     app.add_option("address", o.address, "the server's tcp://HOST:PORT or rdma://HOST:PORT")->required();
     app.add_flag("--server", o.server, "serve runs until killed");
-    app.add_option("-t,--test", o.test, "tag_lat | tag_bw | first_msg | conn_rate")
-        ->check(CLI::IsMember({"tag_lat", "tag_bw", "first_msg", "conn_rate"}));
+    app.add_option("-t,--test", o.test, "tag_lat | tag_bw | first_msg | conn_rate | flood")
+        ->check(CLI::IsMember({"tag_lat", "tag_bw", "first_msg", "conn_rate", "flood"}));
     app.add_option("-s,--size", o.size, "message size (suffixes K, M)");
     app.add_option("-n,--iters", o.iters, "measured iterations")->check(CLI::Range(1ull, 1ull << 40));
     app.add_option("-w,--warmup", o.warmup, "iterations before measuring");
@@ -410,6 +451,8 @@ int main(int argc, char** argv)
         std::size_t size = parse_size(o.size);
         if (o.test == "conn_rate" && !window_given)
             o.window = 64;
+        if (o.test == "flood")
+            return run_flood(o, size);
         row r = o.test == "tag_lat"     ? run_lat(o, size)
                 : o.test == "tag_bw"    ? run_bw(o, size)
                 : o.test == "conn_rate" ? run_conn_rate(o)

@@ -62,18 +62,10 @@ TEST_P(asio_endpoint_service, one_thread_serves_clients_that_die_a_flooder_and_i
         victims.push_back(std::make_unique<child_process>(
             program,
             std::vector<std::string>{address(b_, 0), "rpc", addr, std::to_string(100 + i), "100000"}));
-    // The flooder: on iWARP a receiver out of buffers ends connections (no receiver-not-
-    // ready), and without per-peer credits (not built: docs/endpoints.md, "Completion
-    // semantics") a flood there costs the other clients their connections over and over.
-    const bool flood = !dom_->limits().iwarp;
-    if (!flood)
-        std::printf(
-            "[ service  ] iWARP: no flooder (per-peer credits are not built; a flood ends other peers' "
-            "connections there)\n");
-    std::unique_ptr<child_process> flooder;
-    if (flood)
-        flooder = std::make_unique<child_process>(
-            program, std::vector<std::string>{address(b_, 0), "flood", addr, "3000"});
+    // The flooder, on every provider: credits hold it to its share of the receive buffers,
+    // so it neither ends other clients' connections (iWARP) nor holds their messages back.
+    auto flooder = std::make_unique<child_process>(
+        program, std::vector<std::string>{address(b_, 0), "flood", addr, "3000"});
 
     std::vector<int> progress(clients, 0), victim_progress(2, 0);
     std::vector<bool> finished(clients, false);

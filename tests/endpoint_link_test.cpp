@@ -257,7 +257,14 @@ TEST_P(endpoint_link, a_short_outage_delays_messages_and_loses_none)
     }
     pump(
         {&a, &b}, [] { return false; }, 300ms);
-    EXPECT_EQ(b.done.size(), b0) << "a message crossed a link that was down";
+    // siw's TCP reaches a local address over lo once the link's route is gone, so there
+    // messages may cross: in 5 runs with credits the 8 the window let go crossed each time,
+    // in 2 runs with all 16 posted at once none did and all failed with peer_lost. What
+    // must hold there is the rest: nothing lost that succeeded, nothing doubled or reordered.
+    const std::size_t crossed = b.done.size() - b0;
+    if (!iwarp_) {
+        EXPECT_EQ(crossed, 0u) << "a message crossed a link that was down";
+    }
     link(true);
     auto outage = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - down);
     ASSERT_TRUE(pump(
@@ -302,8 +309,9 @@ TEST_P(endpoint_link, a_short_outage_delays_messages_and_loses_none)
     }
     for (int i = 0; i < k; ++i)
         EXPECT_TRUE(!sent_ok[i] || got[i]) << "message " << i << " was sent but never arrived";
-    std::printf("[ link     ] %s: a %lld ms outage: %d of %d sends completed, %zu delivered%s%s\n",
-                to_string(b_), static_cast<long long>(outage.count()), ok, k, b.done.size() - b0,
+    std::printf("[ link     ] %s: a %lld ms outage: %d of %d sends completed, %zu delivered (%zu while "
+                "down)%s%s\n",
+                to_string(b_), static_cast<long long>(outage.count()), ok, k, b.done.size() - b0, crossed,
                 failure.empty() ? "" : "; failed: ", failure.c_str());
     // TCP retransmits through an outage shorter than its timeouts: nothing may fail there.
     // verbs: rxe (Linux 6.1) moves a QP to the error state as soon as a packet finds no

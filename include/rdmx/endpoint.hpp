@@ -85,10 +85,11 @@ struct endpoint_options {
     std::uint32_t eager_limit = 8192;
     /// Receive buffers of eager_limit bytes (plus a header) in the shared receive queue of
     /// all peers. Unexpected messages (no matching receive posted yet) stay in their
-    /// buffer; when `unexpected_limit` of them are held, the endpoint stops giving buffers
-    /// back and senders meet receiver-not-ready back-pressure (per their rnr_retry_count)
-    /// instead of the endpoint growing. On iWARP (no receiver-not-ready) running out ends
-    /// the sender's connection, which the endpoint redials.
+    /// buffer. Senders are held back by per-peer credits (docs/endpoints.md, "Flow
+    /// control"): each connected peer may hold its share of `unexpected_limit` and have a
+    /// window of the other buffers in flight; beyond that its sends wait in its queue
+    /// (max_queued_ops) until a receive takes its messages. So a flooder stalls itself, and
+    /// the shared receive queue does not run dry for the other peers.
     std::uint32_t receive_buffers = 512;
     std::uint32_t unexpected_limit = 256;
     /// Posted tagged receives not matched yet, at most (beyond: would_block).

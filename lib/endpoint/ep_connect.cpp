@@ -131,7 +131,9 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
     // Per op: its header / rts area; per receive: its ack's header; one ready header.
     ready_offset_ = static_cast<std::size_t>(ctrl_size_) * nops + header_size * nrecvs;
     ctrl_mem_.resize(ready_offset_ + header_size);
-    encode(msg_header{msg_type::ready, 0, 0, 0, 0}, ctrl_mem_.data() + ready_offset_);
+    msg_header ready{msg_type::ready, 0, 0, 0, 0};
+    ready.credit = initial_credit; // what the acceptor starts with anyway: nothing taken back
+    encode(ready, ctrl_mem_.data() + ready_offset_);
     ctrl_mr_ = d.register_memory(ctrl_mem_.data(), ctrl_mem_.size(), access::local_write);
     for (std::uint32_t i = 0; i < opts.receive_buffers; ++i) {
         sge s{recv_mr_.get(), static_cast<std::size_t>(i) * buf_size_, buf_size_};
@@ -485,10 +487,10 @@ void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
     p.next_dial = clock::time_point::max();
     p.deadline = clock::time_point::max();
     p.last_cause.clear();
-    p.tx_eager = p.peer_delivered = p.told = 0;
+    p.tx = p.peer_delivered = p.told = 0;
+    p.peer_credit = p.told_grant = initial_credit; // both sides' start on a new connection
     p.delivered_posted = false;
-    if (delivery_acks_ && rx_count(p, c) != 0)
-        need_ack(pi); // what came before it was chosen
+    credit_moved(pi); // what came before it was chosen
     if (c == p.dial.get()) {
         // The ready message goes first (before anything queued), so that the acceptor
         // knows our side is up whether or not we have anything to send.

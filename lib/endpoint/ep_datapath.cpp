@@ -214,12 +214,19 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     wr.wr_id = make_wr_id(wr_kind::op, oi);
     wr.flags = send_flags::signaled;
     std::size_t n = 0;
+    // A send is a data message: it goes only while the peer's credit covers it (its
+    // header's credit, docs/endpoints.md, "Flow control"); otherwise it waits in the queue
+    // until a header from the peer gives more.
+    if (o.kind == endpoint_op::send &&
+        static_cast<std::int32_t>(p.tx - (p.peer_delivered + p.peer_credit)) >= 0)
+        return post_result::no_room;
+    const std::uint32_t told = p.told, told_grant = p.told_grant; // if the post fails
     switch (o.kind) {
     case endpoint_op::send:
         wr.opcode = opcode::send;
         if (!o.rndv) {
             msg_header h{msg_type::eager, 0, o.tag, o.length, 0};
-            h.delivered = tell_delivered(p);
+            stamp(p, h);
             encode(h, ctrl);
             s[n++] = sge{ctrl_mr_.get(), ctrl_off, header_size};
             for (std::uint8_t i = 0; i < o.nsge; ++i)
@@ -227,7 +234,7 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
         } else {
             std::uint64_t id = (static_cast<std::uint64_t>(o.gen) << 32) | oi;
             msg_header h{msg_type::rts, o.nsge, o.tag, o.length, id};
-            h.delivered = tell_delivered(p);
+            stamp(p, h);
             encode(h, ctrl);
             for (std::uint8_t i = 0; i < o.nsge; ++i) {
                 remote_buffer rb;
@@ -276,6 +283,10 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     }
     wr.local = std::span<const sge>(s.data(), n);
     std::error_code ec = p.chosen->post({&wr, 1});
+    if (ec) {
+        p.told = told; // the header never left
+        p.told_grant = told_grant;
+    }
     if (ec == errc::would_block)
         return post_result::no_room;
     if (ec && p.chosen->state() != connection_state::established) {
@@ -298,8 +309,8 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     o.awaiting_local = true;
     // Rendezvous: the receiver's ack. An eager send on iWARP: its delivered count.
     o.awaiting_ack = o.rndv || (delivery_acks_ && o.kind == endpoint_op::send);
-    if (delivery_acks_ && o.kind == endpoint_op::send && !o.rndv)
-        o.seq = ++p.tx_eager;
+    if (o.kind == endpoint_op::send)
+        o.seq = ++p.tx; // a data message: it took one credit
     chain_push(p.outstanding, oi);
     ++p.posted_wrs;
     return post_result::posted;
@@ -386,8 +397,7 @@ void endpoint_impl::on_completion(const completion& c) noexcept
             peer_entry& p = *peers_[idx];
             p.delivered_posted = false;
             slot_done(idx, c.conn);
-            if (rx_count(p, p.chosen) != p.told)
-                need_ack(idx); // more came while it was in flight
+            credit_moved(idx); // more came, or was taken, while it was in flight
         }
         return;
     case wr_kind::op: {
@@ -436,7 +446,7 @@ void endpoint_impl::on_message(std::uint32_t buf, std::uint32_t byte_len, std::u
     }
     peer_entry& p = *peers_[pi];
     if (c == p.chosen)
-        on_delivered(pi, h->delivered);
+        on_delivered(pi, *h);
     if (h->type == msg_type::ready || h->type == msg_type::delivered) {
         repost(buf); // heard_on() and on_delivered() took what they say
         return;
@@ -455,11 +465,7 @@ void endpoint_impl::on_message(std::uint32_t buf, std::uint32_t byte_len, std::u
         repost(buf);
         return;
     }
-    if (h->type == msg_type::eager) {
-        ++rx_count(p, c);
-        if (delivery_acks_ && c == p.chosen)
-            need_ack(pi);
-    }
+    ++rx_count(p, c); // a data message (eager or rts): it took one of our credits
     unexpected_msg& m = held_[buf];
     m.peer = pi;
     m.conn = c;
@@ -473,11 +479,14 @@ void endpoint_impl::on_message(std::uint32_t buf, std::uint32_t byte_len, std::u
     if (ri != nil) {
         posted_recvs_.erase(ri);
         deliver(ri, buf);
-        return;
+    } else {
+        m.held = true;
+        unexpected_.push_back(buf);
+        ++held_count_;
+        ++p.held;
     }
-    m.held = true;
-    unexpected_.push_back(buf);
-    ++held_count_;
+    if (c == p.chosen)
+        credit_moved(pi);
 }
 
 } // namespace rdmx::ep

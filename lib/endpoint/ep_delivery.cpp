@@ -1,34 +1,89 @@
-// Delivery acknowledgements of eager messages (docs/endpoints.md, "Completion semantics").
-// An endpoint's eager send succeeds once the peer's endpoint holds the message. On RoCE, IB
-// and TCP the send's own completion says so (the responder acknowledges a send only once a
-// posted receive took it). On iWARP it does not: a send completes once TCP took it, and a
-// receiver out of buffers ends the connection with the message lost. There every header
-// carries how many eager messages its sender received over the connection, a header-only
-// `delivered` message carries it when nothing else goes back, and an eager send completes
-// when the count covers it (or fails with its connection). No allocation: the header slots
-// are registered when a peer's entry is made.
+// Credits and delivery acknowledgements of data messages (eager and rts; docs/endpoints.md,
+// "Flow control" and "Completion semantics").
+//
+// Credits, on every provider: every header tells the peer how many data messages we have
+// received over the connection (`delivered`) and how many more we take (`credit`); the
+// peer sends message number delivered + credit at most, and queues the rest. A peer's credit
+// is its window (the buffers beyond unexpected_limit, shared by the connected peers and one
+// newcomer) less what it holds beyond its share of unexpected_limit: a peer whose messages
+// nobody receives stops at share + window, and the others keep their buffers. The shared
+// receive queue never runs dry, so no sender meets receiver-not-ready, and on iWARP, where
+// running dry ends the connection, no flood ends another peer's.
+//
+// Delivery acknowledgements, on iWARP: an endpoint's eager send succeeds once the peer's
+// endpoint holds the message. On RoCE, IB and TCP the send's own completion says so (the
+// responder acknowledges a send only once a posted receive took it). On iWARP a send
+// completes once TCP took it; there an eager send completes when the peer's `delivered`
+// count covers it (or fails with its connection).
+//
+// A header-only `delivered` message carries both when no other message goes back. No
+// allocation: the header slots are registered when a peer's entry is made.
 #include "endpoint/ep_endpoint.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace rdmx::ep
 {
 
-std::uint32_t endpoint_impl::tell_delivered(peer_entry& p) noexcept
+std::uint32_t endpoint_impl::credit_for(const peer_entry& p) const noexcept
 {
-    p.told = rx_count(p, p.chosen);
-    return p.told;
+    // Shares of the connected peers and one more, so that a newcomer finds room for its
+    // initial credit and its share before the others' credits shrink.
+    const auto n = static_cast<std::uint32_t>(connected_peers_) + 1;
+    const std::uint32_t share = std::max<std::uint32_t>(1, opts_.unexpected_limit / n);
+    const std::uint32_t window = std::clamp<std::uint32_t>(
+        (opts_.receive_buffers - opts_.unexpected_limit) / n, initial_credit, max_window);
+    const std::uint32_t excess = p.held > share ? p.held - share : 0;
+    return window > excess ? window - excess : 0;
 }
 
-void endpoint_impl::on_delivered(std::uint32_t pi, std::uint32_t delivered) noexcept
+void endpoint_impl::stamp(peer_entry& p, msg_header& h) const noexcept
+{
+    h.delivered = rx_count(p, p.chosen);
+    h.credit = static_cast<std::uint16_t>(credit_for(p)); // at most max_window
+    p.told = h.delivered;
+    p.told_grant = h.delivered + h.credit;
+}
+
+bool endpoint_impl::ack_wanted(const peer_entry& p) const noexcept
+{
+    if (!p.live || !p.chosen)
+        return false;
+    const std::uint32_t rx = rx_count(p, p.chosen);
+    if (delivery_acks_ && rx != p.told)
+        return true;
+    const std::uint32_t grant = rx + credit_for(p);
+    const auto more = static_cast<std::int32_t>(grant - p.told_grant);
+    if (more <= 0)
+        return false;
+    // The peer may be stopped (all it was granted came) or is running low: tell it.
+    return static_cast<std::int32_t>(rx - p.told_grant) >= 0 ||
+           static_cast<std::uint32_t>(more) >= std::max<std::uint32_t>(1, credit_for(p) / 2);
+}
+
+void endpoint_impl::credit_moved(std::uint32_t pi) noexcept
+{
+    if (pi < peers_.size() && peers_[pi] && ack_wanted(*peers_[pi]))
+        need_ack(pi);
+}
+
+void endpoint_impl::on_delivered(std::uint32_t pi, const msg_header& h) noexcept
 {
     peer_entry& p = *peers_[pi];
-    // Counts wrap: compare by difference. A count past what we sent is a peer's error,
-    // and completes nothing.
-    if (static_cast<std::int32_t>(delivered - p.peer_delivered) <= 0 ||
-        static_cast<std::int32_t>(delivered - p.tx_eager) > 0)
+    const std::uint32_t delivered = h.delivered;
+    // Counts wrap: compare by difference. A count past what we sent is a peer's error, an
+    // older one a stale header: both change nothing.
+    if (static_cast<std::int32_t>(delivered - p.tx) > 0 ||
+        static_cast<std::int32_t>(delivered - p.peer_delivered) < 0)
         return;
+    const bool moved = delivered != p.peer_delivered;
     p.peer_delivered = delivered;
+    p.peer_credit = h.credit;
+    if (p.queued.size != 0)
+        list_once(kick_, p.in_kick, pi); // sends waiting for credit may go
+    if (!moved || !delivery_acks_)
+        return;
     for (std::uint32_t oi = p.outstanding.head; oi != nil;) {
         std::uint32_t next = ops_[oi].next;
         op_slot& o = ops_[oi];
@@ -53,7 +108,7 @@ void endpoint_impl::send_due_acks() noexcept
         const std::uint32_t pi = ack_due_[k];
         peer_entry& p = *peers_[pi];
         bool keep = false;
-        if (p.live && p.chosen && rx_count(p, p.chosen) != p.told) {
+        if (ack_wanted(p)) {
             // One in flight per peer (its slot is rewritten only when that completes), in
             // the send-queue slots kept for acknowledgements.
             if (p.delivered_posted || p.posted_wrs >= p.sq_depth) {
@@ -62,7 +117,7 @@ void endpoint_impl::send_due_acks() noexcept
                 header_block& b = *delivered_blocks_[pi / delivered_block];
                 const std::size_t off = static_cast<std::size_t>(pi % delivered_block) * header_size;
                 msg_header h{msg_type::delivered, 0, 0, 0, 0};
-                h.delivered = rx_count(p, p.chosen);
+                stamp(p, h);
                 encode(h, b.mem.data() + off);
                 sge s{b.mr.get(), off, header_size};
                 work_request wr;
@@ -71,7 +126,6 @@ void endpoint_impl::send_due_acks() noexcept
                 wr.local = {&s, 1};
                 std::error_code ec = p.chosen->post({&wr, 1});
                 if (!ec) {
-                    p.told = h.delivered;
                     p.delivered_posted = true;
                     ++p.posted_wrs;
                 } else {
@@ -91,7 +145,7 @@ void endpoint_impl::send_due_acks() noexcept
 
 void endpoint_impl::ensure_delivered_slot(std::uint32_t i)
 {
-    while (delivery_acks_ && delivered_blocks_.size() * delivered_block <= i) {
+    while (delivered_blocks_.size() * delivered_block <= i) {
         auto b = std::make_unique<header_block>();
         b->mr = dom_.register_memory(b->mem.data(), b->mem.size(), access::local_write);
         delivered_blocks_.push_back(std::move(b));

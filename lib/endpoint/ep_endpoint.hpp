@@ -126,12 +126,16 @@ struct peer_entry {
     std::chrono::milliseconds backoff = first_backoff;
     std::error_code last_cause;
     bool in_timers = false, in_kick = false;
-    // Delivery acknowledgements of eager messages, on iWARP (docs/endpoints.md, "Completion
-    // semantics"). Counts are per connection, mod 2^32.
-    std::uint32_t rx_dial = 0, rx_accepted = 0; ///< eager messages received over each
-    std::uint32_t tx_eager = 0;                 ///< eager sends posted on `chosen` (each one's seq)
+    // Credits, and on iWARP delivery acknowledgements, of data messages (eager and rts;
+    // docs/endpoints.md, "Flow control" and "Completion semantics"). Counts are per
+    // connection, mod 2^32.
+    std::uint32_t rx_dial = 0, rx_accepted = 0; ///< data messages received over each
+    std::uint32_t tx = 0;                       ///< data messages posted on `chosen` (each one's seq)
     std::uint32_t peer_delivered = 0;           ///< of those, what the peer said it holds
+    std::uint32_t peer_credit = initial_credit; ///< how many more the peer said it takes
     std::uint32_t told = 0;                     ///< what we last said over `chosen` (of rx on it)
+    std::uint32_t told_grant = initial_credit;  ///< told + the credit we last gave
+    std::uint32_t held = 0;                     ///< its messages held (unexpected or claimed)
     bool delivered_posted = false;              ///< a `delivered` message is in flight on `chosen`
     bool in_ack_due = false;
     // Peer events (endpoint_options::peer_events) not yet polled: at most one of each.
@@ -209,17 +213,34 @@ private:
     /// poll(): the pending peer events into the ring, while it has room beyond what the
     /// operations in flight may still need.
     void emit_peer_events() noexcept;
-    // --- delivery acknowledgements on iWARP (ep_delivery.cpp) ---
-    /// Eager messages received over `c`, one of peer p's connections.
+    // --- credits, and delivery acknowledgements on iWARP (ep_delivery.cpp) ---
+    /// Data messages received over `c`, one of peer p's connections.
     static std::uint32_t& rx_count(peer_entry& p, const connection* c) noexcept
     {
         return c == p.dial.get() ? p.rx_dial : p.rx_accepted;
     }
-    /// The delivered count for a header sent over p's chosen connection (and noted as told).
-    std::uint32_t tell_delivered(peer_entry& p) noexcept;
-    /// A header over p's chosen connection said `delivered`: the eager sends it covers complete.
-    void on_delivered(std::uint32_t pi, std::uint32_t delivered) noexcept;
+    static std::uint32_t rx_count(const peer_entry& p, const connection* c) noexcept
+    {
+        return c == p.dial.get() ? p.rx_dial : p.rx_accepted;
+    }
+    /// Stamps a header sent over p's chosen connection with our delivered count and the
+    /// credit we give (and notes both as told).
+    void stamp(peer_entry& p, msg_header& h) const noexcept;
+    /// The credit peer p gets now: its window less what it holds beyond its share of
+    /// unexpected_limit (docs/endpoints.md, "Flow control").
+    std::uint32_t credit_for(const peer_entry& p) const noexcept;
+    /// Whether p's chosen connection needs a `delivered` message: on iWARP when our count
+    /// moved, everywhere when the credit we could give is well past what we told.
+    bool ack_wanted(const peer_entry& p) const noexcept;
+    /// A header over p's chosen connection said `delivered` and `credit`: the eager sends
+    /// the count covers complete (iWARP), and sends waiting for credit go.
+    void on_delivered(std::uint32_t pi, const msg_header& h) noexcept;
     void need_ack(std::uint32_t pi) noexcept;
+    /// Peer `pi`'s credit may have grown (a message of its was taken, or came): a
+    /// `delivered` message is due if ack_wanted.
+    void credit_moved(std::uint32_t pi) noexcept;
+    /// A held message of buffer `buf` is no longer held (received, or released).
+    void unhold(std::uint32_t buf) noexcept;
     /// poll()'s end: a `delivered` message to each peer whose count no header carried yet.
     void send_due_acks() noexcept;
     /// The registered header slot of peer `i` for its `delivered` messages (grows in blocks).
@@ -357,6 +378,8 @@ private:
     /// iWARP: eager sends complete on the receiver's delivered count, not on their own
     /// completion (which says only that TCP took the message).
     bool delivery_acks_ = false;
+    /// Most credit one peer gets (its window), however many buffers are free.
+    static constexpr std::uint32_t max_window = 64;
     /// One header slot per peer for its `delivered` messages, in registered blocks.
     static constexpr std::uint32_t delivered_block = 64;
     struct header_block {

@@ -85,7 +85,7 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
 
 void endpoint_impl::give_back_deferred() noexcept
 {
-    while (!deferred_reposts_.empty() && held_count_ < opts_.unexpected_limit) {
+    while (!deferred_reposts_.empty()) {
         std::uint32_t buf = deferred_reposts_.back();
         deferred_reposts_.pop_back();
         sge s{recv_mr_.get(), static_cast<std::size_t>(buf) * buf_size_, buf_size_};
@@ -111,8 +111,7 @@ void endpoint_impl::settle() noexcept
     // that polls, and sleeps on fd() (endpoint_watch), must be woken for what these calls
     // completed or made possible: nothing else would make fd() readable.
     give_back_deferred();
-    if (ring_count_ != 0 || !kick_.empty() || !pending_recvs_.empty() ||
-        (!deferred_reposts_.empty() && held_count_ < opts_.unexpected_limit))
+    if (ring_count_ != 0 || !kick_.empty() || !pending_recvs_.empty() || !ack_due_.empty())
         raise_wake();
     arm_timerfd();
 }

@@ -1,6 +1,6 @@
 // The endpoint's receive side: recv, peek and claim, delivering a matched message (eager
 // copy, or the rendezvous reads and the acknowledgement), and giving receive buffers back
-// (back-pressure at unexpected_limit). No allocation (docs/endpoints.md).
+// (the credits they give back: ep_delivery.cpp). No allocation (docs/endpoints.md).
 #include "endpoint/ep_endpoint.hpp"
 
 #include <algorithm>
@@ -155,9 +155,14 @@ void endpoint_impl::post_ack(std::uint32_t ri) noexcept
         std::size_t off =
             static_cast<std::size_t>(ctrl_size_) * ops_.size() + static_cast<std::size_t>(ri) * header_size;
         msg_header h{msg_type::ack, 0, 0, 0, r.remote_id};
-        h.delivered = tell_delivered(p);
+        const std::uint32_t told = p.told, told_grant = p.told_grant;
+        stamp(p, h);
         encode(h, ctrl_mem_.data() + off);
         std::error_code ec = send_header(*r.conn, off, make_wr_id(wr_kind::ack, ri));
+        if (ec) {
+            p.told = told; // the header never left
+            p.told_grant = told_grant;
+        }
         if (!ec) {
             ++p.posted_wrs;
             r.st = recv_slot::state::ack_sent;
@@ -196,15 +201,20 @@ void endpoint_impl::finish_recv(std::uint32_t ri) noexcept
 
 void endpoint_impl::repost(std::uint32_t buf) noexcept
 {
-    if (held_count_ >= opts_.unexpected_limit) {
-        // Back-pressure: while unexpected_limit messages are held, buffers are not given
-        // back, so the receive queue runs dry and senders meet receiver-not-ready.
-        deferred_reposts_.push_back(buf); // reserved to receive_buffers
-        return;
-    }
+    // Back-pressure is the senders' credits ("Flow control"): a buffer goes back at once.
     sge s{recv_mr_.get(), static_cast<std::size_t>(buf) * buf_size_, buf_size_};
     if (srq_->post_recv({&s, 1}, make_wr_id(wr_kind::srq, buf)))
-        deferred_reposts_.push_back(buf);
+        deferred_reposts_.push_back(buf); // reserved to receive_buffers; retried by poll()
+}
+
+void endpoint_impl::unhold(std::uint32_t buf) noexcept
+{
+    const std::uint32_t pi = held_[buf].peer;
+    --held_count_;
+    if (pi < peers_.size() && peers_[pi] && peers_[pi]->held != 0) {
+        --peers_[pi]->held;
+        credit_moved(pi); // its share has room again
+    }
 }
 
 void endpoint_impl::release_unexpected(std::uint32_t buf) noexcept
@@ -213,10 +223,10 @@ void endpoint_impl::release_unexpected(std::uint32_t buf) noexcept
     if (!m.held && !m.claimed)
         return;
     unexpected_.erase(buf);
+    unhold(buf);
     m.held = m.claimed = false;
     m.peer = nil;
     m.conn = nullptr;
-    --held_count_;
     repost(buf);
 }
 
@@ -276,7 +286,7 @@ std::error_code endpoint_impl::recv(rdmx::peer from, std::uint64_t tag, std::uin
         return {};
     }
     unexpected_.erase(buf);
-    --held_count_;
+    unhold(buf);
     matched = true;
     deliver(ri, buf);
     settle();
@@ -331,7 +341,7 @@ std::error_code endpoint_impl::recv_claimed(std::uint64_t claim, std::span<const
     if (auto ec = new_recv(held_[buf].peer, local, context, &ri))
         return ec;
     held_[buf].claimed = false;
-    --held_count_;
+    unhold(buf);
     deliver(ri, buf);
     settle();
     return {};

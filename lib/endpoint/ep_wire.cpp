@@ -125,12 +125,13 @@ reject_reason decode_reject(std::span<const std::byte> in) noexcept
     return static_cast<reject_reason>(r);
 }
 
-// header: type u8, ndesc u8, 2 zero bytes, delivered u32, tag u64, length u64, id u64
+// header: type u8, ndesc u8, credit u16, delivered u32, tag u64, length u64, id u64
 void encode(const msg_header& h, std::byte* out) noexcept
 {
     std::memset(out, 0, header_size);
     out[0] = static_cast<std::byte>(h.type);
     out[1] = static_cast<std::byte>(h.ndesc);
+    put16(out + 2, h.credit);
     put32(out + 4, h.delivered);
     put64(out + 8, h.tag);
     put64(out + 16, h.length);
@@ -143,7 +144,7 @@ std::optional<msg_header> decode_header(std::span<const std::byte> in) noexcept
         return std::nullopt;
     msg_header h;
     auto t = std::to_integer<std::uint8_t>(in[0]);
-    if (t < 1 || t > 5 || in[2] != std::byte{0} || in[3] != std::byte{0})
+    if (t < 1 || t > 5)
         return std::nullopt;
     h.type = static_cast<msg_type>(t);
     h.ndesc = std::to_integer<std::uint8_t>(in[1]);
@@ -151,6 +152,7 @@ std::optional<msg_header> decode_header(std::span<const std::byte> in) noexcept
     h.length = get(&in[16], 8);
     h.id = get(&in[24], 8);
     h.delivered = static_cast<std::uint32_t>(get(&in[4], 4));
+    h.credit = static_cast<std::uint16_t>(get(&in[2], 2));
     if (h.type == msg_type::rts && (h.ndesc == 0 || h.ndesc > max_rts_desc))
         return std::nullopt;
     return h;

@@ -16,8 +16,13 @@ namespace rdmx::ep
 
 inline constexpr std::uint32_t wire_magic = 0x45584452; // "RDXE" read little endian
 /// 2: the dialler's ready message; 3: the delivered count in every header, and the
-/// `delivered` message (iWARP's endpoint-level acknowledgement of eager messages).
-inline constexpr std::uint8_t wire_version = 3;
+/// `delivered` message (iWARP's endpoint-level acknowledgement of eager messages);
+/// 4: per-connection credits for eager and rendezvous-request messages on every provider
+/// (the credit in every header; `delivered` counts rts messages too).
+inline constexpr std::uint8_t wire_version = 4;
+/// Messages (eager or rts) a sender may send on a new connection before the peer's first
+/// header says how many more it takes: every receiver keeps room for them.
+inline constexpr std::uint32_t initial_credit = 4;
 
 /// A listener address as the peer dialled it: the key of the address vector.
 struct net_address {
@@ -65,7 +70,7 @@ enum class msg_type : std::uint8_t {
     rts = 2,   ///< rendezvous request: descriptors of the sender's memory follow
     ack = 3,   ///< rendezvous done: the receiver has read the data (id = the sender's op)
     ready = 4, ///< a dialler's first message: its side of the connection is up
-    /// header only: carries `delivered` when no other message does (iWARP)
+    /// header only: carries `delivered` and `credit` when no other message does
     delivered = 5,
 };
 
@@ -76,10 +81,14 @@ struct msg_header {
     std::uint64_t tag = 0;    ///< eager / rts
     std::uint64_t length = 0; ///< eager: payload bytes; rts: the message's total length
     std::uint64_t id = 0;     ///< rts / ack: the sender's operation
-    /// Eager messages the sender of this header has received on this connection so far
-    /// (mod 2^32): on iWARP, where a send completes once TCP took it, the acknowledgement
-    /// that completes the peer's eager sends (docs/endpoints.md, "Completion semantics").
+    /// Data messages (eager and rts) the sender of this header has received on this
+    /// connection so far (mod 2^32): on iWARP, where a send completes once TCP took it, the
+    /// acknowledgement that completes the peer's eager sends (docs/endpoints.md,
+    /// "Completion semantics").
     std::uint32_t delivered = 0;
+    /// Data messages beyond `delivered` that the sender of this header takes: the peer may
+    /// send message number delivered + credit at most ("Flow control").
+    std::uint16_t credit = 0;
 };
 inline constexpr std::size_t header_size = 32;
 /// Descriptors an rts carries at most (one per sge of the send).
