@@ -15,7 +15,7 @@ build=$1; rounds=${2:-5}; guest_rounds=${3:-3}
 perf=$build/samples/rdmx_ep_perf
 scheme=tcp host=127.0.0.1 settle=0.5 limit=120 label=tcp iters=5000
 if [ $guest = 1 ]; then
-    scheme=rdma host=$RDMX_GUEST_IP settle=2 limit=300 label=${4:-rdma} iters=2000
+    scheme=rdma host=$RDMX_GUEST_IP settle=2 limit=300 label=${3:-rdma} iters=2000
 fi
 port=7800
 
