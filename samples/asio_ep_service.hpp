@@ -25,7 +25,15 @@ namespace ep_service
 {
 
 namespace net = boost::asio;
-using namespace rdmx;
+using rdmx::access;
+using rdmx::any_peer;
+using rdmx::domain;
+using rdmx::endpoint;
+using rdmx::endpoint_completion;
+using rdmx::endpoint_op;
+using rdmx::endpoint_options;
+using rdmx::memory_region;
+using rdmx::sge;
 
 constexpr std::uint64_t request_bit = 1ull << 63;
 constexpr std::size_t slot_size = 320 * 1024; // the largest request (300 kB) fits

@@ -122,11 +122,7 @@ TEST_P(conformance, limits_report_the_read_depth_the_connection_got)
             std::unique_ptr<connection> client;
             if (started) {
                 client = client_dom_->start_connect(server_address(), o);
-                auto deadline = std::chrono::steady_clock::now() + 10s;
-                while (client->state() == connection_state::connecting &&
-                       std::chrono::steady_clock::now() < deadline)
-                    std::this_thread::sleep_for(1ms);
-                ASSERT_EQ(client->state(), connection_state::established);
+                ASSERT_EQ(wait_established(*client), connection_state::established);
             } else {
                 client = client_dom_->connect(server_address(), o);
             }
@@ -1207,11 +1203,7 @@ TEST_P(conformance, private_data_at_the_maximum_arrives_exactly_in_both_directio
             std::unique_ptr<connection> client;
             if (started) {
                 client = client_dom_->start_connect(server_address(), {}, cdata);
-                auto deadline = std::chrono::steady_clock::now() + 10s;
-                while (client->state() == connection_state::connecting &&
-                       std::chrono::steady_clock::now() < deadline)
-                    std::this_thread::sleep_for(1ms);
-                ASSERT_EQ(client->state(), connection_state::established);
+                ASSERT_EQ(wait_established(*client), connection_state::established);
             } else {
                 client = client_dom_->connect(server_address(), {}, cdata);
             }

@@ -85,6 +85,16 @@ inline std::vector<completion> expect_ok(connection& c, std::size_t n,
     return cs;
 }
 
+/// Waits (1 ms steps, at most `timeout`) while a started connection (domain::start_connect)
+/// is still connecting; its state at the end.
+inline connection_state wait_established(connection& c, std::chrono::milliseconds timeout = 10s)
+{
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (c.state() == connection_state::connecting && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    return c.state();
+}
+
 inline std::span<const std::byte> as_bytes(const std::string& s)
 {
     return {reinterpret_cast<const std::byte*>(s.data()), s.size()};

@@ -11,13 +11,8 @@ build=$1; kind=$2
 server=$build/samples/bulk_rpc_server
 client=$build/samples/bulk_rpc_client
 out=$(mktemp -d)
-spid=; victims=
-fail() {
-    echo "bulk_rpc: FAIL: $*"
-    for f in "$out"/*.log; do echo "--- $(basename "$f")"; sed 's/^/    /' "$f"; done
-    for pid in $spid $victims; do kill -9 "$pid" 2>/dev/null; done
-    exit 1
-}
+me=bulk_rpc
+. "$(dirname "$0")/common.sh"
 run_client() { # LOG ARGS...
     log=$1; shift
     timeout 180 "$client" "$caddr" "$@" >"$out/$log.log" 2>&1
@@ -28,14 +23,8 @@ if [ "$kind" = rdma ]; then
 else
     addr="tcp://127.0.0.1:0"
 fi
-"$server" "$addr" >"$out/server.log" 2>&1 &
-spid=$!
-i=0
-until grep -q listening "$out/server.log"; do
-    i=$((i + 1)); [ $i -lt 300 ] || fail "server did not start"; sleep 0.1
-    kill -0 $spid 2>/dev/null || fail "server exited"
-done
-caddr=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$out/server.log" | head -n 1)
+start_server "$server" "$addr"
+caddr=$(listening_address)
 
 good=""
 for id in 1 2 3 4 5 6 7 8; do

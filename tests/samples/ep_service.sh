@@ -10,22 +10,11 @@ build=$1
 server=$build/samples/rdmx_ep_service
 peer=$build/tests/endpoint_peer
 out=$(mktemp -d)
-spid=; others=
-fail() {
-    echo "ep_service: FAIL: $*"
-    for f in "$out"/*.log; do echo "--- $(basename "$f")"; sed 's/^/    /' "$f"; done
-    for pid in $spid $others; do kill -9 "$pid" 2>/dev/null; done
-    exit 1
-}
+me=ep_service
+. "$(dirname "$0")/common.sh"
 
-"$server" tcp://127.0.0.1:0 >"$out/server.log" 2>&1 &
-spid=$!
-i=0
-until grep -q listening "$out/server.log"; do
-    i=$((i + 1)); [ $i -lt 300 ] || fail "server did not start"; sleep 0.1
-    kill -0 $spid 2>/dev/null || fail "server exited"
-done
-addr=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$out/server.log" | head -n 1)
+start_server "$server" tcp://127.0.0.1:0
+addr=$(listening_address)
 
 good=""
 for id in 1 2 3 4; do

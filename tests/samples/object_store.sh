@@ -15,13 +15,8 @@ build=$1; kind=$2
 server=$build/samples/object_store_server
 client=$build/samples/object_store_client
 out=$(mktemp -d)
-spid=; victims=
-fail() {
-    echo "object_store: FAIL: $*"
-    for f in "$out"/*.log; do echo "--- $(basename "$f")"; sed 's/^/    /' "$f"; done
-    for pid in $spid $victims; do kill -9 "$pid" 2>/dev/null; done
-    exit 1
-}
+me=object_store
+. "$(dirname "$0")/common.sh"
 # Every client is bounded: a hang is a failure, not a stuck test.
 run_client() { # LOG ARGS...
     log=$1; shift
@@ -34,13 +29,7 @@ else
     addr="tcp://127.0.0.1:0"
 fi
 
-"$server" "$addr" --max-clients 32 ${OBJECT_STORE_SERVER_ARGS:-} >"$out/server.log" 2>&1 &
-spid=$!
-i=0
-until grep -q listening "$out/server.log"; do
-    i=$((i + 1)); [ $i -lt 300 ] || fail "server did not start"; sleep 0.1
-    kill -0 $spid 2>/dev/null || fail "server exited"
-done
+start_server "$server" "$addr" --max-clients 32 ${OBJECT_STORE_SERVER_ARGS:-}
 port=$(sed -n 's/.*port \([0-9]*\)).*/\1/p' "$out/server.log" | head -n 1)
 caddr=$(echo "$addr" | sed "s/:[0-9]*\$/:$port/")
 
