@@ -820,6 +820,68 @@ TEST_P(endpoint_race, a_flood_nobody_receives_is_held_bounded_back_pressures_the
     EXPECT_EQ(b.ep->statistics().unexpected, 0u);
 }
 
+// Credits count rendezvous requests too (each takes a receive buffer): a sender of large
+// messages nobody receives stops where its credit ends, its sends pending (a rendezvous send
+// completes on the receiver's acknowledgement); once receives are posted every message is
+// read, acknowledged and arrives in send order, every byte right. On tcp, rxe and siw.
+TEST_P(endpoint_race, a_rendezvous_flood_nobody_receives_stops_at_its_credit_and_loses_nothing)
+{
+    constexpr int n = 60;
+    constexpr std::size_t len = 12 * 1024; // past eager_limit: rendezvous
+    auto o = small_options();
+    ASSERT_GT(len, o.eager_limit);
+    auto a = open_ep();
+    auto b = open_ep();
+    rdmx::peer to_b = a.ep->insert(b.ep->address());
+    auto m = region(2 * n * len);
+    const std::size_t rx = n * len;
+    for (int i = 0; i < n; ++i) {
+        fill(*m, static_cast<std::size_t>(i) * len, len, 700 + i);
+        std::memcpy(m->data() + static_cast<std::size_t>(i) * len, &i, sizeof i);
+        sge s{m.get(), static_cast<std::size_t>(i) * len, len};
+        ASSERT_FALSE(a.ep->send(to_b, 4, {&s, 1}, static_cast<std::uint64_t>(i))) << i;
+    }
+    std::size_t held = 0;
+    pump(
+        {&a, &b},
+        [&] {
+            held = std::max(held, b.ep->statistics().unexpected);
+            return false;
+        },
+        b_ == backend::tcp ? 300ms : 1500ms);
+    EXPECT_GT(held, 0u);
+    EXPECT_LT(held, static_cast<std::size_t>(n)) << "the sender went past its credit";
+    EXPECT_EQ(b.ep->statistics().unexpected, held);
+    EXPECT_TRUE(a.done.empty()) << "a rendezvous send completed before its receive";
+    for (int i = 0; i < n; ++i) {
+        sge r{m.get(), rx + static_cast<std::size_t>(i) * len, len};
+        ASSERT_FALSE(b.ep->recv(any_peer, 4, 0, {&r, 1}, static_cast<std::uint64_t>(i)));
+    }
+    ASSERT_TRUE(pump(
+        {&a, &b},
+        [&] {
+            return a.done.size() == static_cast<std::size_t>(n) &&
+                   b.done.size() == static_cast<std::size_t>(n);
+        },
+        60s))
+        << a.done.size() << " sent, " << b.done.size() << " received";
+    std::printf("[ flood    ] %s: rendezvous: %zu of %d held before any receive, then all %zu arrived\n",
+                to_string(b_), held, n, b.done.size());
+    for (auto& x : a.done)
+        EXPECT_FALSE(x.status) << x.status.message();
+    for (std::size_t k = 0; k < b.done.size(); ++k) {
+        const auto& x = b.done[k];
+        ASSERT_FALSE(x.status) << x.status.message();
+        ASSERT_EQ(x.length, len);
+        int idx = -1;
+        std::memcpy(&idx, m->data() + rx + x.context * len, sizeof idx);
+        EXPECT_EQ(idx, static_cast<int>(x.context)) << "out of order, lost or doubled";
+        EXPECT_EQ(std::memcmp(m->data() + rx + x.context * len, m->data() + x.context * len, len), 0)
+            << "message " << x.context << " damaged";
+    }
+    EXPECT_EQ(b.ep->statistics().unexpected, 0u);
+}
+
 // Issue 26, item 6 and fairness: an eager send that completed successfully is never lost,
 // and a flooder does not starve a well-behaved client, on every provider. A flooder sends
 // far more than the receiver takes before a well-behaved client sends; nobody receives yet.

@@ -379,7 +379,7 @@ private:
     /// completion (which says only that TCP took the message).
     bool delivery_acks_ = false;
     /// Most credit one peer gets (its window), however many buffers are free.
-    static constexpr std::uint32_t max_window = 64;
+    static constexpr std::uint32_t max_window = 128;
     /// One header slot per peer for its `delivered` messages, in registered blocks.
     static constexpr std::uint32_t delivered_block = 64;
     struct header_block {
