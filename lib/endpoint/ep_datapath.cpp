@@ -220,12 +220,12 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     if (o.kind == endpoint_op::send &&
         static_cast<std::int32_t>(p.tx - (p.peer_delivered + p.peer_credit)) >= 0)
         return post_result::no_room;
-    const std::uint32_t told = p.told, told_grant = p.told_grant; // if the post fails
+    msg_header h; // a send's: its counts are noted as told once it is posted
     switch (o.kind) {
     case endpoint_op::send:
         wr.opcode = opcode::send;
         if (!o.rndv) {
-            msg_header h{msg_type::eager, 0, o.tag, o.length, 0};
+            h = msg_header{msg_type::eager, 0, o.tag, o.length, 0};
             stamp(p, h);
             encode(h, ctrl);
             s[n++] = sge{ctrl_mr_.get(), ctrl_off, header_size};
@@ -233,7 +233,7 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
                 s[n++] = o.sges[i];
         } else {
             std::uint64_t id = (static_cast<std::uint64_t>(o.gen) << 32) | oi;
-            msg_header h{msg_type::rts, o.nsge, o.tag, o.length, id};
+            h = msg_header{msg_type::rts, o.nsge, o.tag, o.length, id};
             stamp(p, h);
             encode(h, ctrl);
             for (std::uint8_t i = 0; i < o.nsge; ++i) {
@@ -283,10 +283,6 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     }
     wr.local = std::span<const sge>(s.data(), n);
     std::error_code ec = p.chosen->post({&wr, 1});
-    if (ec) {
-        p.told = told; // the header never left
-        p.told_grant = told_grant;
-    }
     if (ec == errc::would_block)
         return post_result::no_room;
     if (ec && p.chosen->state() != connection_state::established) {
@@ -309,8 +305,10 @@ endpoint_impl::post_result endpoint_impl::post_op(std::uint32_t oi) noexcept
     o.awaiting_local = true;
     // Rendezvous: the receiver's ack. An eager send on iWARP: its delivered count.
     o.awaiting_ack = o.rndv || (delivery_acks_ && o.kind == endpoint_op::send);
-    if (o.kind == endpoint_op::send)
+    if (o.kind == endpoint_op::send) {
         o.seq = ++p.tx; // a data message: it took one credit
+        note_told(p, h);
+    }
     chain_push(p.outstanding, oi);
     ++p.posted_wrs;
     return post_result::posted;

@@ -38,12 +38,10 @@ std::uint32_t endpoint_impl::credit_for(const peer_entry& p) const noexcept
     return window > excess ? window - excess : 0;
 }
 
-void endpoint_impl::stamp(peer_entry& p, msg_header& h) const noexcept
+void endpoint_impl::stamp(const peer_entry& p, msg_header& h) const noexcept
 {
     h.delivered = rx_count(p, p.chosen);
     h.credit = static_cast<std::uint16_t>(credit_for(p)); // at most max_window
-    p.told = h.delivered;
-    p.told_grant = h.delivered + h.credit;
 }
 
 bool endpoint_impl::ack_wanted(const peer_entry& p) const noexcept
@@ -53,13 +51,13 @@ bool endpoint_impl::ack_wanted(const peer_entry& p) const noexcept
     const std::uint32_t rx = rx_count(p, p.chosen);
     if (delivery_acks_ && rx != p.told)
         return true;
-    const std::uint32_t grant = rx + credit_for(p);
-    const auto more = static_cast<std::int32_t>(grant - p.told_grant);
+    const std::uint32_t credit = credit_for(p);
+    const auto more = static_cast<std::int32_t>(rx + credit - p.told_grant);
     if (more <= 0)
         return false;
     // The peer may be stopped (all it was granted came) or is running low: tell it.
     return static_cast<std::int32_t>(rx - p.told_grant) >= 0 ||
-           static_cast<std::uint32_t>(more) >= std::max<std::uint32_t>(1, credit_for(p) / 2);
+           static_cast<std::uint32_t>(more) >= std::max<std::uint32_t>(1, credit / 2);
 }
 
 void endpoint_impl::credit_moved(std::uint32_t pi) noexcept
@@ -126,6 +124,7 @@ void endpoint_impl::send_due_acks() noexcept
                 wr.local = {&s, 1};
                 std::error_code ec = p.chosen->post({&wr, 1});
                 if (!ec) {
+                    note_told(p, h);
                     p.delivered_posted = true;
                     ++p.posted_wrs;
                 } else {

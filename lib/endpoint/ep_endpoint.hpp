@@ -223,9 +223,14 @@ private:
     {
         return c == p.dial.get() ? p.rx_dial : p.rx_accepted;
     }
-    /// Stamps a header sent over p's chosen connection with our delivered count and the
-    /// credit we give (and notes both as told).
-    void stamp(peer_entry& p, msg_header& h) const noexcept;
+    /// Stamps a header for p's chosen connection with our delivered count and the credit
+    /// we give; note_told() records them once the header is posted.
+    void stamp(const peer_entry& p, msg_header& h) const noexcept;
+    static void note_told(peer_entry& p, const msg_header& h) noexcept
+    {
+        p.told = h.delivered;
+        p.told_grant = h.delivered + h.credit;
+    }
     /// The credit peer p gets now: its window less what it holds beyond its share of
     /// unexpected_limit (docs/endpoints.md, "Flow control").
     std::uint32_t credit_for(const peer_entry& p) const noexcept;

@@ -155,15 +155,11 @@ void endpoint_impl::post_ack(std::uint32_t ri) noexcept
         std::size_t off =
             static_cast<std::size_t>(ctrl_size_) * ops_.size() + static_cast<std::size_t>(ri) * header_size;
         msg_header h{msg_type::ack, 0, 0, 0, r.remote_id};
-        const std::uint32_t told = p.told, told_grant = p.told_grant;
         stamp(p, h);
         encode(h, ctrl_mem_.data() + off);
         std::error_code ec = send_header(*r.conn, off, make_wr_id(wr_kind::ack, ri));
-        if (ec) {
-            p.told = told; // the header never left
-            p.told_grant = told_grant;
-        }
         if (!ec) {
+            note_told(p, h);
             ++p.posted_wrs;
             r.st = recv_slot::state::ack_sent;
             pending_recvs_.erase(ri);
