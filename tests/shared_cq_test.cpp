@@ -886,6 +886,294 @@ TEST_P(shared_cq, work_posted_after_the_peer_left_completes_flushed)
     }
 }
 
+// Progress is made by whichever queue is polled (issue 27). On TCP a busy poller of a
+// shared queue reads its connections' sockets itself, and their engine leaves them to it.
+// The poller then sleeps on the queue's fd and must wake for the next message; then it
+// polls only another queue, and the first connection's one-sided target is still served.
+TEST_P(shared_cq, a_poller_that_sleeps_or_polls_another_queue_still_gets_progress)
+{
+    auto q1 = server_dom_->create_completion_queue({.depth = 256});
+    auto q2 = server_dom_->create_completion_queue({.depth = 256});
+    connection_options s1 = small(16), s2 = small(16);
+    s1.send_cq = s1.recv_cq = q1;
+    s2.send_cq = s2.recv_cq = q2;
+    pair a = connect_with(small(16), s1), b = connect_with(small(16), s2);
+    std::vector<std::byte> target = pattern(8192, 5), rbuf(64), cbuf(8192), cmsg = pattern(64, 6);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(),
+                                            access::local_write | access::remote_write | access::remote_read);
+    auto rmr = server_dom_->register_memory(rbuf.data(), rbuf.size(), access::local_write);
+    auto cmr = client_dom_->register_memory(cbuf.data(), cbuf.size(), access::local_write);
+    auto mmr = client_dom_->register_memory(cmsg.data(), cmsg.size(), access::local_write);
+    sge rs{rmr.get(), 0, 64}, ss{mmr.get(), 0, 64};
+
+    // 1. Messages on a, the server busy-polling q1 (and nothing else).
+    for (int r = 0; r < 200; ++r) {
+        ASSERT_FALSE(a.server->post_recv({&rs, 1}, r));
+        ASSERT_FALSE(a.client->post_send({&ss, 1}, r));
+        auto got = poll_n(*q1, 1, 10s);
+        ASSERT_EQ(got.size(), 1u) << "message " << r;
+        ASSERT_FALSE(got[0].status) << got[0].status.message();
+        EXPECT_EQ(got[0].wr_id, std::uint64_t(r));
+        ASSERT_EQ(expect_ok(*a.client, 1).size(), 1u);
+    }
+
+    // 2. The poller sleeps on q1's fd; a message sent right then must wake it.
+    for (int r = 0; r < 5; ++r) {
+        ASSERT_FALSE(a.server->post_recv({&rs, 1}, 1000 + r));
+        std::atomic<bool> asleep{false};
+        std::thread sender([&] {
+            while (!asleep)
+                std::this_thread::yield();
+            (void)a.client->post_send({&ss, 1}, 1000 + r);
+        });
+        completion c[2];
+        std::size_t n = q1->poll(c);
+        if (n == 0) {
+            ASSERT_FALSE(q1->request_notify());
+            n = q1->poll(c); // what came before arming raises no event
+        }
+        if (n == 0) {
+            pollfd pfd{q1->fd(), POLLIN, 0};
+            asleep = true;
+            EXPECT_EQ(::poll(&pfd, 1, 10000), 1) << "round " << r << ": no wake-up in 10 s";
+            ASSERT_FALSE(q1->ack_notify());
+            n = q1->poll(c);
+        }
+        asleep = true;
+        sender.join();
+        ASSERT_EQ(n, 1u) << "round " << r;
+        EXPECT_EQ(c[0].wr_id, std::uint64_t(1000 + r));
+        EXPECT_FALSE(c[0].status);
+        ASSERT_EQ(expect_ok(*a.client, 1).size(), 1u);
+        // Busy again for a while: the engine leaves the socket to the poller again.
+        for (int k = 0; k < 20; ++k) {
+            ASSERT_FALSE(a.server->post_recv({&rs, 1}, k));
+            ASSERT_FALSE(a.client->post_send({&ss, 1}, k));
+            ASSERT_EQ(poll_n(*q1, 1, 10s).size(), 1u);
+            ASSERT_EQ(expect_ok(*a.client, 1).size(), 1u);
+        }
+    }
+
+    // 3. The server polls only q2 (b's messages) while a's client writes into and reads
+    // from the server's memory: a's target is served all the same.
+    std::vector<std::byte> wsrc = pattern(4096, 7);
+    auto wmr = client_dom_->register_memory(wsrc.data(), wsrc.size(), access::local_write);
+    remote_buffer rb = tmr->remote();
+    std::atomic<bool> done{false};
+    std::atomic<int> b_got{0};
+    std::thread server([&] {
+        completion c[8];
+        while (!done) {
+            std::size_t n = q2->poll(c);
+            for (std::size_t i = 0; i < n; ++i)
+                if (!c[i].status && c[i].opcode == opcode::recv)
+                    ++b_got;
+        }
+    });
+    for (int k = 0; k < 8; ++k) {
+        sge brs{rmr.get(), 0, 64};
+        ASSERT_FALSE(b.server->post_recv({&brs, 1}, k)); // only the server thread polls q2
+    }
+    for (int k = 0; k < 8; ++k) {
+        sge bss{mmr.get(), 0, 64};
+        ASSERT_FALSE(b.client->post_send({&bss, 1}, k));
+    }
+    sge w{wmr.get(), 0, 4096}, rd{cmr.get(), 0, 4096};
+    ASSERT_FALSE(a.client->post_write({&w, 1}, *rb.slice(0, 4096), 1));
+    ASSERT_FALSE(a.client->post_read({&rd, 1}, *rb.slice(0, 4096), 2));
+    auto cs = expect_ok(*a.client, 2, 10s);
+    ASSERT_EQ(expect_ok(*b.client, 8).size(), 8u);
+    auto until = std::chrono::steady_clock::now() + 10s;
+    while (b_got < 8 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(1ms);
+    done = true;
+    server.join();
+    ASSERT_EQ(cs.size(), 2u) << "the one-sided requests on a were not served";
+    EXPECT_EQ(std::memcmp(target.data(), wsrc.data(), 4096), 0) << "the write did not land";
+    EXPECT_EQ(std::memcmp(cbuf.data(), wsrc.data(), 4096), 0) << "the read returned other bytes";
+    EXPECT_EQ(b_got, 8);
+    completion c[4];
+    EXPECT_EQ(q1->poll(c), 0u) << "nothing of a's client's one-sided requests on the target's queue";
+}
+
+// Fairness among 64 connections on one shared queue (issue 27): one client thread keeps a
+// window of sends on each, round robin; the server thread polls the queue and reposts each
+// receive as it completes. None starves: halfway through, every connection has had a
+// good part of its share, and at the end each has all of its messages, in order.
+TEST_P(shared_cq, sixty_four_connections_on_one_queue_all_progress)
+{
+    if (iwarp())
+        GTEST_SKIP() << "iWARP has no receiver-not-ready retries: senders that keep a window as "
+                        "deep as the receive queue while the server reposts overrun it, and the "
+                        "connection ends (a send completes once handed to TCP, not once received)";
+    constexpr int nconn = 64, window = 8;
+    const int per_conn = b_ == backend::verbs ? 24 : 64;
+    auto q = server_dom_->create_completion_queue({.depth = 2048});
+    std::vector<pair> ps;
+    std::vector<std::vector<std::byte>> rbuf(nconn, std::vector<std::byte>(64 * window));
+    std::vector<std::unique_ptr<memory_region>> rmr;
+    for (int i = 0; i < nconn; ++i) {
+        connection_options sopts = small(window);
+        sopts.send_cq = sopts.recv_cq = q;
+        sopts.context = i;
+        ps.push_back(connect_with(small(window), sopts));
+        rmr.push_back(server_dom_->register_memory(rbuf[i].data(), rbuf[i].size(), access::local_write));
+        for (int k = 0; k < window; ++k) {
+            sge rs{rmr[i].get(), std::uint64_t(k) * 64, 64};
+            ASSERT_FALSE(ps[i].server->post_recv({&rs, 1}, k));
+        }
+    }
+    std::vector<std::byte> msg(std::size_t(64) * window * nconn); // window slots per connection
+    auto mmr = client_dom_->register_memory(msg.data(), msg.size(), access::local_write);
+
+    std::vector<int> got(nconn, 0), at_half;
+    std::atomic<int> total{0};
+    std::atomic<bool> order_ok{true};
+    std::thread server([&] {
+        completion c[16];
+        auto deadline = std::chrono::steady_clock::now() + 60s;
+        while (order_ok && total < nconn * per_conn && std::chrono::steady_clock::now() < deadline) {
+            std::size_t n = q->poll(c);
+            for (std::size_t j = 0; j < n; ++j) {
+                // Message m of connection i lands in slot m % window; the receive that
+                // slot gets next is for message m + window.
+                const int i = static_cast<int>(c[j].context), m = got[i], k = m % window;
+                if (c[j].status || i < 0 || i >= nconn || c[j].wr_id != std::uint64_t(k) ||
+                    std::to_integer<int>(rbuf[i][std::size_t(k) * 64]) != m % 251) {
+                    order_ok = false;
+                    break;
+                }
+                ++got[i];
+                sge rs{rmr[i].get(), std::uint64_t(k) * 64, 64};
+                if (m + window < per_conn && ps[i].server->post_recv({&rs, 1}, k))
+                    order_ok = false;
+                if (++total == nconn * per_conn / 2)
+                    at_half = got;
+            }
+        }
+    });
+    // The client: round robin over the connections, a send wherever the window has room.
+    std::vector<int> sent(nconn, 0), done(nconn, 0);
+    auto deadline = std::chrono::steady_clock::now() + 60s;
+    bool all = false;
+    while (!all && order_ok && std::chrono::steady_clock::now() < deadline) {
+        all = true;
+        for (int i = 0; i < nconn; ++i) {
+            completion c[window];
+            for (std::size_t n = ps[i].client->poll(c), j = 0; j < n; ++j)
+                if (!c[j].status)
+                    ++done[i];
+            if (sent[i] < per_conn && sent[i] - done[i] < window) {
+                // Each message's first byte says its number; its slot is free again once
+                // the send a window earlier completed.
+                std::size_t slot = (std::size_t(i) * window + std::size_t(sent[i] % window)) * 64;
+                msg[slot] = std::byte(static_cast<unsigned char>(sent[i] % 251));
+                sge ss{mmr.get(), slot, 64};
+                if (!ps[i].client->post_send({&ss, 1}, sent[i]))
+                    ++sent[i];
+            }
+            all = all && done[i] == per_conn;
+        }
+    }
+    server.join();
+    EXPECT_TRUE(order_ok) << "a receive failed, or came out of order or with other bytes";
+    ASSERT_EQ(total, nconn * per_conn);
+    ASSERT_EQ(at_half.size(), std::size_t(nconn));
+    const int floor = per_conn / 5; // the average halfway is per_conn / 2
+    for (int i = 0; i < nconn; ++i) {
+        EXPECT_EQ(got[i], per_conn) << "connection " << i;
+        EXPECT_GE(at_half[i], floor) << "connection " << i << " starved: " << at_half[i]
+                                     << " messages when the others had half of theirs";
+    }
+}
+
+// A stream of small messages, a full window on each of 4 connections, into one shared
+// queue that the server busy-polls and reposts from. On TCP the poller reads the sockets
+// itself, a run at a time; frames that a run left in the engine's staging buffer must not
+// wait for the socket to become readable again (they waited until the senders gave up:
+// transport_retry_exceeded at the end of rdmx_perf -q 8 --shared-cq).
+TEST_P(shared_cq, a_stream_of_small_messages_into_a_polled_queue_arrives_whole)
+{
+    if (iwarp())
+        GTEST_SKIP() << "iWARP has no receiver-not-ready retries: senders that keep a window as "
+                        "deep as the receive queue while the server reposts overrun it, and the "
+                        "connection ends (a send completes once handed to TCP, not once received)";
+    constexpr int nconn = 4, window = 128;
+    const int per_conn = b_ == backend::verbs ? 2000 : 40000;
+    auto q = server_dom_->create_completion_queue({.depth = 4096});
+    std::vector<pair> ps;
+    // One buffer per connection: each is written under its connection's engine alone.
+    std::vector<std::byte> rbuf(64 * nconn);
+    auto rmr = server_dom_->register_memory(rbuf.data(), rbuf.size(), access::local_write);
+    for (int i = 0; i < nconn; ++i) {
+        connection_options sopts = small(window), copts = small(window);
+        sopts.send_cq = sopts.recv_cq = q;
+        sopts.context = i;
+        copts.max_inline = 64;
+        ps.push_back(connect_with(copts, sopts));
+        for (int k = 0; k < window; ++k) {
+            sge rs{rmr.get(), std::uint64_t(i) * 64, 64};
+            ASSERT_FALSE(ps[i].server->post_recv({&rs, 1}, k));
+        }
+    }
+    std::atomic<int> total{0};
+    std::atomic<bool> failed{false};
+    std::thread server([&] {
+        std::vector<int> got(nconn, 0);
+        completion c[64];
+        auto deadline = std::chrono::steady_clock::now() + 120s;
+        while (!failed && total < nconn * per_conn && std::chrono::steady_clock::now() < deadline) {
+            std::size_t n = q->poll(c);
+            for (std::size_t j = 0; j < n; ++j) {
+                const int i = static_cast<int>(c[j].context);
+                if (c[j].status || i < 0 || i >= nconn) {
+                    failed = true;
+                    break;
+                }
+                sge rs{rmr.get(), std::uint64_t(i) * 64, 64};
+                if (++got[i] + window <= per_conn && ps[i].server->post_recv({&rs, 1}, 0))
+                    failed = true;
+                ++total;
+            }
+        }
+    });
+    std::vector<std::byte> msg = pattern(64, 9);
+    auto mmr = client_dom_->register_memory(msg.data(), msg.size(), access::local_write);
+    std::vector<int> sent(nconn, 0), acked(nconn, 0);
+    std::error_code first_error;
+    auto deadline = std::chrono::steady_clock::now() + 120s;
+    bool all = false;
+    while (!all && !failed && !first_error && std::chrono::steady_clock::now() < deadline) {
+        all = true;
+        for (int i = 0; i < nconn; ++i) {
+            completion c[32];
+            for (std::size_t n = ps[i].client->poll(c), j = 0; j < n; ++j) {
+                if (c[j].status && !first_error)
+                    first_error = c[j].status;
+                acked[i] = static_cast<int>(c[j].wr_id) + 1; // and every send before it
+            }
+            while (sent[i] < per_conn && sent[i] - acked[i] < window) {
+                // Signalled every 16th and the last: a completion covers the ones before it.
+                const bool signaled = sent[i] % 16 == 15 || sent[i] + 1 == per_conn;
+                sge ss{mmr.get(), 0, 64};
+                work_request wr{.opcode = opcode::send,
+                                .wr_id = std::uint64_t(sent[i]),
+                                .local = {&ss, 1},
+                                .flags = signaled ? send_flags::inline_data | send_flags::signaled
+                                                  : send_flags::inline_data};
+                if (ps[i].client->post({&wr, 1}))
+                    break;
+                ++sent[i];
+            }
+            all = all && acked[i] == per_conn;
+        }
+    }
+    server.join();
+    EXPECT_FALSE(first_error) << first_error.message();
+    EXPECT_FALSE(failed) << "a receive failed, or a repost was refused";
+    EXPECT_EQ(total, nconn * per_conn) << "messages whose sends completed never arrived";
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, shared_cq, testing::ValuesIn(selected_backends()), param_name);
 
 } // namespace

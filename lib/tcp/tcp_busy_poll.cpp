@@ -23,7 +23,7 @@ bool connection_engine::coalesce_post() noexcept
     // post() just set it) and enough is in flight (16 requests or 64 KiB) that the link does
     // not idle meanwhile; latency (one request at a time) never waits. The transmit check
     // (arm_tx_check) bounds the wait if the application stops calling.
-    if (engine_only_ || on_engine() || state() != connection_state::established || !ownership_.app_busy())
+    if (on_shared_cq_ || on_engine() || state() != connection_state::established || !ownership_.app_busy())
         return false;
     std::uint64_t bytes = 0;
     int n = 0;
@@ -49,7 +49,7 @@ bool connection_engine::app_keeps_tx() noexcept
     // every MiB. If it stops calling, the engine takes over: at once when it arms a
     // notification, at the stand-down check when stood down, else at a check armed here
     // (tx_check), at most about two checks late.
-    if (on_engine() || engine_only_)
+    if (on_engine() || on_shared_cq_)
         return false;
     if (ownership_.app_owns())
         return true;
@@ -91,6 +91,7 @@ bool connection_engine::app_took_data(bool app_in_call) noexcept
 {
     // Whether a busy-polling application is reading what wakes us, wake after wake
     // (poll_ownership::wake_may_count and count_wake say when that counts).
+    sync_queue_polls();
     if (!ownership_.wake_may_count(app_in_call, app_may_read()))
         return false;
     if (write_armed_)
@@ -103,21 +104,48 @@ bool connection_engine::app_took_data(bool app_in_call) noexcept
 
 bool connection_engine::app_may_read() const noexcept
 {
-    // What rx_poll needs to read on its own; otherwise (a drain after an error, a stall
-    // that only the engine resumes, a sleeping application) the engine reads.
-    // Not on a shared completion queue (engine_only_): that application polls the queue,
-    // not this connection, and would leave a socket it owned unread.
-    return !engine_only_ && !notify_.armed() && !closed_ && !rx_done_ && !rx_stalled_ &&
-           state() == connection_state::established;
+    // What rx_poll (or a shared queue's poll: queue_progress) needs to read on its own;
+    // otherwise (a drain after an error, a stall that only the engine resumes, a sleeping
+    // application) the engine reads.
+    return !notify_.armed() && !closed_ && !rx_done_ && !rx_stalled_ &&
+           state() == connection_state::established && !queues_armed();
 }
 
-void connection_engine::stand_down() noexcept
+bool connection_engine::stand_down() noexcept
 {
+    if (on_shared_cq_) {
+        // The flag first, then the queues' arm: a poller that arms and then looks at the
+        // flag (tcp_completion_queue::request_notify) either sees it or is seen here.
+        left_to_queue_.store(true, std::memory_order_seq_cst);
+        if (queues_armed()) {
+            left_to_queue_.store(false);
+            return false;
+        }
+    }
     // Engine thread, no wait outstanding on the descriptor (release() would drop it).
     // The socket stays open (fd_); only the epoll registration goes.
     [[maybe_unused]] int fd = desc_.release();
+    // A shared queue's epoll set reports the socket readable only from this mark on, and
+    // nothing lowers it while the engine waits no more (keep_rcvlowat_reachable).
+    if (on_shared_cq_)
+        set_rcvlowat(1);
     ownership_.stand_down();
     arm_standdown_check();
+    return true;
+}
+
+void connection_engine::post_reclaim() noexcept
+{
+    if (!ownership_.app_owns() || reclaim_posted_)
+        return;
+    reclaim_posted_ = true;
+    asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
+                   engine_lock lk(self->mu_);
+                   self->assert_on_engine();
+                   self->reclaim_posted_ = false;
+                   if (!self->closed_)
+                       self->reclaim_rx();
+               }));
 }
 
 void connection_engine::arm_standdown_check() noexcept
@@ -130,6 +158,7 @@ void connection_engine::arm_standdown_check() noexcept
         self->assert_on_engine();
         if (!self->ownership_.app_owns() || self->closed_)
             return;
+        self->sync_queue_polls();
         if (self->ownership_.still_calling(self->app_may_read())) {
             // Still calling: leave it the socket, and what is left to send (its next call
             // sends it, deferred ACKs included).
@@ -146,6 +175,7 @@ void connection_engine::reclaim_rx() noexcept
     if (!ownership_.app_owns())
         return;
     ownership_.reclaim();
+    left_to_queue_.store(false);
     standdown_timer_.cancel();
     boost::system::error_code ec;
     desc_.assign(fd_, ec);
@@ -178,7 +208,9 @@ bool connection_engine::rx_poll() noexcept
     // arrived in this very call (a completion to return, or a one-sided write that the
     // caller may be spinning on) may wait for its next post() or poll() (or the engine's
     // stand-down check): a caller that answers a message sends one segment, not two.
-    if (ownership_.app_owns() && (!cq_.empty() || rx_expect_ != carried_out) && only_acks_owed())
+    // Not for a shared queue's connection: its next call need not come to this connection.
+    if (!on_shared_cq_ && ownership_.app_owns() && (!cq_.empty() || rx_expect_ != carried_out) &&
+        only_acks_owed())
         return false;
     pump();
     return true;
@@ -187,7 +219,7 @@ bool connection_engine::rx_poll() noexcept
 bool connection_engine::rx_read() noexcept
 {
     // rx_poll without sending: reads what has arrived, on the application thread.
-    if (engine_only_ || !(read_armed_ || ownership_.app_owns()) || closed_ || rx_done_ || rx_stalled_ ||
+    if (!(read_armed_ || ownership_.app_owns()) || closed_ || rx_done_ || rx_stalled_ ||
         state() != connection_state::established)
         return false;
     rx_short_ = false;
@@ -195,8 +227,11 @@ bool connection_engine::rx_read() noexcept
         if (rx_step() != rx_status::again)
             break;
     keep_rcvlowat_reachable(); // the engine's wait may be armed for a payload read here
-    if (!ownership_.app_owns() && staged_work())
-        continue_rx(); // budget spent with frames staged: the engine's wait would not see them
+    // Budget spent with frames staged: no socket event will announce them. The engine goes
+    // on with them, unless an application that polls this connection owns the socket (its
+    // next poll() does). A shared queue's poll comes back only for a readable socket.
+    if ((!ownership_.app_owns() || on_shared_cq_) && staged_work())
+        continue_rx();
     return true;
 }
 

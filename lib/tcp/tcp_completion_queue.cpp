@@ -1,6 +1,7 @@
 // The shared completion queue of the TCP backend (tcp_completion_queue.hpp).
 #include "tcp/tcp_completion_queue.hpp"
 
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -14,10 +15,12 @@ namespace rdmx::tcp
 
 tcp_completion_queue::tcp_completion_queue(std::uint32_t depth)
     : completion_queue_base(std::clamp<std::uint32_t>(depth, 1, max_depth)),
-      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC))
+      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), epfd_(::epoll_create1(EPOLL_CLOEXEC))
 {
     if (!efd_)
         throw_errno(errno, "eventfd");
+    if (!epfd_)
+        throw_errno(errno, "epoll_create1");
     engine_lock lk(mu_);
     ring_.resize(this->depth());
 }
@@ -42,6 +45,23 @@ bool tcp_completion_queue::push(const completion& c, connection_engine& owner, c
 
 std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
 {
+    if (out.empty())
+        return 0;
+    const std::uint64_t k = polls_.fetch_add(1, std::memory_order_relaxed) + 1;
+    last_poll_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    std::size_t n = take(out);
+    // Progress when this poll emptied the queue, and every 16th poll regardless: the
+    // engines that left their sockets to the poller are read by nobody else, and a queue
+    // that other connections' engines keep filling would starve them otherwise.
+    if (n < out.size() || k % 16 == 0) {
+        progress();
+        n += take(out.subspan(n));
+    }
+    return n;
+}
+
+std::size_t tcp_completion_queue::take(std::span<completion> out) noexcept
+{
     engine_lock lk(mu_);
     std::size_t n = std::min(out.size(), count_);
     for (std::size_t i = 0; i < n; ++i) {
@@ -54,6 +74,51 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
     }
     count_ -= n;
     return n;
+}
+
+void tcp_completion_queue::progress() noexcept
+{
+    // Only the sockets with data (one epoll_wait, not a read per connection), at most a
+    // batch per poll; level-triggered, so what a budget left is seen by the next poll.
+    // reg_mu_ keeps every engine named in the set alive and attached meanwhile.
+    engine_lock rl(reg_mu_);
+    if (engines_.empty())
+        return;
+    epoll_event ev[32];
+    int n = ::epoll_wait(epfd_.get(), ev, 32, 0);
+    for (int i = 0; i < n; ++i)
+        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress();
+}
+
+void tcp_completion_queue::attach(connection_engine& e, int fd)
+{
+    engine_lock rl(reg_mu_);
+    engines_.push_back(&e);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = &e;
+    if (::epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+        engines_.pop_back();
+        throw_errno(errno, "epoll_ctl(EPOLL_CTL_ADD) of a shared completion queue");
+    }
+}
+
+void tcp_completion_queue::detach(connection_engine& e) noexcept
+{
+    engine_lock rl(reg_mu_);
+    std::erase(engines_, &e);
+}
+
+void tcp_completion_queue::unwatch(int fd) noexcept
+{
+    // Nothing to fail here: the socket is open and in the set (unwatch_queues, once).
+    ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+bool tcp_completion_queue::armed() noexcept
+{
+    engine_lock lk(mu_);
+    return notify_.armed();
 }
 
 std::size_t tcp_completion_queue::purge(const connection_engine& owner) noexcept
@@ -73,8 +138,17 @@ std::size_t tcp_completion_queue::purge(const connection_engine& owner) noexcept
 
 std::error_code tcp_completion_queue::request_notify(bool solicited_only) noexcept
 {
-    engine_lock lk(mu_);
-    notify_.arm(solicited_only);
+    {
+        engine_lock lk(mu_);
+        notify_.arm(solicited_only);
+    }
+    // The poller is about to sleep on fd(): connections that left their reads to its polls
+    // (stood down) go back to their engines, which read, complete and notify. An engine
+    // that stands down at this moment sees the arm (connection_engine::stand_down).
+    engine_lock rl(reg_mu_);
+    for (connection_engine* e : engines_)
+        if (e->left_to_queue())
+            e->queue_sleeps();
     return {};
 }
 

@@ -1,10 +1,14 @@
 // A completion queue that many TCP connections report to (rdmx::completion_queue): one
 // bounded FIFO of completions, each tagged with the engine it came from, and an eventfd
 // for event mode. Engines push into it (the engine thread, or an application thread that
-// posts) while they hold their own mutex; the application polls it. Its connections are
-// progressed by the engine thread alone (docs/servers.md, "Shared completion queues").
+// posts) while they hold their own mutex; the application polls it. A poll that finds it
+// empty progresses its connections on the caller's thread: an epoll set of their sockets
+// says which have data, and those read and answer what came (docs/tcp-engine.md, "Progress
+// by the polled queue"), so that a completion needs no hop through the engine thread.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -46,7 +50,32 @@ public:
     /// caller frees).
     std::size_t purge(const connection_engine& owner) noexcept RDMX_EXCLUDES(mu_);
 
+    // --- the connections it progresses (lock order: reg_mu_, then an engine's, then mu_) ---
+    /// `e` reports to this queue: its socket `fd` joins the epoll set. Connection set-up
+    /// (allocates); throws what epoll_ctl says.
+    void attach(connection_engine& e, int fd) RDMX_EXCLUDES(reg_mu_);
+    /// `e`'s connection object is going: no poll progresses it again once this returns (its
+    /// socket left the epoll set before: unwatch).
+    void detach(connection_engine& e) noexcept RDMX_EXCLUDES(reg_mu_);
+    /// `fd` leaves the epoll set: its engine reads it no more, or is about to close it (a
+    /// closed socket's number may name another one soon). Under the engine's mutex.
+    void unwatch(int fd) noexcept;
+    /// Polls so far, and the latest one's time: a connection whose reads are left to this
+    /// queue's poller (stood down) stays so while these move.
+    std::uint64_t polls() const noexcept { return polls_.load(std::memory_order_relaxed); }
+    std::chrono::steady_clock::time_point last_poll() const noexcept
+    {
+        return std::chrono::steady_clock::time_point(
+            std::chrono::steady_clock::duration(last_poll_.load(std::memory_order_relaxed)));
+    }
+    /// A notification is armed: the poller is going to sleep on fd(), so the engines read.
+    bool armed() noexcept RDMX_EXCLUDES(mu_);
+
 private:
+    /// Reads the sockets that have data, on the caller's thread.
+    void progress() noexcept RDMX_EXCLUDES(reg_mu_, mu_);
+    std::size_t take(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);
+
     struct entry {
         completion c;
         connection_engine* owner = nullptr;
@@ -60,6 +89,13 @@ private:
     std::size_t count_ RDMX_GUARDED_BY(mu_) = 0;
     notify_arm notify_ RDMX_GUARDED_BY(mu_);
     unique_fd efd_; ///< readable after a notification fired, until ack_notify()
+
+    /// Held while a poll progresses the engines (they stay alive and attached meanwhile).
+    engine_mutex reg_mu_;
+    std::vector<connection_engine*> engines_ RDMX_GUARDED_BY(reg_mu_);
+    unique_fd epfd_; ///< the attached engines' sockets, level-triggered, data = the engine
+    std::atomic<std::uint64_t> polls_{0};
+    std::atomic<std::chrono::steady_clock::rep> last_poll_{0};
 };
 
 } // namespace rdmx::tcp

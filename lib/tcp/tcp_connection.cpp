@@ -16,6 +16,7 @@ tcp_connection::tcp_connection(std::shared_ptr<tcp_domain> dom, std::shared_ptr<
 
 tcp_connection::~tcp_connection()
 {
+    engine_->detach_queues();
     engine_->close();
     dom_->release_windows_of(engine_->id());
 }
@@ -31,6 +32,7 @@ std::unique_ptr<tcp_connection> prepare_connection(tcp_domain& dom, unique_fd fd
         std::make_shared<connection_engine>(dom, std::move(fd), lim, opts, peer_max_rd, std::move(shared));
     auto conn =
         std::make_unique<tcp_connection>(dom.shared_from_this(), st, std::move(peer_private_data), opts.srq);
+    st->attach_queues(); // if it throws, the connection's destructor detaches
     st->bind_events(opts.events, conn.get(), opts.context, started);
     if (!initial_recvs.empty()) {
         std::size_t posted = 0;

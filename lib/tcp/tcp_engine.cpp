@@ -35,7 +35,7 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       rnr_delay_(detail::rnr_delay(opts.min_rnr_timer)),
       max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))),
       shared_(std::move(shared)), send_cq_(typed(shared_.send_cq())), recv_cq_(typed(shared_.recv_cq())),
-      engine_only_(send_cq_ || recv_cq_), context_(opts.context), fd_(fd.get()),
+      on_shared_cq_(send_cq_ || recv_cq_), context_(opts.context), fd_(fd.get()),
       efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
       sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
       sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), lq_(lim.send_queue_depth),
@@ -208,8 +208,10 @@ void connection_engine::close_socket() noexcept
     tx_check_timer_.cancel();
     linger_timer_.cancel();
     handshake_timer_.cancel();
+    unwatch_queues(); // before its number can name another socket
     if (ownership_.app_owns()) {
         ownership_.socket_closed();
+        left_to_queue_.store(false);
         ::close(fd_);
     } else {
         desc_.close(ignored);

@@ -134,6 +134,19 @@ public:
     /// stream ends inside the frame instead.
     void copy_frame_on_wire(const region_state* st, std::uint64_t tag) noexcept RDMX_EXCLUDES(mu_);
 
+    // --- progress by the shared queues it reports to (tcp_queue_progress.cpp) ---
+    /// Joins the epoll sets of its shared completion queues (connection set-up; throws).
+    void attach_queues();
+    /// Before close(): leaves them, so that no poll progresses this engine again.
+    void detach_queues() noexcept RDMX_EXCLUDES(mu_);
+    /// A poll of one of its shared queues found its socket readable (the caller's thread,
+    /// the queue's registration lock held): reads what came and sends what it owes.
+    void queue_progress() noexcept RDMX_EXCLUDES(mu_);
+    /// The engine stood down for a shared queue's poller (any thread, no lock).
+    bool left_to_queue() const noexcept { return left_to_queue_.load(std::memory_order_seq_cst); }
+    /// That poller is about to sleep on the queue's fd: the engine takes the socket back.
+    void queue_sleeps() noexcept RDMX_EXCLUDES(mu_);
+
 private:
     // Fixed batch sizes of one sendmsg / recvmsg; a frame that does not fit continues in
     // the next call. 128 iovecs hold a header plus the largest SGE list (32) several times over.
@@ -393,8 +406,18 @@ private:
     void arm_tx_check() noexcept RDMX_REQUIRES(mu_);
     bool app_took_data(bool app_in_call) noexcept
         RDMX_REQUIRES(mu_, engine_thread_); ///< on a read wake: stand down?
-    void stand_down() noexcept
-        RDMX_REQUIRES(mu_, engine_thread_); ///< leave the socket to the polling application
+    /// Leaves the socket to the polling application; false: a shared queue's poller went to
+    /// sleep meanwhile, and the engine reads on.
+    bool stand_down() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    /// Posts reclaim_rx() to the engine (once): the application is about to sleep.
+    void post_reclaim() noexcept RDMX_REQUIRES(mu_);
+    // The shared queues' part (tcp_queue_progress.cpp).
+    /// Their polls since the previous look count as the application's (poll_ownership).
+    void sync_queue_polls() noexcept RDMX_REQUIRES(mu_);
+    /// A notification armed on one of them: its poller is going to sleep.
+    bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
+    /// The socket stops being read for good, or closes: out of their epoll sets (once).
+    void unwatch_queues() noexcept RDMX_REQUIRES(mu_);
     void reclaim_rx() noexcept
         RDMX_REQUIRES(mu_, engine_thread_); ///< take the socket back into the epoll set
     void arm_standdown_check() noexcept RDMX_REQUIRES(mu_, engine_thread_);
@@ -437,9 +460,14 @@ private:
     // under mu_ and until close() (shared_detached_).
     tcp_completion_queue* const send_cq_;
     tcp_completion_queue* const recv_cq_;
-    /// A side reports to a shared queue: the engine thread alone reads and sends (the
-    /// application polls the shared queue, not this connection: no busy-poll ownership).
-    const bool engine_only_;
+    /// A side reports to a shared queue: that queue's polls read this socket (queue_progress)
+    /// and count as the application's; transmission is never left to the application's
+    /// next call (its next poll of the queue need not come to this connection).
+    const bool on_shared_cq_;
+    /// Stood down for a shared queue's poller (stand_down, reclaim_rx): queue_sleeps() asks.
+    std::atomic<bool> left_to_queue_{false};
+    std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
+    bool queues_unwatched_ RDMX_GUARDED_BY(mu_) = false;      ///< unwatch_queues() ran
     const std::uint64_t context_; ///< connection_options::context, in every completion
     /// Names this connection in the domain's window table (tcp_domain::find_remote): unlike
     /// the engine's address, never reused within the process.

@@ -67,6 +67,15 @@ public:
         ++app_calls_;
         app_busy_ = true;
     }
+    /// The shared completion queue this connection reports to was polled (at `latest`,
+    /// the latest of those polls) since the engine last looked: as a poll() of its own.
+    void on_queue_poll(clock::time_point latest) noexcept
+    {
+        if (latest > last_poll_)
+            last_poll_ = latest;
+        ++app_polls_;
+        ++app_calls_;
+    }
     /// A post() or poll() returned.
     void on_call_end(clock::time_point now) noexcept { last_call_end_ = now; }
     /// The application is about to sleep or will not call again: what is left is the engine's.

@@ -223,17 +223,7 @@ std::error_code connection_engine::request_notify(bool solicited_only) noexcept
         return {};            // the engine owns the socket during the handshake anyway
     ownership_.on_app_idle(); // about to sleep: what is left to send is the engine's
     pump();                   // an ACK that rx_poll left for this call: the caller may now sleep
-    if (ownership_.app_owns() && !reclaim_posted_) {
-        // The application is about to sleep: the engine must read again.
-        reclaim_posted_ = true;
-        asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
-                       engine_lock lk(self->mu_);
-                       self->assert_on_engine();
-                       self->reclaim_posted_ = false;
-                       if (!self->closed_)
-                           self->reclaim_rx();
-                   }));
-    }
+    post_reclaim();           // the application is about to sleep: the engine must read again
     return {};
 }
 

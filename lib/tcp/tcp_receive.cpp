@@ -37,10 +37,8 @@ void connection_engine::arm_read() noexcept
                          engine_lock lk(self->mu_, app_in_call);
                          self->assert_on_engine();
                          self->read_armed_ = false;
-                         if (self->app_took_data(app_in_call)) {
-                             self->stand_down();
+                         if (self->app_took_data(app_in_call) && self->stand_down())
                              return;
-                         }
                          self->rx_run();
                      }));
 }
@@ -91,7 +89,10 @@ void connection_engine::continue_rx() noexcept
                    engine_lock lk(self->mu_);
                    self->assert_on_engine();
                    self->rx_cont_posted_ = false;
-                   if (!self->ownership_.app_owns()) // stood down: the polling application goes on itself
+                   // Stood down for an application that polls this connection: its next
+                   // poll() goes on itself. For a shared queue's poller, the engine does
+                   // (and takes the socket back at the end of the run).
+                   if (!self->ownership_.app_owns() || self->on_shared_cq_)
                        self->rx_run();
                }));
 }

@@ -1,0 +1,96 @@
+// Progress by the polled queue: a connection that reports to a shared completion queue is
+// read and answered by that queue's poll on the caller's thread (tcp_completion_queue::
+// progress), not only by the engine thread, so that a completion needs no thread hop. Once
+// the poller takes the data wake after wake, the engine stands down as it does for an
+// application that polls its connection (tcp_busy_poll.cpp); the queue's polls count as
+// that application's calls, and a notification armed on the queue gives the socket back.
+#include "tcp/tcp_engine.hpp"
+
+#include <chrono>
+
+namespace rdmx::tcp
+{
+
+void connection_engine::attach_queues()
+{
+    if (send_cq_)
+        send_cq_->attach(*this, fd_);
+    if (recv_cq_ && recv_cq_ != send_cq_)
+        recv_cq_->attach(*this, fd_); // if this throws, the connection's destructor detaches
+}
+
+void connection_engine::detach_queues() noexcept
+{
+    if (!on_shared_cq_)
+        return;
+    {
+        engine_lock lk(mu_);
+        unwatch_queues(); // while the socket is surely open (its number is still ours)
+    }
+    // A poll that found the socket readable before it left the set may still be calling
+    // queue_progress: detach waits for it, and none comes after.
+    if (send_cq_)
+        send_cq_->detach(*this);
+    if (recv_cq_ && recv_cq_ != send_cq_)
+        recv_cq_->detach(*this);
+}
+
+void connection_engine::unwatch_queues() noexcept
+{
+    if (!on_shared_cq_ || queues_unwatched_ || shared_detached_)
+        return;
+    queues_unwatched_ = true;
+    if (send_cq_)
+        send_cq_->unwatch(fd_);
+    if (recv_cq_ && recv_cq_ != send_cq_)
+        recv_cq_->unwatch(fd_);
+}
+
+void connection_engine::queue_progress() noexcept
+{
+    engine_lock lk(mu_);
+    if (closed_ || shared_detached_ || hs_phase_ != hs_phase::none)
+        return; // the handshake's socket is the engine's; a reply there waits for it
+    if (rx_done_) {
+        unwatch_queues(); // EOF or an error: readable for good, and nothing more to read
+        return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    ownership_.on_poll(now);
+    rx_read();
+    pump(); // what the frames owe (ACKs, read responses) leaves now: no later call may come
+    ownership_.on_call_end(std::chrono::steady_clock::now());
+}
+
+void connection_engine::queue_sleeps() noexcept
+{
+    engine_lock lk(mu_);
+    if (!closed_)
+        post_reclaim();
+}
+
+void connection_engine::sync_queue_polls() noexcept
+{
+    if (!on_shared_cq_ || shared_detached_)
+        return;
+    std::uint64_t polls = 0;
+    auto latest = std::chrono::steady_clock::time_point::min();
+    for (tcp_completion_queue* q : {send_cq_, recv_cq_ != send_cq_ ? recv_cq_ : nullptr})
+        if (q) {
+            polls += q->polls();
+            latest = std::max(latest, q->last_poll());
+        }
+    if (polls != queue_polls_seen_) {
+        queue_polls_seen_ = polls;
+        ownership_.on_queue_poll(latest);
+    }
+}
+
+bool connection_engine::queues_armed() const noexcept
+{
+    if (!on_shared_cq_ || shared_detached_)
+        return false;
+    return (send_cq_ && send_cq_->armed()) || (recv_cq_ && recv_cq_ != send_cq_ && recv_cq_->armed());
+}
+
+} // namespace rdmx::tcp
