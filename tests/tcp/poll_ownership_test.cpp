@@ -157,5 +157,34 @@ TEST(tcp_poll_ownership, the_transmit_check_sees_calls_since_it_was_armed)
     EXPECT_FALSE(p.called_since_tx_check());
 }
 
+// A shared completion queue's polls count as the application's (issue 27): the engine
+// stands down for a queue's busy poller, stays down while the queue is polled, and takes
+// the socket back at the first check after the polls stop. The policy is busy only for
+// a poll of the connection's own (the queue's polls do not make post() coalesce).
+TEST(tcp_poll_ownership, a_shared_queues_polls_count_as_the_applications)
+{
+    poll_ownership p;
+    fake_clock c;
+    for (int i = 1; i < poll_ownership::standdown_wakes; ++i) {
+        p.on_queue_poll(c.advance(5us));
+        EXPECT_FALSE(wake(p, c, false, true)) << "wake " << i;
+    }
+    p.on_queue_poll(c.advance(5us));
+    ASSERT_TRUE(wake(p, c, false, true)) << "three wakes that found the queue's poller reading";
+    p.stand_down();
+    EXPECT_FALSE(p.app_busy()) << "the queue's polls are no call of this connection's";
+    p.on_queue_poll(c.advance(500us));
+    EXPECT_TRUE(p.still_calling(true)) << "polled since the stand-down: it keeps the socket";
+    EXPECT_FALSE(p.still_calling(true)) << "no poll since the previous check: the engine takes over";
+    // An older time never moves the latest poll back: a wake 10 us after the newest poll
+    // finds the poller polling right now.
+    p.reclaim();
+    p.on_queue_poll(c.now - 1ms);
+    c.advance(10us);
+    EXPECT_TRUE(p.wake_may_count(false, true));
+    EXPECT_FALSE(p.count_wake(false, false, c.now));
+    EXPECT_EQ(p.busy_wakes(), 1) << "a poll within the window counts the wake, data taken or not";
+}
+
 } // namespace
 } // namespace rdmx::tcp
