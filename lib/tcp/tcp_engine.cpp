@@ -131,10 +131,9 @@ void connection_engine::close() noexcept
         // Nobody polls this connection again: its completions of shared receives free
         // their slots now (the receives that were not taken stay in the shared queue).
         std::size_t dropped = 0;
-        if (send_cq_)
-            dropped += send_cq_->purge(*this);
-        if (recv_cq_ && recv_cq_ != send_cq_)
-            dropped += recv_cq_->purge(*this);
+        for (tcp_completion_queue* q : shared_queues())
+            if (q)
+                dropped += q->purge(*this);
         shared_ = {};
         if (srq_)
             srq_->retire(dropped + cq_.drop_tagged());

@@ -414,6 +414,12 @@ private:
     // The shared queues' part (tcp_queue_progress.cpp).
     /// Their polls since the previous look count as the application's (poll_ownership).
     void sync_queue_polls() noexcept RDMX_REQUIRES(mu_);
+    /// The distinct shared queues of its sides (null where a side has none, or shares the
+    /// send side's): each once, for what is done per queue.
+    std::array<tcp_completion_queue*, 2> shared_queues() const noexcept
+    {
+        return {send_cq_, recv_cq_ != send_cq_ ? recv_cq_ : nullptr};
+    }
     /// A notification armed on one of them: its poller is going to sleep.
     bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
     /// The socket stops being read for good, or closes: out of their epoll sets (once).

@@ -13,10 +13,9 @@ namespace rdmx::tcp
 
 void connection_engine::attach_queues()
 {
-    if (send_cq_)
-        send_cq_->attach(*this, fd_);
-    if (recv_cq_ && recv_cq_ != send_cq_)
-        recv_cq_->attach(*this, fd_); // if this throws, the connection's destructor detaches
+    for (tcp_completion_queue* q : shared_queues())
+        if (q)
+            q->attach(*this, fd_); // if this throws, the connection's destructor detaches
 }
 
 void connection_engine::detach_queues() noexcept
@@ -29,10 +28,9 @@ void connection_engine::detach_queues() noexcept
     }
     // A poll that found the socket readable before it left the set may still be calling
     // queue_progress: detach waits for it, and none comes after.
-    if (send_cq_)
-        send_cq_->detach(*this);
-    if (recv_cq_ && recv_cq_ != send_cq_)
-        recv_cq_->detach(*this);
+    for (tcp_completion_queue* q : shared_queues())
+        if (q)
+            q->detach(*this);
 }
 
 void connection_engine::unwatch_queues() noexcept
@@ -40,10 +38,9 @@ void connection_engine::unwatch_queues() noexcept
     if (!on_shared_cq_ || queues_unwatched_ || shared_detached_)
         return;
     queues_unwatched_ = true;
-    if (send_cq_)
-        send_cq_->unwatch(fd_);
-    if (recv_cq_ && recv_cq_ != send_cq_)
-        recv_cq_->unwatch(fd_);
+    for (tcp_completion_queue* q : shared_queues())
+        if (q)
+            q->unwatch(fd_);
 }
 
 void connection_engine::queue_progress() noexcept
@@ -75,7 +72,7 @@ void connection_engine::sync_queue_polls() noexcept
         return;
     std::uint64_t polls = 0;
     auto latest = std::chrono::steady_clock::time_point::min();
-    for (tcp_completion_queue* q : {send_cq_, recv_cq_ != send_cq_ ? recv_cq_ : nullptr})
+    for (tcp_completion_queue* q : shared_queues())
         if (q) {
             polls += q->polls();
             latest = std::max(latest, q->last_poll());
@@ -90,7 +87,10 @@ bool connection_engine::queues_armed() const noexcept
 {
     if (!on_shared_cq_ || shared_detached_)
         return false;
-    return (send_cq_ && send_cq_->armed()) || (recv_cq_ && recv_cq_ != send_cq_ && recv_cq_->armed());
+    for (tcp_completion_queue* q : shared_queues())
+        if (q && q->armed())
+            return true;
+    return false;
 }
 
 } // namespace rdmx::tcp
