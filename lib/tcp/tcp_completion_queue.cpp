@@ -115,6 +115,14 @@ void tcp_completion_queue::unwatch(int fd) noexcept
     ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr);
 }
 
+bool tcp_completion_queue::watch(connection_engine& e, int fd) noexcept
+{
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = &e;
+    return ::epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
 bool tcp_completion_queue::armed() noexcept
 {
     engine_lock lk(mu_);

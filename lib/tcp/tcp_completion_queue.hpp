@@ -60,6 +60,10 @@ public:
     /// `fd` leaves the epoll set: its engine reads it no more, or is about to close it (a
     /// closed socket's number may name another one soon). Under the engine's mutex.
     void unwatch(int fd) noexcept;
+    /// `fd`, a new socket of the attached `e` under a number unwatched before (a client's
+    /// next address, connection_engine::redial), joins the set again. Under the engine's
+    /// mutex; false (errno set) if epoll_ctl refused.
+    bool watch(connection_engine& e, int fd) noexcept;
     /// Polls so far, and the latest one's time: a connection whose reads are left to this
     /// queue's poller (stood down) stays so while these move.
     std::uint64_t polls() const noexcept { return polls_.load(std::memory_order_relaxed); }

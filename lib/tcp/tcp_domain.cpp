@@ -431,31 +431,42 @@ tcp_domain::client_start tcp_domain::begin_client(const char* verb, std::string_
     return {std::move(u), std::move(what), lim, std::move(shared), hello};
 }
 
-std::unique_ptr<connection> tcp_domain::start_connect(std::string_view address,
-                                                      const connection_options& opts,
-                                                      std::span<const std::byte> private_data,
-                                                      std::span<const recv_request> initial_recvs)
+std::unique_ptr<tcp_connection> tcp_domain::dial(const char* verb, std::string_view address,
+                                                 const connection_options& opts,
+                                                 std::span<const std::byte> private_data,
+                                                 std::span<const recv_request> initial_recvs, bool started)
 {
     std::byte buf[handshake::reply_size];
-    auto [u, what, lim, shared, hello] = begin_client("start_connect", address, opts, private_data, buf);
-    // The first address the name resolves to (a numeric address resolves at once); the
-    // connect() itself completes on the engine.
+    auto [u, what, lim, shared, hello] = begin_client(verb, address, opts, private_data, buf);
+    // The name resolves here (a numeric address at once); the engine tries the addresses
+    // in turn, its connect() and handshake all non-blocking (tcp_handshake.cpp).
     auto addrs = resolve(u, false, what);
     const socket_address& a = addrs.front();
     unique_fd fd(::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd)
         throw_errno(errno, "socket");
     set_socket_options(fd.get());
-    set_congestion_control(fd.get(), opts.tcp.congestion);
+    set_congestion_control(fd.get(), opts.tcp.congestion); // before the peer hears of us
     int err = 0;
     if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) < 0 && errno != EINPROGRESS)
         err = errno;
     // The peer's read depth comes with its reply (start_client sets it).
     auto conn =
-        prepare_connection(*this, std::move(fd), lim, opts, 1, {}, std::move(shared), initial_recvs, true);
-    conn->engine().start_client(hello, clock::now() + opts.timeout, err);
+        prepare_connection(*this, std::move(fd), lim, opts, 1, {}, std::move(shared), initial_recvs, started);
+    addrs.erase(addrs.begin());
+    conn->engine().start_client(hello, clock::now() + opts.timeout, err,
+                                {.addrs = std::move(addrs), .congestion = opts.tcp.congestion});
     return conn;
 }
+
+std::unique_ptr<connection> tcp_domain::start_connect(std::string_view address,
+                                                      const connection_options& opts,
+                                                      std::span<const std::byte> private_data,
+                                                      std::span<const recv_request> initial_recvs)
+{
+    return dial("start_connect", address, opts, private_data, initial_recvs, true);
+}
+
 std::shared_ptr<shared_receive_queue>
 tcp_domain::create_shared_receive_queue(const shared_receive_queue_options& opts)
 {
@@ -471,38 +482,25 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
                                                 std::span<const std::byte> private_data,
                                                 std::span<const recv_request> initial_recvs)
 {
-    std::byte buf[handshake::reply_size];
-    auto [u, what, lim, shared, hello] = begin_client("connect", address, opts, private_data, buf);
-
-    unique_fd fd = connect_socket(u, clock::now() + opts.timeout, what);
-    set_congestion_control(fd.get(), opts.tcp.congestion); // before the peer hears of us
-
-    auto deadline = clock::now() + opts.timeout;
-    send_exact(fd.get(), hello, deadline, what + " (hello)");
-    if (!recv_exact(fd.get(), {buf, handshake::reply_size}, deadline, what + " (waiting for accept)"))
-        throw error(make_error_code(errc::rejected), what + ": the listener closed the connection");
-    auto reply = handshake::decode({buf, handshake::reply_size}, false);
-    if (!reply) {
-        auto v = handshake::peer_version({buf, handshake::reply_size});
-        if (v && *v != protocol_version)
-            throw error(make_error_code(errc::protocol_error),
-                        what + ": the listener speaks wire protocol version " + std::to_string(*v) +
-                            ", this side " + std::to_string(protocol_version));
-        throw error(make_error_code(errc::protocol_error), what + ": malformed handshake reply");
+    // start_connect's flow, waited for: the engine's timer ends the handshake at
+    // opts.timeout, the bound here only guards against an io thread that stopped.
+    auto conn = dial("connect", address, opts, private_data, initial_recvs, false);
+    connection_engine& e = conn->engine();
+    e.wait_settled(clock::now() + opts.timeout + std::chrono::seconds(1));
+    const connection_state st = e.state();
+    if (st == connection_state::established)
+        return conn;
+    std::string what = "connect " + std::string(address) + ": ";
+    if (st == connection_state::connecting)
+        throw error(make_error_code(errc::timed_out), what + "the handshake did not end");
+    std::error_code cause = e.last_error();
+    std::vector<std::byte> pdata;
+    if (cause == errc::rejected) {
+        auto d = conn->peer_private_data();
+        pdata.assign(d.begin(), d.end());
     }
-    if (reply->type == handshake_type::reject) {
-        auto d = reply->data();
-        throw error(make_error_code(errc::rejected), what, std::vector<std::byte>(d.begin(), d.end()));
-    }
-    auto d = reply->data();
-    // limits() says what the connection got (section 1 of docs/wire-format.md).
-    lim.max_rd_atomic = std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, reply->max_rd_atomic));
-    auto conn = prepare_connection(*this, std::move(fd), lim, opts, reply->max_rd_atomic,
-                                   std::vector<std::byte>(d.begin(), d.end()), std::move(shared),
-                                   initial_recvs, false);
-    conn->engine().set_peer_says_goodbye((reply->flags & handshake_flag_goodbye) != 0);
-    conn->engine().start();
-    return conn;
+    throw error(cause ? cause : make_error_code(errc::disconnected), what + e.handshake_failure(),
+                std::move(pdata));
 }
 
 } // namespace tcp

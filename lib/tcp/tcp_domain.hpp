@@ -101,6 +101,7 @@ struct seg {
 };
 
 class connection_engine;
+class tcp_connection;
 
 class tcp_domain final : public domain, public std::enable_shared_from_this<tcp_domain>
 {
@@ -179,6 +180,12 @@ private:
         detail::cq_reservation shared;
         std::span<const std::byte> hello;
     };
+    /// connect() and start_connect(): the connection in `connecting`, its handshake
+    /// started on the engine; `started`: the established event goes to opts.events.
+    std::unique_ptr<tcp_connection> dial(const char* verb, std::string_view address,
+                                         const connection_options& opts,
+                                         std::span<const std::byte> private_data,
+                                         std::span<const recv_request> initial_recvs, bool started);
     client_start begin_client(const char* verb, std::string_view address, const connection_options& opts,
                               std::span<const std::byte> private_data,
                               std::span<std::byte, handshake::reply_size> buf);

@@ -8,10 +8,13 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -78,14 +81,30 @@ public:
     }
 
     // --- start_connect (tcp_handshake.cpp): the client's handshake on the engine thread ---
+    /// The addresses a client's name resolved to after the first, tried in turn while
+    /// connect() fails (one handshake, one deadline), and what each new socket is given.
+    struct dial_plan {
+        std::vector<detail::socket_address> addrs;
+        std::string congestion; ///< connection_options::tcp.congestion
+    };
     /// The socket's connect() is in progress: in state `connecting`, waits for it on the
-    /// engine, sends `hello`, reads the reply, and becomes established (and starts as
-    /// start() does) or error (connection_refused, unreachable, rejected with the reply's
-    /// private data, timed_out at `deadline`). `connect_err`: connect() failed at once
-    /// with that errno (the error comes as the event all the same). Called once instead of
-    /// start().
-    void start_client(std::span<const std::byte> hello, clock::time_point deadline, int connect_err)
-        RDMX_EXCLUDES(mu_);
+    /// engine (the next address of `rest` while it fails), sends `hello`, reads the reply,
+    /// and becomes established (and starts as start() does) or error (connection_refused,
+    /// unreachable, rejected with the reply's private data, protocol_error, timed_out at
+    /// `deadline`; handshake_failure() says what happened). `connect_err`: connect()
+    /// failed at once with that errno. Called once instead of start().
+    void start_client(std::span<const std::byte> hello, clock::time_point deadline, int connect_err,
+                      dial_plan rest) RDMX_EXCLUDES(mu_);
+    /// Waits until the state leaves `connecting` (start_client's or start_server's
+    /// handshake ended) or `bound` passes: what a blocking connect() waits for.
+    void wait_settled(clock::time_point bound) RDMX_EXCLUDES(mu_);
+    /// Why the handshake failed, for the error a blocking connect() throws: "connect():
+    /// Connection refused", "the listener closed the connection", ...; empty if it did not.
+    std::string handshake_failure() RDMX_EXCLUDES(mu_)
+    {
+        engine_lock lk(mu_);
+        return hs_why_.data();
+    }
     /// start_accept: in state `connecting`, sends the ACCEPT `reply` on the engine and then
     /// becomes established (or error: the client left, timed_out). Instead of start().
     void start_server(std::span<const std::byte> reply, clock::time_point deadline) RDMX_EXCLUDES(mu_);
@@ -434,11 +453,22 @@ private:
     void handshake_wait(asio::posix::stream_descriptor::wait_type w) noexcept
         RDMX_REQUIRES(mu_, engine_thread_);
     /// start_client / start_server's common part: `connecting` with `phase`, the timer
-    /// armed, the first step (or the failure `err`) on the engine.
+    /// armed, the first step (or connect_failed(connect_err)) on the engine.
     void start_handshake(hs_phase phase, std::span<const std::byte> out, clock::time_point deadline,
-                         std::error_code err) RDMX_EXCLUDES(mu_);
-    /// The handshake failed with `cause`: to error, the socket closed.
-    void handshake_failed(std::error_code cause) noexcept RDMX_REQUIRES(mu_, engine_thread_);
+                         int connect_err) RDMX_EXCLUDES(mu_);
+    /// The handshake failed with `cause`; `why` (printf format and arguments) says how, for
+    /// handshake_failure(). To error, the socket closed, a blocking connect() woken.
+    void handshake_failed(std::error_code cause, const char* why, ...) noexcept
+        RDMX_REQUIRES(mu_, engine_thread_) __attribute__((format(printf, 3, 4)));
+    /// Wakes wait_settled (the state left `connecting`).
+    void wake_settled() noexcept;
+    /// connect() of the socket failed with `err`: the next address of dial_ if any is left
+    /// (redial), else the handshake fails.
+    void connect_failed(int err) noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    /// A fresh socket for the next address of dial_, connecting, under fd_'s number (so
+    /// that nothing holding the number goes stale): out of the reactor and the shared
+    /// queues' epoll sets, dup3, back in. False (err: the last errno) if no address is left.
+    bool redial(int& err) noexcept RDMX_REQUIRES(mu_, engine_thread_);
     /// Sends what is left of the HELLO or reply in hs_buf_ without blocking: 0 once all of
     /// it went out, EAGAIN when the socket is full (wait until writable), otherwise the
     /// errno that ended it, or -1 for a send that moved nothing.
@@ -500,6 +530,11 @@ private:
     /// Not `none` while the handshake owns the socket, and after it failed: the
     /// application's calls then leave the socket alone.
     hs_phase hs_phase_ RDMX_GUARDED_BY(mu_) = hs_phase::none;
+    dial_plan dial_ RDMX_GUARDED_BY(mu_);                 ///< start_client's addresses left to try
+    std::array<char, 160> hs_why_ RDMX_GUARDED_BY(mu_){}; ///< handshake_failure()
+    /// wait_settled's wake-up: notified (after mu_) when the handshake ends either way.
+    std::mutex settle_mu_;
+    std::condition_variable settled_;
 
     engine_mutex mu_;
     thread_role engine_thread_; ///< held by the domain's io thread (assert_on_engine)

@@ -1,8 +1,9 @@
 // conn_scale: N connections (1024 by default) to one single-threaded server, each used
-// once (a ping and its pong, every byte checked), and the memory they cost.
+// for --rounds pings and their pongs (every byte checked), and the memory they cost.
 //
 //   conn_scale tcp://127.0.0.1:0 -n 1024 --queues shared
 //   conn_scale rdma://192.168.77.1:0 -n 1024 --queues own
+//   conn_scale tcp://127.0.0.1:0 -n 1024 --queues shared --rounds 3 --together
 //
 // The process forks: the child is the server, the parent the client. The server serves
 // every connection from one thread, either with queues of their own (--queues own: a
@@ -12,6 +13,10 @@
 // connections divided by N; the client also reports how much the system's slab and
 // vmalloc memory grew (the kernel's part: socket buffers, rxe's queues) divided by N,
 // which is only meaningful on an otherwise idle machine such as the test guest.
+// With --together the client posts a round's pings on every connection at once, so that
+// the server's one thread finds N connections with data (in mixed sizes) and too few
+// shared receives for them all (receiver-not-ready, retried): every connection must get
+// each of its pongs, none starves. Without it the pings go one connection at a time.
 // Exits non-zero if a connection cannot be set up or a byte is wrong.
 #include <CLI/CLI.hpp>
 
@@ -39,7 +44,14 @@ using clock_type = std::chrono::steady_clock;
 namespace
 {
 
-constexpr std::size_t ping_size = 64;
+constexpr std::size_t ping_size = 64; ///< the pong's size, and the most a ping carries
+constexpr std::size_t ping_min = 8;   ///< the least a ping carries (its round and a pattern)
+
+/// The size of connection i's ping of round r: mixed, ping_min..ping_size.
+std::size_t ping_bytes(std::size_t i, std::size_t r)
+{
+    return ping_min + (i * 37 + r * 11) % (ping_size - ping_min + 1);
+}
 
 /// A field of a /proc file in kB ("VmRSS:", "Slab:").
 long proc_kb(const char* file, const char* field)
@@ -57,10 +69,10 @@ long rss_kb()
     return proc_kb("/proc/self/status", "VmRSS:");
 }
 
-/// What the ping of connection i carries, and its pong.
-std::byte pattern(std::size_t i, std::size_t j, bool pong)
+/// What byte j of connection i's ping of round r carries.
+std::byte pattern(std::size_t i, std::size_t j, std::size_t r)
 {
-    return static_cast<std::byte>((i * 131 + j * 7 + (pong ? 0x55 : 0)) & 0xff);
+    return static_cast<std::byte>((i * 131 + j * 7 + r * 29) & 0xff);
 }
 
 void write_all(int fd, const void* p, std::size_t n)
@@ -82,6 +94,8 @@ struct options {
     std::uint32_t srq_recvs = 256; ///< in the shared receive queue
     std::size_t recv_size = 1024;
     std::chrono::milliseconds timeout{60000};
+    std::size_t rounds = 1;
+    bool together = false; ///< a round's pings on every connection at once
 };
 
 /// The server: one thread, event-driven accept, then answers one ping per connection.
@@ -172,6 +186,7 @@ int run_server(const options& o, int to_client, int done_fd)
 
     // Pings: answer each with its pong; done when every pong's send completed.
     std::size_t answered = 0, sent = 0;
+    std::vector<std::size_t> round(o.n, 0); // of each connection's next ping
     std::array<rdmx::completion, 64> wcs;
     auto handle = [&](const rdmx::completion& wc, std::size_t i) { // i: its connection
         if (wc.status)
@@ -181,27 +196,31 @@ int run_server(const options& o, int to_client, int done_fd)
             return;
         }
         const std::byte* p = recv_bufs.data() + wc.wr_id * o.recv_size;
-        if (wc.byte_len != ping_size)
-            throw std::runtime_error("server: ping of the wrong size");
-        for (std::size_t j = 0; j < ping_size; ++j)
-            if (p[j] != pattern(i, j, false))
+        const std::size_t r = round[i]++;
+        if (r >= o.rounds || wc.byte_len != ping_bytes(i, r))
+            throw std::runtime_error("server: ping " + std::to_string(i) + " of round " + std::to_string(r) +
+                                     " has the wrong size or comes once too often");
+        for (std::size_t j = 0; j < ping_bytes(i, r); ++j)
+            if (p[j] != pattern(i, j, r))
                 throw std::runtime_error("server: ping " + std::to_string(i) + " is wrong");
-        if (o.shared) {
+        {
             rdmx::sge s{recv_mr.get(), wc.wr_id * o.recv_size, o.recv_size};
-            if (auto ec = srq->post_recv({&s, 1}, wc.wr_id))
-                throw rdmx::error(ec, "srq post_recv");
+            if (auto ec =
+                    o.shared ? srq->post_recv({&s, 1}, wc.wr_id) : conns[i]->post_recv({&s, 1}, wc.wr_id))
+                throw rdmx::error(ec, "post_recv (again)");
         }
-        // The pong names the connection it answers (one buffer for all: inline sends
-        // copy it at post, so it can be rewritten at once).
+        // The pong names the connection and round it answers (one buffer for all: inline
+        // sends copy it at post, so it can be rewritten at once).
         rdmx::sge s{pong_mr.get(), 0, ping_size};
         std::memcpy(pong.data(), &i, sizeof i);
+        std::memcpy(pong.data() + sizeof i, &r, sizeof r);
         if (auto ec =
                 conns[i]->post_send({&s, 1}, 0, rdmx::send_flags::signaled | rdmx::send_flags::inline_data))
             throw rdmx::error(ec, "post_send");
         ++answered;
     };
     deadline = clock_type::now() + o.timeout;
-    while (sent < o.n) {
+    while (sent < o.n * o.rounds) {
         if (clock_type::now() > deadline)
             throw std::runtime_error("server: " + std::to_string(answered) + " pings answered in time");
         if (o.shared) {
@@ -242,6 +261,8 @@ int main(int argc, char** argv)
         ->capture_default_str();
     app.add_option("--recv-size", o.recv_size, "bytes per receive buffer")->capture_default_str();
     app.add_option("--timeout-s", timeout_s, "bound on each phase")->capture_default_str();
+    app.add_option("--rounds", o.rounds, "pings per connection")->capture_default_str();
+    app.add_flag("--together", o.together, "a round's pings on every connection at once");
     CLI11_PARSE(app, argc, argv);
     o.shared = queues == "shared";
     o.timeout = std::chrono::seconds(timeout_s);
@@ -291,31 +312,47 @@ int main(int argc, char** argv)
         for (std::size_t i = 0; i < o.n; ++i)
             conns.push_back(dom->connect(addr, opts));
         auto t1 = clock_type::now();
-        for (std::size_t i = 0; i < o.n; ++i) {
-            std::byte* ping = bufs.data() + 2 * ping_size * i;
-            std::byte* pong = ping + ping_size;
-            for (std::size_t j = 0; j < ping_size; ++j)
-                ping[j] = pattern(i, j, false);
+        auto ping = [&](std::size_t i, std::size_t r) {
+            std::byte* p = bufs.data() + 2 * ping_size * i;
+            for (std::size_t j = 0; j < ping_bytes(i, r); ++j)
+                p[j] = pattern(i, j, r);
             rdmx::sge in{mr.get(), 2 * ping_size * i + ping_size, ping_size};
-            rdmx::sge out{mr.get(), 2 * ping_size * i, ping_size};
+            rdmx::sge out{mr.get(), 2 * ping_size * i, ping_bytes(i, r)};
             if (auto ec = conns[i]->post_recv({&in, 1}, 1))
                 throw rdmx::error(ec, "post_recv");
             if (auto ec = conns[i]->post_send({&out, 1}, 2))
                 throw rdmx::error(ec, "post_send");
+        };
+        auto pong = [&](std::size_t i, std::size_t r) {
             int got = 0;
             while (got < 2) {
                 rdmx::completion wc;
                 if (conns[i]->wait({&wc, 1}, o.timeout) == 0)
-                    throw std::runtime_error("connection " + std::to_string(i) + ": no pong in time");
+                    throw std::runtime_error("connection " + std::to_string(i) + ": no pong in time (round " +
+                                             std::to_string(r) + ")");
                 if (wc.status)
                     throw std::runtime_error("connection " + std::to_string(i) + ": " + wc.status.message());
                 ++got;
             }
-            std::size_t echoed = 0;
-            std::memcpy(&echoed, pong, sizeof echoed);
-            if (echoed != i)
-                throw std::runtime_error("connection " + std::to_string(i) + ": pong of connection " +
-                                         std::to_string(echoed));
+            std::size_t echoed[2] = {};
+            std::memcpy(echoed, bufs.data() + 2 * ping_size * i + ping_size, sizeof echoed);
+            if (echoed[0] != i || echoed[1] != r)
+                throw std::runtime_error("connection " + std::to_string(i) + " round " + std::to_string(r) +
+                                         ": pong of connection " + std::to_string(echoed[0]) + " round " +
+                                         std::to_string(echoed[1]));
+        };
+        for (std::size_t r = 0; r < o.rounds; ++r) {
+            if (o.together) {
+                for (std::size_t i = 0; i < o.n; ++i)
+                    ping(i, r);
+                for (std::size_t i = 0; i < o.n; ++i)
+                    pong(i, r);
+            } else {
+                for (std::size_t i = 0; i < o.n; ++i) {
+                    ping(i, r);
+                    pong(i, r);
+                }
+            }
         }
         auto t2 = clock_type::now();
         long rss1 = rss_kb();
@@ -324,11 +361,13 @@ int main(int argc, char** argv)
         long slab1 = proc_kb("/proc/meminfo", "Slab:");
         long vmalloc1 = proc_kb("/proc/meminfo", "VmallocUsed:");
         auto per = [&](long kb) { return static_cast<double>(kb) / static_cast<double>(o.n); };
-        std::printf("conn_scale: %s %s n=%zu recvs=%u x %zu B: server %.1f KiB/conn, client %.1f KiB/conn, "
+        std::printf("conn_scale: %s %s n=%zu rounds=%zu%s recvs=%u x %zu B: server %.1f KiB/conn, client "
+                    "%.1f KiB/conn, "
                     "kernel slab %.1f KiB/conn, vmalloc %.1f KiB/conn; connect %.2f s, ping all %.2f s\n",
-                    rdmx::to_string(dom->backend()), queues.c_str(), o.n, o.shared ? o.srq_recvs : o.recvs,
-                    o.recv_size, per(srv[1] - srv[0]), per(rss1 - rss0), per(slab1 - slab0),
-                    per(vmalloc1 - vmalloc0), std::chrono::duration<double>(t1 - t0).count(),
+                    rdmx::to_string(dom->backend()), queues.c_str(), o.n, o.rounds,
+                    o.together ? " together" : "", o.shared ? o.srq_recvs : o.recvs, o.recv_size,
+                    per(srv[1] - srv[0]), per(rss1 - rss0), per(slab1 - slab0), per(vmalloc1 - vmalloc0),
+                    std::chrono::duration<double>(t1 - t0).count(),
                     std::chrono::duration<double>(t2 - t1).count());
         std::fflush(stdout);
     } catch (const std::exception& e) {

@@ -13,7 +13,10 @@ if [ "$kind" = rdma ]; then
 else
     addr="tcp://127.0.0.1:0"
 fi
-for queues in own shared; do
-    timeout 600 "$build/tests/conn_scale" "$addr" -n "$n" --queues $queues || {
-        echo "conn_scale: FAIL: $kind $queues (exit $?)"; exit 1; }
+# One ping per connection, one connection at a time; then three rounds of pings on every
+# connection at once, in mixed sizes, which one thread must all answer (none starves).
+for run in "own" "shared" "shared --rounds 3 --together" "own --rounds 2 --together"; do
+    # shellcheck disable=SC2086 # the run's words are options
+    timeout 600 "$build/tests/conn_scale" "$addr" -n "$n" --queues $run || {
+        echo "conn_scale: FAIL: $kind $run (exit $?)"; exit 1; }
 done

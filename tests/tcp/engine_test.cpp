@@ -6,6 +6,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "common/test_util.hpp"
+#include "resolve.hpp"
 #include "tcp/raw_peer.hpp"
 
 namespace rdmx::test
@@ -144,6 +147,90 @@ TEST_F(tcp_engine, connect_error_names_the_step)
     } catch (const rdmx::error& e) {
         EXPECT_EQ(e.code(), errc::connection_refused);
         EXPECT_NE(std::string(e.what()).find("connect tcp://127.0.0.1:1"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("connect(): Connection refused"), std::string::npos) << e.what();
+    }
+}
+
+// A name that resolves to several addresses is tried address by address, by connect() and
+// start_connect() alike (one flow): the first refuses, the second is the listener's. The
+// name exists only on a thread of this test, in a mount namespace of its own where a hosts
+// file of ours covers /etc/hosts (root: CAP_SYS_ADMIN); getaddrinfo orders 127.0.0.1 before
+// 127.0.0.2 (RFC 6724's longest matching prefix), so the listener takes the second.
+TEST_F(tcp_engine, a_name_with_several_addresses_is_tried_address_by_address)
+{
+    auto second = server_dom_->listen("tcp://127.0.0.2:0");
+    const std::string port = std::to_string(second->port());
+    auto cq = client_dom_->create_completion_queue({.depth = 1024});
+    std::string skip;
+    auto dialler = std::async(std::launch::async, [&]() -> std::vector<std::unique_ptr<connection>> {
+        if (::unshare(CLONE_NEWNS) != 0 ||
+            ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+            skip = std::string("a mount namespace of its own needs CAP_SYS_ADMIN: ") + std::strerror(errno);
+            return {};
+        }
+        char path[] = "/tmp/rdmx-hosts-XXXXXX";
+        int fd = ::mkstemp(path);
+        if (fd < 0)
+            throw std::runtime_error("mkstemp");
+        const std::string hosts = "127.0.0.2 rdmx-two-addresses\n127.0.0.1 rdmx-two-addresses\n";
+        bool written = ::write(fd, hosts.data(), hosts.size()) == static_cast<ssize_t>(hosts.size());
+        ::close(fd);
+        int mounted = written ? ::mount(path, "/etc/hosts", nullptr, MS_BIND, nullptr) : -1;
+        ::unlink(path); // the mount holds the file
+        if (mounted != 0)
+            throw std::runtime_error("cannot cover /etc/hosts");
+        const std::string name = "tcp://rdmx-two-addresses:" + port;
+        auto addrs = detail::resolve(uri::parse(name), false, "test");
+        if (addrs.size() != 2 ||
+            reinterpret_cast<const sockaddr_in&>(addrs[0].addr).sin_addr.s_addr != htonl(INADDR_LOOPBACK))
+            throw std::runtime_error("the name does not resolve to 127.0.0.1, then 127.0.0.2");
+        std::vector<std::unique_ptr<connection>> out;
+        connection_options o;
+        o.timeout = 5s;
+        out.push_back(client_dom_->connect(name, o));
+        o.send_cq = cq; // a redialled socket joins the shared queue's epoll set too
+        o.recv_cq = cq;
+        out.push_back(client_dom_->start_connect(name, o));
+        return out;
+    });
+    std::vector<std::unique_ptr<connection>> servers;
+    for (int i = 0; i < 2 && skip.empty(); ++i)
+        if (auto req = second->get_request(i == 0 ? 10s : 2s))
+            servers.push_back(req->accept({}));
+    auto clients = dialler.get();
+    if (!skip.empty())
+        GTEST_SKIP() << skip;
+    ASSERT_EQ(clients.size(), 2u);
+    ASSERT_EQ(servers.size(), 2u);
+    EXPECT_EQ(clients[0]->state(), connection_state::established);
+    ASSERT_TRUE(wait_state(*clients[1], connection_state::established));
+    // Both work: a message each way, the second client's completions from its shared queue.
+    std::vector<std::byte> buf(64);
+    auto mr = client_dom_->register_memory(buf.data(), buf.size(), access::local_write);
+    std::vector<std::byte> sbuf(64);
+    auto smr = server_dom_->register_memory(sbuf.data(), sbuf.size(), access::local_write);
+    for (std::size_t i = 0; i < 2; ++i) {
+        sge cs{mr.get(), 0, 8}, ss{smr.get(), 0, 8};
+        ASSERT_FALSE(servers[i]->post_recv({&ss, 1}, 1));
+        ASSERT_FALSE(clients[i]->post_recv({&cs, 1}, 2));
+        ASSERT_FALSE(clients[i]->post_send({&cs, 1}, 3));
+        expect_ok(*servers[i], 1, 5s);
+        ASSERT_FALSE(servers[i]->post_send({&ss, 1}, 4));
+        expect_ok(*servers[i], 1, 5s);
+        if (i == 0) {
+            expect_ok(*clients[i], 2, 5s);
+            continue;
+        }
+        std::size_t got = 0;
+        auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (got < 2 && std::chrono::steady_clock::now() < deadline) {
+            completion wc[2];
+            for (auto& c : std::span(wc).first(cq->poll(wc))) {
+                EXPECT_FALSE(c.status) << c.status.message();
+                ++got;
+            }
+        }
+        EXPECT_EQ(got, 2u);
     }
 }
 
