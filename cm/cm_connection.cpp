@@ -47,6 +47,7 @@ cm_connection::~cm_connection()
     drop_completions(); // with a shared receive queue: frees the slots nobody will poll
     destroy_queues();   // QP (off its shared CQs), CQ, completion channel
     id_.reset();        // waits until every event of the id was acknowledged
+    retired_ids_.clear();
 }
 
 namespace

@@ -28,13 +28,17 @@ public:
     cm_connection(cm_domain& dom, const connection_options& opts, std::string_view verb = "connect");
     ~cm_connection() override;
 
-    /// Client side: resolve, route, QP, `initial_recvs`, rdma_connect; waits for ESTABLISHED.
+    /// Client side: start_connect, then waits until the flow ends; throws its failure
+    /// (rdmx::error naming the address and the event or verb, with a reject's private data).
     void connect(const uri& address, std::span<const std::byte> private_data,
                  std::span<const recv_request> initial_recvs);
     /// Client side without waiting: creates the id and starts rdma_resolve_addr on the
-    /// first address; the event loop runs the rest (step()).
+    /// first address the name resolves to; the event loop runs the rest (step()): the next
+    /// address while one fails to resolve, then route, QP, `initial_recvs`, rdma_connect,
+    /// rdma_establish. `started`: the established event goes to opts.events (not for
+    /// connect(), whose return says it).
     void start_connect(const uri& address, std::span<const std::byte> private_data,
-                       std::span<const recv_request> initial_recvs);
+                       std::span<const recv_request> initial_recvs, bool started = true);
     /// Server side: takes over `id` (from a CONNECT_REQUEST), QP, `initial_recvs`,
     /// rdma_accept; waits unless `wait` is false (start_accept: the event loop sees
     /// ESTABLISHED, or the deadline). `peer_private_data` is the user's part of the
@@ -60,17 +64,18 @@ private:
     void step() noexcept override;
     /// Posts `wrs` (initial_recvs) on the new QP; throws if not all fit or one is invalid.
     void post_initial(std::span<const recv_request> wrs);
-    /// Starting (start_connect / start_accept): state `connecting` with the first deadline,
-    /// post() refused until established.
-    void begin_started() noexcept;
+    /// Starting (connect / start_connect / start_accept): state `connecting` with the first
+    /// deadline, post() refused until established; `report_established`: the event too.
+    void begin_started(bool report_established) noexcept;
     void on_error_completion(std::error_code status) noexcept override;
     /// Tear-down on a shared receive queue: the QP to error, then wait (bounded by
     /// last_wqe_timeout, logged if it passes) for IBV_EVENT_QP_LAST_WQE_REACHED.
     void await_last_wqe() noexcept;
     static constexpr std::chrono::milliseconds last_wqe_timeout{1000};
-    /// Resolves the first of `addrs` that rdma_cm can reach from this domain's device:
-    /// creates the id, attaches it, waits for ADDR_RESOLVED. Throws the last failure.
-    void resolve_addr(const uri& address, std::vector<detail::socket_address>& addrs);
+    /// Starts rdma_resolve_addr of addrs_[addr_next_] on a fresh id (the previous one
+    /// retired), attached to the loop: from the loop thread (`on_loop`, a step) or not.
+    /// Throws the verb's failure.
+    void resolve_next_address(bool on_loop);
     /// Creates the QP (verbs_connection::create_qp), routes its asynchronous events to this
     /// connection, and moves it to INIT.
     void setup_qp();
@@ -100,7 +105,11 @@ private:
     /// start_connect's flow: what step() waits for next.
     enum class flow_step : std::uint8_t { none, addr, route, response };
     flow_step flow_ = flow_step::none;
-    uri address_;                             ///< start_connect: for messages
+    uri address_;                               ///< start_connect: for messages
+    std::vector<detail::socket_address> addrs_; ///< what address_ resolved to
+    std::size_t addr_next_ = 0;                 ///< the next of addrs_ to try
+    /// Ids of addresses that failed to resolve: detached, destroyed with the connection.
+    std::vector<cm_id_ptr> retired_ids_;
     std::vector<std::byte> connect_private_;  ///< start_connect: sent with rdma_connect
     std::vector<recv_request> initial_recvs_; ///< start_connect: posted once the QP exists
     std::vector<sge> initial_sges_;           ///< what initial_recvs_ point to

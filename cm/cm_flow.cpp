@@ -11,8 +11,11 @@
 // the accept's private data.
 // The QP is ours (ibv_create_qp), not rdma_cm's, so that its RNR and retry attributes are
 // the ones this side asked for (see cm_connection::modify_qp).
-// Every step is bounded by connection_options::timeout. A name that resolves to several
-// addresses is tried address by address, as the TCP backend does.
+// One flow for both calls: start_connect's steps run on the domain's event loop (step(),
+// after each rdma_cm event), and a blocking connect() is start_connect plus a wait for the
+// state to leave `connecting`. Every step is bounded by connection_options::timeout. A
+// name that resolves to several addresses is tried address by address, as the TCP backend
+// does.
 #include <poll.h>
 
 #include <array>
@@ -50,81 +53,24 @@ namespace
 
 } // namespace
 
-void cm_connection::resolve_addr(const uri& address, std::vector<detail::socket_address>& addrs)
-{
-    const int step_ms = static_cast<int>(opts_.timeout.count());
-    for (std::size_t i = 0; i < addrs.size(); ++i) {
-        rdma_cm_id* raw = nullptr;
-        if (rdma_create_id(domain_.events().channel(), &raw, this, RDMA_PS_TCP))
-            throw_cm("rdma_create_id", address);
-        id_.reset(raw);
-        domain_.events().attach(raw, &cm_);
-        try {
-            if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&addrs[i].addr), step_ms))
-                throw_cm("rdma_resolve_addr", address);
-            event_loop::wait_for(cm_, resolve_step::addr_resolved, "rdma_resolve_addr", opts_.timeout);
-            if (raw->verbs != domain_.native_context())
-                throw error(make_error_code(errc::invalid_argument),
-                            "rdma_resolve_addr " + address.to_string() +
-                                ": reached through another device than this domain's");
-            return;
-        } catch (const error&) {
-            if (i + 1 == addrs.size())
-                throw;
-        }
-        // The next address gets a fresh id (one that failed to resolve is not reused) and
-        // a fresh state.
-        domain_.events().detach(raw);
-        id_.reset();
-        std::lock_guard lock(cm_.mutex);
-        cm_.state = connection_state::connecting;
-        cm_.resolved = resolve_step::none;
-        cm_.error = {};
-        cm_.what.clear();
-    }
-}
-
 void cm_connection::connect(const uri& address, std::span<const std::byte> private_data,
                             std::span<const recv_request> initial_recvs)
 {
-    active_ = true;
-    const int step_ms = static_cast<int>(opts_.timeout.count());
-    std::vector<detail::socket_address> addrs = detail::resolve(address, false, "getaddrinfo");
-    resolve_addr(address, addrs);
-    rdma_cm_id* raw = id_.get();
-
-    if (rdma_resolve_route(raw, step_ms))
-        throw_cm("rdma_resolve_route", address);
-    event_loop::wait_for(cm_, resolve_step::route_resolved, "rdma_resolve_route", opts_.timeout);
-
-    setup_qp();
-    post_initial(initial_recvs); // the QP is in INIT: receives wait there for the first send
-    std::array<std::byte, connect_wire_size> wire;
-    rdma_conn_param param = conn_param(private_data, wire);
-    if (rdma_connect(raw, &param))
-        throw_cm("rdma_connect", address);
-    if (domain_.iwarp()) {
-        event_loop::wait_for(cm_, connection_state::established, "rdma_connect", opts_.timeout);
-        std::lock_guard lock(cm_.mutex);
-        peer_private_ = cm_.private_data;
-        return;
-    }
-    event_loop::wait_for_response(cm_, "rdma_connect", opts_.timeout);
-    // INIT again first, as librdmacm does: before the connection existed rdma_cm granted
-    // the QP no remote access; now it grants remote write (and read, if we serve reads).
-    modify_qp(IBV_QPS_INIT);
-    modify_qp(IBV_QPS_RTR);
-    modify_qp(IBV_QPS_RTS);
-    if (rdma_establish(raw))
-        throw_cm("rdma_establish", address);
-    // Without an rdma_cm-owned QP no ESTABLISHED event comes on this side: rdma_establish
-    // (the RTU) completes it.
-    std::lock_guard lock(cm_.mutex);
-    if (cm_.state == connection_state::connecting)
-        cm_.state = connection_state::established;
-    else
-        throw error(make_error_code(errc::disconnected), "rdma_establish: peer left while connecting");
-    peer_private_ = cm_.private_data;
+    // One flow: start_connect's steps on the event loop, this thread waiting for their end.
+    // The loop bounds each step by opts_.timeout, so the wait ends; the bound here only
+    // guards against a loop that stopped (a step per address, then route and response).
+    start_connect(address, private_data, initial_recvs, false);
+    const std::string verb = "connect " + address.to_string();
+    const auto bound = static_cast<int>(addrs_.size() + 2) * opts_.timeout + std::chrono::seconds(1);
+    std::unique_lock lock(cm_.mutex);
+    bool settled =
+        cm_.changed.wait_for(lock, bound, [&] { return cm_.state != connection_state::connecting; });
+    if (!settled)
+        throw error(make_error_code(errc::timed_out), verb + ": the connection-management flow did not end");
+    if (cm_.state == connection_state::error)
+        throw error(cm_.error, verb + ": " + cm_.what, cm_.private_data);
+    if (cm_.state != connection_state::established)
+        throw error(make_error_code(errc::disconnected), verb + ": the peer left while connecting");
 }
 
 void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
@@ -146,7 +92,7 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
     // The request moved the id to the domain's channel already; from now on its events
     // are this connection's.
     if (!wait)
-        begin_started();
+        begin_started(true);
     domain_.events().attach(id_.get(), &cm_);
     setup_qp();
     post_initial(initial_recvs); // before rdma_accept tells the client it may send
@@ -185,17 +131,17 @@ void cm_connection::post_initial(std::span<const recv_request> wrs)
                     "initial_recvs: more receives than recv_queue_depth, or an invalid one");
 }
 
-void cm_connection::begin_started() noexcept
+void cm_connection::begin_started(bool report_established) noexcept
 {
     sendable_.store(false, std::memory_order_release);
     std::lock_guard lock(cm_.mutex);
     cm_.sendable = &sendable_;
     cm_.deadline = std::chrono::steady_clock::now() + opts_.timeout;
-    cm_.events.bind(opts_.events, this, opts_.context, true);
+    cm_.events.bind(opts_.events, this, opts_.context, report_established);
 }
 
 void cm_connection::start_connect(const uri& address, std::span<const std::byte> private_data,
-                                  std::span<const recv_request> initial_recvs)
+                                  std::span<const recv_request> initial_recvs, bool started)
 {
     active_ = true;
     address_ = address;
@@ -212,19 +158,53 @@ void cm_connection::start_connect(const uri& address, std::span<const std::byte>
             {.wr_id = wr.wr_id, .local = {initial_sges_.data() + first, wr.local.size()}});
     }
     // The name is resolved here (a numeric address at once); rdma_cm's steps on the loop.
-    std::vector<detail::socket_address> addrs = detail::resolve(address, false, "getaddrinfo");
-    rdma_cm_id* raw = nullptr;
-    if (rdma_create_id(domain_.events().channel(), &raw, this, RDMA_PS_TCP))
-        throw_cm("rdma_create_id", address);
-    id_.reset(raw);
-    begin_started();
+    addrs_ = detail::resolve(address, false, "getaddrinfo");
+    begin_started(started);
     flow_ = flow_step::addr;
     cm_.drive = this;
-    domain_.events().attach(raw, &cm_);
-    if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&addrs.front().addr),
-                          static_cast<int>(opts_.timeout.count())))
-        throw_cm("rdma_resolve_addr", address);
+    for (;;) {
+        try {
+            resolve_next_address(false);
+            break;
+        } catch (const error&) {
+            if (addr_next_ == addrs_.size())
+                throw;
+        }
+    }
     domain_.events().kick();
+}
+
+void cm_connection::resolve_next_address(bool on_loop)
+{
+    if (id_) {
+        // rdma_cm leaves an id whose resolution failed unusable for another address: a fresh
+        // one, the old one kept (detached) until the destructor, for an event of it may be
+        // in the loop's hands still (rdma_destroy_id would wait for its acknowledgement).
+        if (on_loop)
+            domain_.events().detach_from_loop(id_.get());
+        else
+            domain_.events().detach(id_.get());
+        retired_ids_.push_back(std::move(id_));
+    }
+    const detail::socket_address& a = addrs_[addr_next_++];
+    {
+        std::lock_guard lock(cm_.mutex);
+        cm_.resolved = resolve_step::none;
+        cm_.addr_failed = false;
+        cm_.spare_address = addr_next_ < addrs_.size();
+        cm_.deadline = std::chrono::steady_clock::now() + opts_.timeout;
+    }
+    rdma_cm_id* raw = nullptr;
+    if (rdma_create_id(domain_.events().channel(), &raw, this, RDMA_PS_TCP))
+        throw_cm("rdma_create_id", address_);
+    id_.reset(raw);
+    if (on_loop)
+        domain_.events().attach_from_loop(raw, &cm_);
+    else
+        domain_.events().attach(raw, &cm_);
+    if (rdma_resolve_addr(raw, nullptr, const_cast<sockaddr*>(reinterpret_cast<const sockaddr*>(&a.addr)),
+                          static_cast<int>(opts_.timeout.count())))
+        throw_cm("rdma_resolve_addr", address_);
 }
 
 void cm_connection::step() noexcept
@@ -232,6 +212,7 @@ void cm_connection::step() noexcept
     // On the event loop thread, its lock held (detach() waits for us), cm_.mutex not held.
     resolve_step resolved;
     bool responded;
+    bool addr_failed;
     {
         std::lock_guard lock(cm_.mutex);
         if (cm_.state != connection_state::connecting) {
@@ -240,12 +221,27 @@ void cm_connection::step() noexcept
         }
         resolved = cm_.resolved;
         responded = cm_.responded;
+        addr_failed = cm_.addr_failed;
     }
     const auto next_deadline = std::chrono::steady_clock::now() + opts_.timeout;
     try {
         switch (flow_) {
         case flow_step::none: return;
         case flow_step::addr:
+            // A name that resolves to several addresses is tried address by address: the
+            // next one when this one failed (ADDR_ERROR, its deadline, another device).
+            if (addr_failed || (resolved == resolve_step::addr_resolved &&
+                                id_->verbs != domain_.native_context() && addr_next_ < addrs_.size())) {
+                for (;;) {
+                    try {
+                        resolve_next_address(true);
+                        return;
+                    } catch (const error&) {
+                        if (addr_next_ == addrs_.size())
+                            throw;
+                    }
+                }
+            }
             if (resolved != resolve_step::addr_resolved)
                 return;
             if (id_->verbs != domain_.native_context())
@@ -279,6 +275,10 @@ void cm_connection::step() noexcept
         case flow_step::response:
             if (!responded || domain_.iwarp())
                 return;
+            // INIT again first, as librdmacm does: before the connection existed rdma_cm
+            // granted the QP no remote access; now it grants remote write (and read, if we
+            // serve reads). Without an rdma_cm-owned QP no ESTABLISHED event comes on this
+            // side: rdma_establish (the RTU) completes it.
             modify_qp(IBV_QPS_INIT);
             modify_qp(IBV_QPS_RTR);
             modify_qp(IBV_QPS_RTS);

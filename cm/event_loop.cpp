@@ -112,11 +112,20 @@ int event_loop::expire_deadlines() noexcept
 {
     const auto now = std::chrono::steady_clock::now();
     auto next = std::chrono::steady_clock::time_point::max();
+    // Drivers whose address resolution timed out with another address left: stepped after
+    // the walk, since a step replaces its id in ids_.
+    std::vector<cm_state::driver*> retry;
     for (auto& [id, st] : ids_) {
         std::lock_guard lock(st->mutex);
         if (st->state != connection_state::connecting ||
             st->deadline == std::chrono::steady_clock::time_point::max())
             continue;
+        if (st->deadline <= now && st->spare_address && st->resolved == resolve_step::none && st->drive) {
+            st->addr_failed = true; // the next address, on the driver's step below
+            st->deadline = std::chrono::steady_clock::time_point::max();
+            retry.push_back(st->drive);
+            continue;
+        }
         if (st->deadline <= now) {
             st->state = connection_state::error;
             st->error = errc::timed_out;
@@ -129,6 +138,10 @@ int event_loop::expire_deadlines() noexcept
         }
         next = std::min(next, st->deadline);
     }
+    for (auto* d : retry)
+        d->step();
+    if (!retry.empty())
+        return 0; // the new ids' deadlines: computed on the next turn
     if (next == std::chrono::steady_clock::time_point::max())
         return -1;
     auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
@@ -231,6 +244,12 @@ void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
         fail();
         break;
     case RDMA_CM_EVENT_ADDR_ERROR:
+        if (st.spare_address && st.state == connection_state::connecting) {
+            st.addr_failed = true; // the driver tries the next address
+            break;
+        }
+        fail();
+        break;
     case RDMA_CM_EVENT_ROUTE_ERROR:
     case RDMA_CM_EVENT_CONNECT_ERROR:
     case RDMA_CM_EVENT_UNREACHABLE: fail(); break;
@@ -468,24 +487,11 @@ void wait_until(cm_state& st, Done done, const char* verb, std::chrono::millisec
 
 } // namespace
 
-void event_loop::wait_for_response(cm_state& st, const char* verb, std::chrono::milliseconds timeout)
-{
-    wait_until(
-        st, [&] { return st.responded; }, verb, timeout);
-}
-
 void event_loop::wait_for(cm_state& st, connection_state target, const char* verb,
                           std::chrono::milliseconds timeout)
 {
     wait_until(
         st, [&] { return st.state == target; }, verb, timeout);
-}
-
-void event_loop::wait_for(cm_state& st, resolve_step target, const char* verb,
-                          std::chrono::milliseconds timeout)
-{
-    wait_until(
-        st, [&] { return st.resolved == target; }, verb, timeout);
 }
 
 } // namespace rdmx::cm

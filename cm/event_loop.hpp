@@ -1,7 +1,8 @@
 // The rdma_cm event flow of a verbs domain. One event channel and one thread per domain
 // receive the events of every connecting and connected cm_id; a switch over
 // rdma_cm_event_type turns each into a state change of that connection (rping's pattern),
-// and the thread that called connect()/accept() waits on that state with a deadline.
+// then a connecting one's driver takes its next step (cm_flow.cpp); a thread that called
+// connect() or accept() waits for the state to settle.
 #pragma once
 
 #include <rdma/rdma_cma.h>
@@ -54,6 +55,11 @@ struct cm_state {
     /// This side's goodbye flag: the peer writes it nonzero before it disconnects.
     const std::uint64_t* goodbye_flag = nullptr;
     bool responded = false; ///< CONNECT_RESPONSE arrived (active side)
+    /// The active side has another address to try (a name that resolved to several): a
+    /// failed address resolution, or its deadline, sets addr_failed instead of failing the
+    /// connection, and the driver's step() goes on with the next address.
+    bool spare_address = false;
+    bool addr_failed = false;
     /// disconnect() was called here: a later asynchronous event is no news (otherwise one
     /// that follows a disconnect still names its cause, state error).
     bool local_disconnect = false;
@@ -171,6 +177,8 @@ public:
     /// For a driver's step on the loop thread (which holds the loop's lock already): the
     /// id's events go to `state` from now on, instead of to the id's previous state.
     void attach_from_loop(rdma_cm_id* id, cm_state* state) { ids_[id] = state; }
+    /// detach() for a driver's step on the loop thread.
+    void detach_from_loop(rdma_cm_id* id) { ids_.erase(id); }
     /// Wakes the loop so that it sees a new deadline.
     void kick() noexcept;
 
@@ -178,11 +186,6 @@ public:
     /// and the event), or `timeout` passes (throws errc::timed_out).
     static void wait_for(cm_state& st, connection_state target, const char* verb,
                          std::chrono::milliseconds timeout);
-    /// Active side: waits until rdma_cm reported step `target`, with wait_for's failure reporting.
-    static void wait_for(cm_state& st, resolve_step target, const char* verb,
-                         std::chrono::milliseconds timeout);
-    /// Active side: waits for CONNECT_RESPONSE, with wait_for's failure reporting.
-    static void wait_for_response(cm_state& st, const char* verb, std::chrono::milliseconds timeout);
 
 private:
     void run() noexcept;
