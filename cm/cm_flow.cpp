@@ -67,10 +67,13 @@ void cm_connection::connect(const uri& address, std::span<const std::byte> priva
         cm_.changed.wait_for(lock, bound, [&] { return cm_.state != connection_state::connecting; });
     if (!settled)
         throw error(make_error_code(errc::timed_out), verb + ": the connection-management flow did not end");
+    // Established, though perhaps ended since by a peer that left at once: the caller gets
+    // the connection, and its state says so (sendable_ is set once, when established).
+    if (sendable_.load(std::memory_order_acquire))
+        return;
     if (cm_.state == connection_state::error)
         throw error(cm_.error, verb + ": " + cm_.what, cm_.private_data);
-    if (cm_.state != connection_state::established)
-        throw error(make_error_code(errc::disconnected), verb + ": the peer left while connecting");
+    throw error(make_error_code(errc::disconnected), verb + ": the peer left while connecting");
 }
 
 void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,

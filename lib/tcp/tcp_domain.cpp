@@ -486,12 +486,11 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     // opts.timeout, the bound here only guards against an io thread that stopped.
     auto conn = dial("connect", address, opts, private_data, initial_recvs, false);
     connection_engine& e = conn->engine();
-    e.wait_settled(clock::now() + opts.timeout + std::chrono::seconds(1));
-    const connection_state st = e.state();
-    if (st == connection_state::established)
-        return conn;
+    const auto end = e.wait_settled(clock::now() + opts.timeout + std::chrono::seconds(1));
+    if (end == connection_engine::handshake_end::succeeded)
+        return conn; // established, or ended already by a peer that left at once: its state says
     std::string what = "connect " + std::string(address) + ": ";
-    if (st == connection_state::connecting)
+    if (end == connection_engine::handshake_end::pending)
         throw error(make_error_code(errc::timed_out), what + "the handshake did not end");
     std::error_code cause = e.last_error();
     std::vector<std::byte> pdata;

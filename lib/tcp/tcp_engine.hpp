@@ -95,9 +95,12 @@ public:
     /// failed at once with that errno. Called once instead of start().
     void start_client(std::span<const std::byte> hello, clock::time_point deadline, int connect_err,
                       dial_plan rest) RDMX_EXCLUDES(mu_);
-    /// Waits until the state leaves `connecting` (start_client's or start_server's
-    /// handshake ended) or `bound` passes: what a blocking connect() waits for.
-    void wait_settled(clock::time_point bound) RDMX_EXCLUDES(mu_);
+    /// How start_client's or start_server's handshake ended.
+    enum class handshake_end : std::uint8_t { pending, succeeded, failed };
+    /// Waits until the handshake ends or `bound` passes: what a blocking connect() and
+    /// accept() wait for. `succeeded` even if the connection ended since (a peer that
+    /// disconnected at once): the caller gets it, and its state says so.
+    handshake_end wait_settled(clock::time_point bound) RDMX_EXCLUDES(mu_);
     /// Why the handshake failed, for the error a blocking connect() throws: "connect():
     /// Connection refused", "the listener closed the connection", ...; empty if it did not.
     std::string handshake_failure() RDMX_EXCLUDES(mu_)

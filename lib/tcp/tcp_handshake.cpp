@@ -53,6 +53,10 @@ void connection_engine::start_server(std::span<const std::byte> reply, clock::ti
 void connection_engine::start_handshake(hs_phase phase, std::span<const std::byte> out,
                                         clock::time_point deadline, int connect_err)
 {
+    // deregister() must reach this connection's frame on the wire, as start()'s (before,
+    // connections started here were never tracked: a region deregistered under one of
+    // their frames let the peer read other bytes for it).
+    dom_.track(weak_from_this());
     engine_lock lk(mu_);
     std::copy(out.begin(), out.end(), hs_buf_.begin());
     hs_len_ = out.size();
@@ -80,10 +84,18 @@ void connection_engine::start_handshake(hs_phase phase, std::span<const std::byt
     });
 }
 
-void connection_engine::wait_settled(clock::time_point bound)
+connection_engine::handshake_end connection_engine::wait_settled(clock::time_point bound)
 {
-    std::unique_lock lk(settle_mu_);
-    settled_.wait_until(lk, bound, [&] { return state() != connection_state::connecting; });
+    {
+        std::unique_lock lk(settle_mu_);
+        settled_.wait_until(lk, bound, [&] { return state() != connection_state::connecting; });
+    }
+    engine_lock lk(mu_);
+    switch (hs_phase_) {
+    case hs_phase::none: return handshake_end::succeeded;
+    case hs_phase::failed: return handshake_end::failed;
+    default: return handshake_end::pending;
+    }
 }
 
 void connection_engine::connect_failed(int err) noexcept

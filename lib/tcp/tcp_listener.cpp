@@ -90,12 +90,19 @@ public:
                                        std::span<const std::byte> private_data,
                                        std::span<const recv_request> initial_recvs) override
     {
+        // start_accept's flow, waited for (as connect() is start_connect's): the engine
+        // sends the reply, its timer bounds it by opts.timeout.
         std::byte buf[handshake::reply_size];
         auto conn = prepare(opts, private_data, initial_recvs, false, buf);
         auto& st = conn->engine();
-        send_exact(fd_of(st), reply_, clock::now() + opts.timeout, "accept (reply)");
-        st.start();
-        return conn;
+        st.start_server(reply_, clock::now() + opts.timeout);
+        const auto end = st.wait_settled(clock::now() + opts.timeout + std::chrono::seconds(1));
+        if (end == connection_engine::handshake_end::succeeded)
+            return conn;
+        if (end == connection_engine::handshake_end::pending)
+            throw error(make_error_code(errc::timed_out), "accept: the handshake did not end");
+        std::error_code cause = st.last_error();
+        throw error(cause ? cause : make_error_code(errc::disconnected), "accept: " + st.handshake_failure());
     }
 
     std::unique_ptr<connection> start_accept(const connection_options& opts,
@@ -134,7 +141,6 @@ private:
         detail::cq_reservation shared(opts, lim, backend::tcp, started ? "start_accept" : "accept");
         reply_ = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
         set_congestion_control(fd_.get(), opts.tcp.congestion);
-        fd_raw_ = fd_.get();
         // limits() says what the connection got: its reads at the peer are bounded by what
         // the peer serves too (section 1 of docs/wire-format.md).
         lim.max_rd_atomic = std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, hello_.max_rd_atomic));
@@ -144,11 +150,9 @@ private:
         conn->engine().set_peer_says_goodbye((hello_.flags & handshake_flag_goodbye) != 0);
         return conn;
     }
-    int fd_of(connection_engine&) const noexcept { return fd_raw_; }
 
     std::shared_ptr<tcp_domain> dom_; ///< the connection made here runs on its engine
     unique_fd fd_;
-    int fd_raw_ = -1; ///< the socket, once the connection owns it
     std::span<const std::byte> reply_;
     handshake hello_;
 };

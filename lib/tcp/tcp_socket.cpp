@@ -75,63 +75,6 @@ void set_liveness_options(int fd, std::chrono::milliseconds timeout)
         throw_errno(errno, "setsockopt(TCP_USER_TIMEOUT / keepalive)");
 }
 
-namespace
-{
-
-std::error_code connect_errno(int err)
-{
-    switch (err) {
-    case ECONNREFUSED: return errc::connection_refused;
-    case EHOSTUNREACH:
-    case ENETUNREACH:
-    case EADDRNOTAVAIL:
-    case EAFNOSUPPORT: return errc::unreachable;
-    case ETIMEDOUT: return errc::timed_out;
-    default: return {err, std::system_category()};
-    }
-}
-
-} // namespace
-
-unique_fd connect_socket(const uri& u, clock::time_point deadline, const std::string& what)
-{
-    auto addrs = resolve(u, false, what);
-    std::error_code last = errc::unreachable;
-    for (const auto& a : addrs) {
-        unique_fd fd(::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-        if (!fd) {
-            last = connect_errno(errno);
-            continue;
-        }
-        set_socket_options(fd.get());
-        if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) == 0)
-            return fd;
-        if (errno != EINPROGRESS) {
-            last = connect_errno(errno);
-            continue;
-        }
-        for (;;) {
-            pollfd p{fd.get(), POLLOUT, 0};
-            int rc = ::poll(&p, 1, poll_timeout(deadline));
-            if (rc < 0 && errno == EINTR)
-                continue;
-            if (rc < 0)
-                throw_errno(errno, "poll");
-            if (rc == 0)
-                throw error(make_error_code(errc::timed_out), what);
-            break;
-        }
-        int err = 0;
-        socklen_t len = sizeof err;
-        if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) < 0)
-            err = errno;
-        if (err == 0)
-            return fd;
-        last = connect_errno(err);
-    }
-    throw error(last, what);
-}
-
 void send_exact(int fd, std::span<const std::byte> data, clock::time_point deadline, const std::string& what)
 {
     std::size_t done = 0;
@@ -150,31 +93,6 @@ void send_exact(int fd, std::span<const std::byte> data, clock::time_point deadl
         if (rc == 0)
             throw error(make_error_code(errc::timed_out), what);
     }
-}
-
-bool recv_exact(int fd, std::span<std::byte> data, clock::time_point deadline, const std::string& what)
-{
-    std::size_t done = 0;
-    while (done < data.size()) {
-        ssize_t n = ::recv(fd, data.data() + done, data.size() - done, MSG_DONTWAIT);
-        if (n > 0) {
-            done += static_cast<std::size_t>(n);
-            continue;
-        }
-        if (n == 0)
-            return false;
-        if (errno == EINTR)
-            continue;
-        if (errno == ECONNRESET)
-            return false;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            throw error(make_error_code(errc::disconnected), what + ": " + std::strerror(errno));
-        pollfd p{fd, POLLIN, 0};
-        int rc = ::poll(&p, 1, poll_timeout(deadline));
-        if (rc == 0)
-            throw error(make_error_code(errc::timed_out), what);
-    }
-    return true;
 }
 
 } // namespace rdmx::tcp

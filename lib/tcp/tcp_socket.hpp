@@ -53,18 +53,9 @@ private:
 using detail::resolve;
 using detail::socket_address;
 
-/// Connects to the first address that answers before `deadline`; the socket is
-/// non-blocking with TCP_NODELAY. Throws rdmx::error: connection_refused, unreachable,
-/// timed_out, or the errno, with `what` leading the message.
-unique_fd connect_socket(const uri& u, clock::time_point deadline, const std::string& what);
-
 /// Sends all of `data` on a non-blocking socket before `deadline`; throws rdmx::error
 /// (timed_out, disconnected) otherwise.
 void send_exact(int fd, std::span<const std::byte> data, clock::time_point deadline, const std::string& what);
-
-/// Receives exactly data.size() bytes before `deadline`. Returns false if the peer closed
-/// the connection first; throws rdmx::error(timed_out) at the deadline.
-bool recv_exact(int fd, std::span<std::byte> data, clock::time_point deadline, const std::string& what);
 
 /// Milliseconds from now to `deadline` for poll(): 0 if passed, rounded up otherwise.
 int poll_timeout(clock::time_point deadline) noexcept;
