@@ -935,6 +935,70 @@ TEST_P(endpoint_fixture, busy_poll_exchanges_by_poll_alone_and_still_sleeps_in_w
     EXPECT_TRUE(sent.load());
 }
 
+// Issue 27: an endpoint that never asks for fd() spins on poll() without busy_poll (no
+// arming, nothing for fd()); the first fd() is readable at once, and from then on a thread
+// asleep on it is woken by a completion, as the default promised before.
+TEST_P(endpoint_fixture, poll_alone_spins_until_fd_is_asked_for_and_then_a_sleeper_wakes)
+{
+    auto a = open_ep();
+    auto b = open_ep();
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(b.ep->address());
+    for (int i = 0; i < 20; ++i) {
+        SCOPED_TRACE(i);
+        a.done.clear();
+        b.done.clear();
+        fill(*m, 0, 64, i);
+        sge s{m.get(), 0, 64}, r{m.get(), 4096, 64};
+        ASSERT_FALSE(b.ep->recv(any_peer, 5, 0, {&r, 1}, 1));
+        ASSERT_FALSE(a.ep->send(to_b, 5, {&s, 1}, 1));
+        ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 1 && b.done.size() == 1; }));
+        ASSERT_FALSE(b.done[0].status) << b.done[0].status.message();
+        EXPECT_TRUE(check(*m, 4096, 64, i));
+    }
+    // The first fd(): readable at once, so that a first sleep on it cannot miss anything.
+    const int fd = b.ep->fd();
+    EXPECT_TRUE(readable_within(fd, 0ms)) << "the first fd() is not readable";
+    endpoint_completion out[4];
+    EXPECT_EQ(b.ep->poll(out), 0u); // takes the wake and arms
+    EXPECT_FALSE(readable_within(fd, 100ms)) << "fd() readable with nothing to do";
+    // B sleeps on fd() alone (poll(2), then poll() when woken) while A sends 200 ms later.
+    sge r{m.get(), 8192, 64};
+    ASSERT_FALSE(b.ep->recv(any_peer, 6, 0, {&r, 1}, 2));
+    fill(*m, 1024, 64, 77);
+    std::atomic<bool> sent{false};
+    std::thread sender([&] {
+        std::this_thread::sleep_for(200ms);
+        sge s{m.get(), 1024, 64};
+        if (a.ep->send(to_b, 6, {&s, 1}, 2))
+            return;
+        endpoint_completion c[4];
+        auto until = std::chrono::steady_clock::now() + 10s;
+        while (!sent && std::chrono::steady_clock::now() < until)
+            for (std::size_t i = 0, n = a.ep->wait(c, 10ms); i < n; ++i)
+                sent = c[i].op == endpoint_op::send;
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    std::size_t n = 0;
+    int sleeps = 0;
+    while (n == 0 && std::chrono::steady_clock::now() - t0 < 10s) {
+        if (!readable_within(fd, 5000ms))
+            break; // a sleeper that nothing wakes: the failure below
+        ++sleeps;
+        n = b.ep->poll(out);
+    }
+    const auto wall = std::chrono::steady_clock::now() - t0;
+    sender.join();
+    ASSERT_EQ(n, 1u) << "the completion did not wake the sleeper on fd()";
+    EXPECT_EQ(out[0].op, endpoint_op::recv);
+    EXPECT_FALSE(out[0].status) << out[0].status.message();
+    EXPECT_TRUE(check(*m, 8192, 64, 77));
+    EXPECT_GE(wall, 150ms);
+    EXPECT_LT(wall, 3s);
+    EXPECT_LT(sleeps, 100) << "woken far more often than there were events";
+    EXPECT_TRUE(sent.load());
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, endpoint_fixture, testing::ValuesIn(selected_backends()), param_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(endpoint_fixture);
 

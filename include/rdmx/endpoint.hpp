@@ -103,11 +103,12 @@ struct endpoint_options {
     std::chrono::milliseconds connect_deadline{10000};
     /// Entries of the one completion queue behind all peers.
     std::uint32_t completion_queue_depth = 16384;
-    /// For a caller that spins on poll(): poll() keeps no completion notification armed
-    /// (re-arming after each completion costs two system calls on verbs) and takes new
-    /// connection requests every 16th call (the queue, events and deadlines every call).
-    /// wait() still sleeps: it arms before it sleeps. fd() alone is then not woken by
-    /// completions: sleep in wait(), or leave this false.
+    /// poll() keeps no completion notification armed (re-arming after each completion
+    /// costs two system calls on verbs, and on TCP keeps the engine thread waking for each
+    /// burst), raises no eventfd, and takes new connection requests every 16th call (the
+    /// queue, events and deadlines every call). That is what poll() does anyway until
+    /// fd() is first asked for; this option keeps it so afterwards. wait() still sleeps:
+    /// it arms before it sleeps. fd() alone is then not woken by completions.
     bool busy_poll = false;
     /// poll() also reports peer_down and peer_restarted (endpoint_op), so that a service
     /// can retire the state of clients that died or restarted. Off by default: a caller
@@ -234,6 +235,9 @@ public:
     /// above completed or made possible outside poll() (a recv() that matched a held
     /// message, a remove() that canceled work, a send() whose post failed), so an
     /// application may post from anywhere and sleep on fd() alone. Not with busy_poll.
+    /// The first call is what makes poll() keep the queue armed for a sleeper (it is
+    /// readable once at once, so that the first sleep polls and arms): a caller that never
+    /// asks for fd() spins on poll() or sleeps in wait() without paying for it.
     virtual int fd() const noexcept = 0;
     /// Polls; if nothing completed, sleeps on fd() until something does or `timeout` has
     /// passed (never less: a 1 ms wait that finds nothing takes 1 ms), and polls again.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -180,7 +181,7 @@ public:
     std::error_code invalidate_window(rdmx::peer to, memory_window& window,
                                       std::uint64_t context) noexcept override;
     std::size_t poll(std::span<endpoint_completion> out) noexcept override;
-    int fd() const noexcept override { return epoll_fd_; }
+    int fd() const noexcept override;
     std::size_t wait(std::span<endpoint_completion> out, std::chrono::milliseconds timeout) noexcept override;
     std::error_code cancel_recv(std::uint64_t context) noexcept override;
     stats statistics() const noexcept override;
@@ -399,8 +400,14 @@ private:
     // raised, and the time the timerfd is set to.
     bool cq_armed_ = false, wake_raised_ = false;
     clock::time_point timer_set_ = clock::time_point::max();
-    /// busy_poll: poll() calls since it last looked at fd()'s set (it does every 16th).
+    /// Spinning (busy_poll, or fd() never asked for): poll() calls since it last looked at
+    /// fd()'s set (it does every 16th).
     std::uint32_t polls_since_scan_ = 0;
+    /// fd() was handed out: a caller may sleep on it, so poll() keeps the queue armed and
+    /// the eventfd raised for it (unless busy_poll). Set by fd(), any thread.
+    mutable std::atomic<bool> fd_out_{false};
+    /// Nobody sleeps on fd() but wait(), which arms before it sleeps: poll() arms nothing.
+    bool spinning() const noexcept { return opts_.busy_poll || !fd_out_.load(std::memory_order_acquire); }
 };
 
 } // namespace rdmx::ep

@@ -40,9 +40,10 @@ void endpoint_impl::scan_fds() noexcept
 
 std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
 {
-    // busy_poll: the queue is polled directly every call; the rest of fd()'s set (new
+    // Spinning: the queue is polled directly every call; the rest of fd()'s set (new
     // connection requests; the timerfd and eventfd are only for sleepers) every 16th.
-    if (!opts_.busy_poll || ++polls_since_scan_ >= 16)
+    const bool spin = spinning();
+    if (!spin || ++polls_since_scan_ >= 16)
         scan_fds();
     poll_cq();
     poll_events();
@@ -59,7 +60,7 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
             ri = next;
         }
         give_back_deferred();
-        if (pass == 0 && !cq_armed_ && !opts_.busy_poll) {
+        if (pass == 0 && !cq_armed_ && !spin) {
             // Arm, then look once more: a completion that came before the arming raises no
             // event, so fd() would miss it. An arming stays until a completion fires it.
             cq_->request_notify();
@@ -96,9 +97,22 @@ void endpoint_impl::give_back_deferred() noexcept
     }
 }
 
+int endpoint_impl::fd() const noexcept
+{
+    // Arming the queue after every completion costs two system calls on verbs, and on TCP
+    // keeps the engine threads from standing down for the poller: done only once someone
+    // may sleep on fd(). Readable once now, so that a first sleep on it returns, and the
+    // poll() after it arms before anything can be missed.
+    if (!fd_out_.exchange(true, std::memory_order_acq_rel)) {
+        std::uint64_t one = 1;
+        [[maybe_unused]] auto w = ::write(wake_fd_, &one, sizeof one);
+    }
+    return epoll_fd_;
+}
+
 void endpoint_impl::raise_wake() noexcept
 {
-    if (wake_raised_ || opts_.busy_poll)
+    if (wake_raised_ || spinning())
         return;
     std::uint64_t one = 1;
     [[maybe_unused]] auto w = ::write(wake_fd_, &one, sizeof one);
@@ -128,7 +142,7 @@ std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
             return 0;
         // Rounded up: a wait of 1 ms with 0.9 ms left sleeps, where truncating to 0 spun.
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-        if (opts_.busy_poll && !cq_armed_) {
+        if (!cq_armed_) {
             // poll() left the queue unarmed: arm it before sleeping, then look once more (a
             // completion that came before the arming raises no event).
             cq_->request_notify();
@@ -140,7 +154,7 @@ std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
         int rc = ::epoll_wait(epoll_fd_, evs, 8, static_cast<int>(std::min<long long>(left, 1000)));
         if (rc < 0 && errno != EINTR)
             return 0;
-        polls_since_scan_ = 16; // busy_poll: the next poll() looks at what woke us
+        polls_since_scan_ = 16; // spinning: the next poll() looks at what woke us
     }
 }
 
