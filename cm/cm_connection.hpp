@@ -75,6 +75,8 @@ private:
     /// Starts rdma_resolve_addr of addrs_[addr_next_] on a fresh id (the previous one
     /// retired), attached to the loop: from the loop thread (`on_loop`, a step) or not.
     /// Throws the verb's failure.
+    void resolve_address(bool on_loop);
+    /// resolve_address for each address left until one starts; throws the last failure.
     void resolve_next_address(bool on_loop);
     /// Creates the QP (verbs_connection::create_qp), routes its asynchronous events to this
     /// connection, and moves it to INIT.

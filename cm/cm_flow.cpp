@@ -165,19 +165,24 @@ void cm_connection::start_connect(const uri& address, std::span<const std::byte>
     begin_started(started);
     flow_ = flow_step::addr;
     cm_.drive = this;
+    resolve_next_address(false);
+    domain_.events().kick();
+}
+
+void cm_connection::resolve_next_address(bool on_loop)
+{
     for (;;) {
         try {
-            resolve_next_address(false);
-            break;
+            resolve_address(on_loop);
+            return;
         } catch (const error&) {
             if (addr_next_ == addrs_.size())
                 throw;
         }
     }
-    domain_.events().kick();
 }
 
-void cm_connection::resolve_next_address(bool on_loop)
+void cm_connection::resolve_address(bool on_loop)
 {
     if (id_) {
         // rdma_cm leaves an id whose resolution failed unusable for another address: a fresh
@@ -235,15 +240,8 @@ void cm_connection::step() noexcept
             // next one when this one failed (ADDR_ERROR, its deadline, another device).
             if (addr_failed || (resolved == resolve_step::addr_resolved &&
                                 id_->verbs != domain_.native_context() && addr_next_ < addrs_.size())) {
-                for (;;) {
-                    try {
-                        resolve_next_address(true);
-                        return;
-                    } catch (const error&) {
-                        if (addr_next_ == addrs_.size())
-                            throw;
-                    }
-                }
+                resolve_next_address(true);
+                return;
             }
             if (resolved != resolve_step::addr_resolved)
                 return;

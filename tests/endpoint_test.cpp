@@ -26,6 +26,24 @@ namespace
 class endpoint_fixture : public ep_fixture
 {
 protected:
+    /// 20 messages from A to B, each checked, every side progressed by poll() alone (pump).
+    void exchange_by_poll(ep_handle& a, ep_handle& b, rdmx::peer to_b, memory_region& m)
+    {
+        for (int i = 0; i < 20; ++i) {
+            SCOPED_TRACE(i);
+            a.done.clear();
+            b.done.clear();
+            fill(m, 0, 64, i);
+            sge s{&m, 0, 64}, r{&m, 4096, 64};
+            ASSERT_FALSE(b.ep->recv(any_peer, 5, 0, {&r, 1}, 1));
+            ASSERT_FALSE(a.ep->send(to_b, 5, {&s, 1}, 1));
+            ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 1 && b.done.size() == 1; }));
+            ASSERT_FALSE(a.done[0].status) << a.done[0].status.message();
+            ASSERT_FALSE(b.done[0].status) << b.done[0].status.message();
+            EXPECT_TRUE(check(m, 4096, 64, i));
+        }
+    }
+
     /// On a device without atomics (siw): asserts that both atomics by peer are refused up
     /// front, nothing completes and nothing is dialled for them, and returns true (the test
     /// ends there). Elsewhere false: the test runs them.
@@ -873,36 +891,13 @@ TEST_P(endpoint_fixture, wait_of_one_millisecond_sleeps_a_millisecond)
 // endpoint_options::busy_poll: poll() keeps nothing armed and takes connection requests
 // every 16th call, so a lazy connect and an exchange still complete by poll() alone; and
 // wait() still sleeps (it arms first) and wakes for a message sent while it sleeps.
-TEST_P(endpoint_fixture, busy_poll_exchanges_by_poll_alone_and_still_sleeps_in_wait)
+/// A thread that, 200 ms from now, sends m[1024, +64) from A to B with tag 6 and polls A
+/// until its send completes (then sets `sent`), for a receiver that sleeps meanwhile.
+std::thread send_later(ep_handle& a, rdmx::peer to_b, memory_region& m, std::atomic<bool>& sent)
 {
-    auto o = small_options();
-    o.busy_poll = true;
-    auto a = open_ep(0, &o);
-    auto b = open_ep(0, &o);
-    auto m = region(1 << 16);
-    rdmx::peer to_b = a.ep->insert(b.ep->address());
-    for (int i = 0; i < 20; ++i) {
-        SCOPED_TRACE(i);
-        a.done.clear();
-        b.done.clear();
-        fill(*m, 0, 64, i);
-        sge s{m.get(), 0, 64}, r{m.get(), 4096, 64};
-        ASSERT_FALSE(b.ep->recv(any_peer, 5, 0, {&r, 1}, 1));
-        ASSERT_FALSE(a.ep->send(to_b, 5, {&s, 1}, 1));
-        ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 1 && b.done.size() == 1; }));
-        ASSERT_FALSE(a.done[0].status) << a.done[0].status.message();
-        ASSERT_FALSE(b.done[0].status) << b.done[0].status.message();
-        EXPECT_TRUE(check(*m, 4096, 64, i));
-    }
-    // B sleeps in wait() while A, on another thread, sends 200 ms later: B wakes with it,
-    // having slept (little CPU), not spun.
-    sge r{m.get(), 8192, 64};
-    ASSERT_FALSE(b.ep->recv(any_peer, 6, 0, {&r, 1}, 2));
-    fill(*m, 1024, 64, 77);
-    std::atomic<bool> sent{false};
-    std::thread sender([&] {
+    return std::thread([&a, to_b, &m, &sent] {
         std::this_thread::sleep_for(200ms);
-        sge s{m.get(), 1024, 64};
+        sge s{&m, 1024, 64};
         if (a.ep->send(to_b, 6, {&s, 1}, 2))
             return;
         endpoint_completion c[4];
@@ -911,6 +906,24 @@ TEST_P(endpoint_fixture, busy_poll_exchanges_by_poll_alone_and_still_sleeps_in_w
             for (std::size_t i = 0, n = a.ep->poll(c); i < n; ++i)
                 sent = c[i].op == endpoint_op::send;
     });
+}
+
+TEST_P(endpoint_fixture, busy_poll_exchanges_by_poll_alone_and_still_sleeps_in_wait)
+{
+    auto o = small_options();
+    o.busy_poll = true;
+    auto a = open_ep(0, &o);
+    auto b = open_ep(0, &o);
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(b.ep->address());
+    ASSERT_NO_FATAL_FAILURE(exchange_by_poll(a, b, to_b, *m));
+    // B sleeps in wait() while A, on another thread, sends 200 ms later: B wakes with it,
+    // having slept (little CPU), not spun.
+    sge r{m.get(), 8192, 64};
+    ASSERT_FALSE(b.ep->recv(any_peer, 6, 0, {&r, 1}, 2));
+    fill(*m, 1024, 64, 77);
+    std::atomic<bool> sent{false};
+    std::thread sender = send_later(a, to_b, *m, sent);
     auto cpu = [] {
         timespec t{};
         ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -944,18 +957,7 @@ TEST_P(endpoint_fixture, poll_alone_spins_until_fd_is_asked_for_and_then_a_sleep
     auto b = open_ep();
     auto m = region(1 << 16);
     rdmx::peer to_b = a.ep->insert(b.ep->address());
-    for (int i = 0; i < 20; ++i) {
-        SCOPED_TRACE(i);
-        a.done.clear();
-        b.done.clear();
-        fill(*m, 0, 64, i);
-        sge s{m.get(), 0, 64}, r{m.get(), 4096, 64};
-        ASSERT_FALSE(b.ep->recv(any_peer, 5, 0, {&r, 1}, 1));
-        ASSERT_FALSE(a.ep->send(to_b, 5, {&s, 1}, 1));
-        ASSERT_TRUE(pump({&a, &b}, [&] { return a.done.size() == 1 && b.done.size() == 1; }));
-        ASSERT_FALSE(b.done[0].status) << b.done[0].status.message();
-        EXPECT_TRUE(check(*m, 4096, 64, i));
-    }
+    ASSERT_NO_FATAL_FAILURE(exchange_by_poll(a, b, to_b, *m));
     // The first fd(): readable at once, so that a first sleep on it cannot miss anything.
     const int fd = b.ep->fd();
     EXPECT_TRUE(readable_within(fd, 0ms)) << "the first fd() is not readable";
@@ -967,17 +969,7 @@ TEST_P(endpoint_fixture, poll_alone_spins_until_fd_is_asked_for_and_then_a_sleep
     ASSERT_FALSE(b.ep->recv(any_peer, 6, 0, {&r, 1}, 2));
     fill(*m, 1024, 64, 77);
     std::atomic<bool> sent{false};
-    std::thread sender([&] {
-        std::this_thread::sleep_for(200ms);
-        sge s{m.get(), 1024, 64};
-        if (a.ep->send(to_b, 6, {&s, 1}, 2))
-            return;
-        endpoint_completion c[4];
-        auto until = std::chrono::steady_clock::now() + 10s;
-        while (!sent && std::chrono::steady_clock::now() < until)
-            for (std::size_t i = 0, n = a.ep->wait(c, 10ms); i < n; ++i)
-                sent = c[i].op == endpoint_op::send;
-    });
+    std::thread sender = send_later(a, to_b, *m, sent);
     const auto t0 = std::chrono::steady_clock::now();
     std::size_t n = 0;
     int sleeps = 0;
