@@ -2,7 +2,8 @@
 # Endpoints (rdmx/endpoint.hpp) beside their peers, in interleaved rounds (round 1 runs every
 # row once, then round 2 ...) so that each ratio compares rows measured side by side.
 # On TCP loopback:
-#   8 B tagged ping-pong     rdmx_ep_perf tag_lat (and with -B, endpoint_options::busy_poll)
+#   8 B tagged ping-pong     rdmx_ep_perf tag_lat (and with -B, endpoint_options::busy_poll;
+#                            with -F, fd() taken: the queue kept armed for a sleeper)
 #                            vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -m tagged (and -m msg),
 #                            fabtests' fi_rdm_tagged_pingpong, ucx_perftest tag_lat
 #   64 B message rate        rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw
@@ -68,6 +69,7 @@ if [ $guest = 1 ]; then
         echo "# guest round $r load $(cut -d' ' -f1 /proc/loadavg)"
         rdmx rxe_tag_lat_8B -t tag_lat -s 8 -n 1000 -w 100
         SRV=-B rdmx rxe_tag_lat_8B_busy -t tag_lat -s 8 -n 1000 -w 100 -B
+        SRV=-F rdmx rxe_tag_lat_8B_fd -t tag_lat -s 8 -n 1000 -w 100 -F
         fab rxe_fi_rdm_tagged_pingpong_8B fi_rdm_tagged_pingpong -S 8 -I 1000 -w 100
         rdmx rxe_tag_bw_1M -t tag_bw -s 1M -n 100 -W 16
         fab rxe_fi_rdm_tagged_bw_1M fi_rdm_tagged_bw -S 1048576 -I 100 -W 16
@@ -107,10 +109,12 @@ for r in $(seq 1 "$rounds"); do
     echo "# round $r load $(cut -d' ' -f1 /proc/loadavg)"
     rdmx tag_lat_8B -t tag_lat -s 8 -n 20000 -w 1000
     SRV=-B rdmx tag_lat_8B_busy -t tag_lat -s 8 -n 20000 -w 1000 -B
+    SRV=-F rdmx tag_lat_8B_fd -t tag_lat -s 8 -n 20000 -w 1000 -F
     fi_pp fi_rxm_tagged_lat_8B tagged
     fi_pp fi_rxm_msg_lat_8B msg
     ucx ucx_tag_lat_8B tag_lat 8 20000
     rdmx tag_rate_64B -t tag_bw -s 64 -n 200000 -W 64
+    SRV=-F rdmx tag_rate_64B_fd -t tag_bw -s 64 -n 200000 -W 64 -F
     ucx ucx_tag_rate_64B tag_bw 64 200000
     rdmx tag_bw_1M -t tag_bw -s 1M -n 2000 -W 16
     ucx ucx_tag_bw_1M tag_bw 1048576 2000

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,7 @@ struct options {
     std::uint32_t eager_limit = 8192;
     bool event = false;
     bool busy_poll = false; ///< endpoint_options::busy_poll
+    bool take_fd = false;   ///< ask for fd() at once, as an application that sleeps on it does
     bool json = false;
     int timeout_ms = 20000;
     std::uint32_t peers = 0; ///< server: size the completion queue for this many peers
@@ -110,6 +112,17 @@ rdmx::endpoint_completion next(rdmx::endpoint& ep, const options& o)
         if (clock_type::now() > deadline)
             throw std::runtime_error("no completion within " + std::to_string(o.timeout_ms) + " ms");
     }
+}
+
+/// endpoint::open, then fd() if -F: poll() keeps the queue armed for a sleeper from then on
+/// (docs/endpoints.md, "Spinning without busy_poll"), which is what -F measures.
+std::unique_ptr<rdmx::endpoint> open_endpoint(rdmx::domain& dom, const std::string& address,
+                                              const rdmx::endpoint_options& eo, const options& o)
+{
+    auto ep = rdmx::endpoint::open(dom, address, eo);
+    if (o.take_fd)
+        (void)ep->fd();
+    return ep;
 }
 
 rdmx::endpoint_options ep_options(const options& o, std::size_t size)
@@ -164,7 +177,7 @@ int run_server(const options& o)
 {
     std::size_t size = parse_size(o.size);
     auto dom = rdmx::domain::open(o.address);
-    auto ep = rdmx::endpoint::open(*dom, o.address, ep_options(o, size));
+    auto ep = open_endpoint(*dom, o.address, ep_options(o, size), o);
     std::size_t nbuf = o.window + 4;
     std::vector<std::byte> mem(nbuf * size + 64);
     auto mr =
@@ -233,7 +246,7 @@ double ping(rdmx::endpoint& ep, rdmx::peer server, rdmx::memory_region& mr, std:
 row run_lat(const options& o, std::size_t size)
 {
     auto dom = rdmx::domain::open(o.address);
-    auto ep = rdmx::endpoint::open(*dom, own_address(o.address), ep_options(o, size));
+    auto ep = open_endpoint(*dom, own_address(o.address), ep_options(o, size), o);
     std::vector<std::byte> mem(2 * size);
     auto mr =
         dom->register_memory(mem.data(), mem.size(), rdmx::access::local_write | rdmx::access::remote_read);
@@ -383,7 +396,7 @@ row run_conn_rate(const options& o)
 row run_bw(const options& o, std::size_t size)
 {
     auto dom = rdmx::domain::open(o.address);
-    auto ep = rdmx::endpoint::open(*dom, own_address(o.address), ep_options(o, size));
+    auto ep = open_endpoint(*dom, own_address(o.address), ep_options(o, size), o);
     std::vector<std::byte> mem(o.window * size + 16);
     for (std::size_t i = 0; i < mem.size(); ++i)
         mem[i] = static_cast<std::byte>(i * 13);
@@ -438,6 +451,9 @@ int main(int argc, char** argv)
     app.add_option("--eager-limit", o.eager_limit, "endpoint_options::eager_limit (both sides)");
     app.add_flag("-e,--event", o.event, "sleep on the endpoint's fd instead of busy polling");
     app.add_flag("-B,--busy-poll", o.busy_poll, "endpoint_options::busy_poll: no notification kept armed");
+    app.add_flag("-F,--take-fd", o.take_fd,
+                 "ask for the endpoint's fd() at once (as an application that sleeps on it): poll() keeps "
+                 "the queue armed");
     app.add_flag("--json", o.json, "one JSON line");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on every wait");
     CLI11_PARSE(app, argc, argv);
