@@ -114,14 +114,14 @@ collect_results() { # FROM_DIR PREFIX
 # the guest (which runs host binaries over 9p, sanitizer runtime included). The siw run
 # stays out: it exercises the same code on another provider, and time is better spent.
 test_asan() {
-    log "ASan + UBSan (suites: unit, tcp, verbs on soft-RoCE)"
+    log "ASan + UBSan (suites: unit, tcp, gpu, verbs on soft-RoCE)"
     local rc=0
     rm -rf "$ASAN_BUILD/tests/results"
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
     RDMX_GUEST_CACHE="$(realpath "$BUILD")/guest-cache" \
         meson test -C "$ASAN_BUILD" --print-errorlogs --num-processes 1 --timeout-multiplier 2 \
-        --suite unit --suite tcp --suite verbs --no-suite siw || rc=$?
+        --suite unit --suite tcp --suite gpu --suite verbs --no-suite siw || rc=$?
     grep -h '^\[rdmx\]' "$ASAN_BUILD/meson-logs/testlog.txt" | sort -u | sed 's/^/asan: /' || true
     collect_results "$ASAN_BUILD/tests/results" asan
     return "$rc"

@@ -30,10 +30,10 @@ public:
     {
         return pd_.allocate_window(shared_from_this());
     }
-    std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
-                                                   rdmx::access rights) override
+    std::unique_ptr<memory_region> register_placed(void* addr, std::size_t length, rdmx::access rights,
+                                                   rdmx::memory_type type, int device) override
     {
-        return pd_.register_memory(addr, length, rights, shared_from_this());
+        return pd_.register_memory(addr, length, rights, shared_from_this(), type, device);
     }
     std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override;
     std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts,

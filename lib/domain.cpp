@@ -6,6 +6,7 @@
 #include <rdmx/queues.hpp>
 
 #include "backends.hpp"
+#include "cuda_driver.hpp"
 
 namespace rdmx
 {
@@ -21,10 +22,10 @@ public:
 
     rdmx::backend backend() const noexcept override { return backend_->backend(); }
     const device_limits& limits() const noexcept override { return backend_->limits(); }
-    std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
-                                                   rdmx::access rights) override
+    std::unique_ptr<memory_region> register_placed(void* addr, std::size_t length, rdmx::access rights,
+                                                   rdmx::memory_type type, int device) override
     {
-        return backend_->register_memory(addr, length, rights);
+        return backend_->register_placed(addr, length, rights, type, device);
     }
     std::unique_ptr<memory_window> allocate_window() override { return backend_->allocate_window(); }
     std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override
@@ -65,6 +66,13 @@ std::unique_ptr<domain> handle(std::shared_ptr<domain> backend)
 }
 
 } // namespace
+
+std::unique_ptr<memory_region> domain::register_memory(void* addr, std::size_t length, rdmx::access rights,
+                                                       rdmx::memory_type type)
+{
+    detail::memory_placement p = detail::place_memory(addr, length, type, "register_memory");
+    return register_placed(addr, length, rights, p.type, p.device);
+}
 
 std::unique_ptr<domain> domain::open(std::string_view address, std::chrono::milliseconds timeout)
 {

@@ -1,8 +1,13 @@
 #include "verbs/protection_domain.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
+#include "cuda_driver.hpp"
+#include "log.hpp"
 #include "verbs/verbs_memory.hpp"
 
 namespace rdmx::verbs
@@ -70,7 +75,8 @@ void protection_domain::probe_max_inline()
 
 std::unique_ptr<memory_region> protection_domain::register_memory(void* addr, std::size_t length,
                                                                   rdmx::access rights,
-                                                                  std::shared_ptr<const void> keepalive)
+                                                                  std::shared_ptr<const void> keepalive,
+                                                                  rdmx::memory_type type, int device)
 {
     if (addr == nullptr || length == 0)
         throw_error(errc::invalid_argument, "ibv_reg_mr: empty region");
@@ -90,12 +96,59 @@ std::unique_ptr<memory_region> protection_domain::register_memory(void* addr, st
         flags |= IBV_ACCESS_REMOTE_ATOMIC;
     if (any(rights & access::bind_window))
         flags |= IBV_ACCESS_MW_BIND;
-    mr_ptr mr(ibv_reg_mr(pd_.get(), addr, length, flags));
-    if (!mr)
-        throw_errno(errno, "ibv_reg_mr");
+    mr_ptr mr;
+    if (type == memory_type::cuda) {
+        mr = register_device_memory(addr, length, flags, device);
+    } else {
+        mr.reset(ibv_reg_mr(pd_.get(), addr, length, flags));
+        if (!mr)
+            throw_errno(errno, "ibv_reg_mr");
+    }
     if (any(rights & (access::remote_write | access::remote_atomic)))
         rights = rights | access::local_write;
-    return std::make_unique<verbs_region>(*this, std::move(keepalive), std::move(mr), rights);
+    return std::make_unique<verbs_region>(*this, std::move(keepalive), std::move(mr),
+                                          static_cast<std::byte*>(addr), rights, type);
+}
+
+mr_ptr protection_domain::register_device_memory(void* addr, std::size_t length, int flags, int device) const
+{
+    // dma-buf first (libfabric's verbs provider and Mooncake do the same): it needs no
+    // out-of-tree module, only a driver and kernel that export device memory as a dma-buf
+    // and a provider that imports one. The iova is the device pointer, so that remote
+    // addresses are the application's pointers, as for host memory.
+    std::string dmabuf;
+    detail::dmabuf_export ex = detail::export_dmabuf(addr, length, device, dmabuf);
+    if (ex.fd >= 0) {
+        mr_ptr mr(ibv_reg_dmabuf_mr(pd_.get(), ex.offset, length, reinterpret_cast<std::uint64_t>(addr),
+                                    ex.fd, flags));
+        int err = errno;
+        ::close(ex.fd); // the MR holds its own reference to the dma-buf
+        if (mr) {
+            RDMX_LOG(
+                info,
+                "register_memory: %zu bytes of CUDA device %d memory at %p registered on %s through dma-buf",
+                length, device, addr, limits_.device_name.c_str());
+            return mr;
+        }
+        dmabuf =
+            std::string("ibv_reg_dmabuf_mr: ") + std::strerror(err) + " (errno " + std::to_string(err) + ")";
+    }
+    // Then the pages themselves, which only nvidia-peermem lets ibv_reg_mr pin.
+    mr_ptr mr(ibv_reg_mr(pd_.get(), addr, length, flags));
+    if (mr) {
+        RDMX_LOG(
+            info,
+            "register_memory: %zu bytes of CUDA device %d memory at %p registered on %s through ibv_reg_mr "
+            "(nvidia-peermem); dma-buf was not possible: %s",
+            length, device, addr, limits_.device_name.c_str(), dmabuf.c_str());
+        return mr;
+    }
+    int err = errno;
+    throw error(std::error_code(err ? err : EIO, std::system_category()),
+                "register_memory: CUDA device " + std::to_string(device) +
+                    " memory cannot be registered on " + limits_.device_name + ": dma-buf: " + dmabuf +
+                    "; ibv_reg_mr (nvidia-peermem): " + std::strerror(err) + " (errno " +
+                    std::to_string(err) + ")");
 }
 
 std::unique_ptr<memory_window> protection_domain::allocate_window(std::shared_ptr<const void> keepalive) const

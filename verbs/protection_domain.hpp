@@ -28,7 +28,9 @@ public:
     /// Registers with ibv_reg_mr; the region's owner is this protection domain, and it holds
     /// `keepalive` (what owns this protection domain) until it is destroyed.
     std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length, rdmx::access rights,
-                                                   std::shared_ptr<const void> keepalive);
+                                                   std::shared_ptr<const void> keepalive,
+                                                   rdmx::memory_type type = memory_type::host,
+                                                   int device = -1);
     /// An unbound type 2 window (verbs/verbs_memory.hpp); throws errc::not_supported
     /// without device_limits::memory_windows. Holds `keepalive` as a region does.
     std::unique_ptr<memory_window> allocate_window(std::shared_ptr<const void> keepalive) const;
@@ -65,6 +67,9 @@ public:
 
 private:
     void probe_max_inline();
+    /// CUDA device memory: dma-buf (cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr),
+    /// else ibv_reg_mr (nvidia-peermem); throws naming both attempts.
+    mr_ptr register_device_memory(void* addr, std::size_t length, int flags, int device) const;
 
     ibv_context* ctx_;
     pd_ptr pd_;

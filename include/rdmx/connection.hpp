@@ -567,8 +567,13 @@ public:
     virtual const device_limits& limits() const noexcept = 0;
 
     /// Registers [addr, addr + length) with the given rights. Throws rdmx::error.
-    virtual std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
-                                                           rdmx::access rights) = 0;
+    /// Device memory is found by itself (memory_type::detect) or named; memory_region::
+    /// memory_type() says which it was. CUDA device memory needs the NVIDIA driver, loaded
+    /// at run time (errc::not_supported without it, naming what is missing); verbs
+    /// registers it through dma-buf, else nvidia-peermem; TCP refuses it (not_supported)
+    /// for now. docs/gpu.md.
+    std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length, rdmx::access rights,
+                                                   rdmx::memory_type type = memory_type::detect);
     /// An unbound memory window (rdmx/memory.hpp). Throws rdmx::error: not_supported
     /// without device_limits::memory_windows, or the verb's errno.
     virtual std::unique_ptr<memory_window> allocate_window() = 0;
@@ -609,6 +614,12 @@ public:
 
     virtual ibv_context* native_context() const noexcept { return nullptr; }
     virtual ibv_pd* native_pd() const noexcept { return nullptr; }
+
+    /// register_memory's backend part, with the memory's place resolved: host, or cuda on
+    /// CUDA device `device`. Call register_memory.
+    virtual std::unique_ptr<memory_region> register_placed(void* addr, std::size_t length,
+                                                           rdmx::access rights, rdmx::memory_type type,
+                                                           int device) = 0;
 
 protected:
     domain() = default;

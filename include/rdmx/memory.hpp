@@ -42,6 +42,19 @@ constexpr bool any(access a) noexcept
     return a != access::none;
 }
 
+/// Where memory lives (libfabric's FI_HMEM iface, UCX's memory type).
+enum class memory_type : std::uint8_t {
+    /// register_memory finds out: device memory if the CUDA driver is loaded in the process
+    /// and says so (cuPointerGetAttribute), host memory otherwise. Costs nothing in a
+    /// process that never loaded CUDA.
+    detect,
+    host, ///< host memory, pageable or pinned (cudaMallocHost is host memory)
+    /// CUDA device memory: cudaMalloc / cuMemAlloc, or CUDA virtual memory (cuMemCreate +
+    /// cuMemMap) spanning several allocations mapped back to back. Managed memory
+    /// (cudaMallocManaged) is refused. docs/gpu.md says how each backend reaches it.
+    cuda,
+};
+
 /// What a peer needs to reach a registered range: address, length and remote key.
 /// Serialises to a fixed-size byte string (little endian) for sending to the peer.
 struct remote_buffer {
@@ -82,6 +95,8 @@ public:
     std::size_t size() const noexcept { return size_; }
     rdmx::access access() const noexcept { return access_; }
     rdmx::backend backend() const noexcept { return backend_; }
+    /// host or cuda (never detect): where the registered memory lives.
+    rdmx::memory_type memory_type() const noexcept { return type_; }
     /// Local key (verbs lkey; unused on TCP).
     std::uint32_t local_key() const noexcept { return lkey_; }
     /// The descriptor for [offset, offset + len) of this region (whole region by default).
@@ -94,14 +109,16 @@ public:
 
 protected:
     memory_region(const void* owner, rdmx::backend b, std::byte* data, std::size_t size, rdmx::access acc,
-                  std::uint32_t lkey, std::uint64_t rkey) noexcept
-        : owner_(owner), backend_(b), data_(data), size_(size), access_(acc), lkey_(lkey), rkey_(rkey)
+                  std::uint32_t lkey, std::uint64_t rkey, rdmx::memory_type type = memory_type::host) noexcept
+        : owner_(owner), backend_(b), type_(type), data_(data), size_(size), access_(acc), lkey_(lkey),
+          rkey_(rkey)
     {
     }
 
 private:
     const void* owner_;
     rdmx::backend backend_;
+    rdmx::memory_type type_;
     std::byte* data_;
     std::size_t size_;
     rdmx::access access_;

@@ -157,9 +157,17 @@ tcp_domain::~tcp_domain()
     engine_.join();
 }
 
-std::unique_ptr<memory_region> tcp_domain::register_memory(void* addr, std::size_t length,
-                                                           rdmx::access rights)
+std::unique_ptr<memory_region> tcp_domain::register_placed(void* addr, std::size_t length,
+                                                           rdmx::access rights, rdmx::memory_type type,
+                                                           int device)
 {
+    // The engine reads and writes registered memory with the CPU (recv, send, memcpy):
+    // device memory needs staging through host buffers, which is not built yet.
+    if (type == memory_type::cuda)
+        throw_error(errc::not_supported,
+                    "register_memory: the TCP backend cannot reach CUDA device memory (device " +
+                        std::to_string(device) +
+                        ") yet: register host memory, or use the verbs backend (GPUDirect RDMA)");
     if (addr == nullptr && length != 0)
         throw_error(errc::invalid_argument, "register_memory: null address");
     auto a = reinterpret_cast<std::uintptr_t>(addr);

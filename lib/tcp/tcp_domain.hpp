@@ -112,8 +112,8 @@ public:
     rdmx::backend backend() const noexcept override { return backend::tcp; }
     const device_limits& limits() const noexcept override { return limits_; }
     std::unique_ptr<memory_window> allocate_window() override;
-    std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length,
-                                                   rdmx::access rights) override;
+    std::unique_ptr<memory_region> register_placed(void* addr, std::size_t length, rdmx::access rights,
+                                                   rdmx::memory_type type, int device) override;
     std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override;
     std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts,
                                         std::span<const std::byte> private_data,

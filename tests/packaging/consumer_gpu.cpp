@@ -1,9 +1,14 @@
-// A user of the installed GPU library (pkg-config rdmx-gpu): links and runs without a GPU.
+// A user of <rdmx/gpu.hpp>: links against librdmx alone (no CUDA library), and on a machine
+// without a GPU runs and says why there is no device memory.
 #include <iostream>
 
 #include <rdmx/gpu.hpp>
 
 int main()
 {
-    std::cout << "rdmx-gpu: " << rdmx::gpu::device_count() << " CUDA devices\n";
+    int n = rdmx::gpu::device_count();
+    std::cout << "rdmx: " << n << " CUDA devices";
+    if (n == 0)
+        std::cout << " (" << rdmx::gpu::unavailable_reason() << ")";
+    std::cout << "\n";
 }

@@ -12,7 +12,8 @@
 #        ^          nothing of rdma_cm (no cm/, no <rdma/...>)
 #   cm/             rdma_cm: the verbs backend's domain, listener, connection flow and
 #                   event loop, built on verbs/
-#   gpu/            librdmx-gpu: the public API only (it builds on librdmx)
+#   gpu/            <rdmx/gpu.hpp>'s device buffers: the public API and the core's CUDA
+#                   driver loader (lib/cuda_driver.hpp)
 #   samples/        programs a user would copy: the public API and their own shared header
 #                   (and Boost.Asio in samples/asio_*, which use rdmx/asio.hpp and may
 #                   include each other)
@@ -33,7 +34,7 @@ declare -A allowed=(
     [tcp]="api core tcp asio"
     [verbs]="api core verbs ibverbs"
     [cm]="api core verbs cm ibverbs rdma_cm"
-    [gpu]="api gpu cuda"
+    [gpu]="api core gpu"
     [samples]="api samples"
     [samples_asio]="api samples samples_asio asio"
 )
