@@ -94,10 +94,7 @@ void tcp_completion_queue::attach(connection_engine& e, int fd)
 {
     engine_lock rl(reg_mu_);
     engines_.push_back(&e);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = &e;
-    if (::epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (!watch(e, fd)) {
         engines_.pop_back();
         throw_errno(errno, "epoll_ctl(EPOLL_CTL_ADD) of a shared completion queue");
     }

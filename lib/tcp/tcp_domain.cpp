@@ -493,21 +493,9 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     // start_connect's flow, waited for: the engine's timer ends the handshake at
     // opts.timeout, the bound here only guards against an io thread that stopped.
     auto conn = dial("connect", address, opts, private_data, initial_recvs, false);
-    connection_engine& e = conn->engine();
-    const auto end = e.wait_settled(clock::now() + opts.timeout + std::chrono::seconds(1));
-    if (end == connection_engine::handshake_end::succeeded)
-        return conn; // established, or ended already by a peer that left at once: its state says
-    std::string what = "connect " + std::string(address) + ": ";
-    if (end == connection_engine::handshake_end::pending)
-        throw error(make_error_code(errc::timed_out), what + "the handshake did not end");
-    std::error_code cause = e.last_error();
-    std::vector<std::byte> pdata;
-    if (cause == errc::rejected) {
-        auto d = conn->peer_private_data();
-        pdata.assign(d.begin(), d.end());
-    }
-    throw error(cause ? cause : make_error_code(errc::disconnected), what + e.handshake_failure(),
-                std::move(pdata));
+    conn->engine().await_handshake("connect " + std::string(address),
+                                   clock::now() + opts.timeout + std::chrono::seconds(1));
+    return conn;
 }
 
 } // namespace tcp

@@ -95,19 +95,13 @@ public:
     /// failed at once with that errno. Called once instead of start().
     void start_client(std::span<const std::byte> hello, clock::time_point deadline, int connect_err,
                       dial_plan rest) RDMX_EXCLUDES(mu_);
-    /// How start_client's or start_server's handshake ended.
-    enum class handshake_end : std::uint8_t { pending, succeeded, failed };
-    /// Waits until the handshake ends or `bound` passes: what a blocking connect() and
-    /// accept() wait for. `succeeded` even if the connection ended since (a peer that
-    /// disconnected at once): the caller gets it, and its state says so.
-    handshake_end wait_settled(clock::time_point bound) RDMX_EXCLUDES(mu_);
-    /// Why the handshake failed, for the error a blocking connect() throws: "connect():
-    /// Connection refused", "the listener closed the connection", ...; empty if it did not.
-    std::string handshake_failure() RDMX_EXCLUDES(mu_)
-    {
-        engine_lock lk(mu_);
-        return hs_why_.data();
-    }
+    /// What a blocking connect() and accept() wait for: until start_client's or
+    /// start_server's handshake ends, or `bound` passes. Returns if it succeeded, even if
+    /// the connection ended since (a peer that disconnected at once: the caller gets it,
+    /// and its state says so). Otherwise throws rdmx::error "<what>: <why>" with the cause
+    /// the engine recorded ("connect(): Connection refused", "rejected by the listener",
+    /// ...; timed_out if it did not end) and a reject's private data.
+    void await_handshake(const std::string& what, clock::time_point bound) RDMX_EXCLUDES(mu_);
     /// start_accept: in state `connecting`, sends the ACCEPT `reply` on the engine and then
     /// becomes established (or error: the client left, timed_out). Instead of start().
     void start_server(std::span<const std::byte> reply, clock::time_point deadline) RDMX_EXCLUDES(mu_);
@@ -463,7 +457,7 @@ private:
     /// handshake_failure(). To error, the socket closed, a blocking connect() woken.
     void handshake_failed(std::error_code cause, const char* why, ...) noexcept
         RDMX_REQUIRES(mu_, engine_thread_) __attribute__((format(printf, 3, 4)));
-    /// Wakes wait_settled (the state left `connecting`).
+    /// Wakes await_handshake (the state left `connecting`).
     void wake_settled() noexcept;
     /// connect() of the socket failed with `err`: the next address of dial_ if any is left
     /// (redial), else the handshake fails.
@@ -535,7 +529,7 @@ private:
     hs_phase hs_phase_ RDMX_GUARDED_BY(mu_) = hs_phase::none;
     dial_plan dial_ RDMX_GUARDED_BY(mu_);                 ///< start_client's addresses left to try
     std::array<char, 160> hs_why_ RDMX_GUARDED_BY(mu_){}; ///< handshake_failure()
-    /// wait_settled's wake-up: notified (after mu_) when the handshake ends either way.
+    /// await_handshake's wake-up: notified (after mu_) when the handshake ends either way.
     std::mutex settle_mu_;
     std::condition_variable settled_;
 

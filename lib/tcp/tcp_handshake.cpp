@@ -3,7 +3,7 @@
 // back (docs/wire-format.md section 2), all as readiness waits on the connection's
 // descriptor, bounded by one timer. No thread blocks for it: start_connect's application
 // sees `connecting`, then the event; a blocking connect() is the same flow and a wait
-// (wait_settled). start_accept's server side sends its reply the same way.
+// (await_handshake). start_accept's server side sends its reply the same way.
 #include <sys/socket.h>
 
 #include <fcntl.h>
@@ -84,18 +84,27 @@ void connection_engine::start_handshake(hs_phase phase, std::span<const std::byt
     });
 }
 
-connection_engine::handshake_end connection_engine::wait_settled(clock::time_point bound)
+void connection_engine::await_handshake(const std::string& what, clock::time_point bound)
 {
     {
         std::unique_lock lk(settle_mu_);
         settled_.wait_until(lk, bound, [&] { return state() != connection_state::connecting; });
     }
-    engine_lock lk(mu_);
-    switch (hs_phase_) {
-    case hs_phase::none: return handshake_end::succeeded;
-    case hs_phase::failed: return handshake_end::failed;
-    default: return handshake_end::pending;
+    std::error_code cause;
+    std::string why;
+    {
+        engine_lock lk(mu_);
+        if (hs_phase_ == hs_phase::none)
+            return; // established (and perhaps ended since)
+        if (hs_phase_ != hs_phase::failed)
+            throw error(make_error_code(errc::timed_out), what + ": the handshake did not end");
+        why = hs_why_.data();
     }
+    cause = last_error();
+    std::vector<std::byte> pdata;
+    if (cause == errc::rejected)
+        pdata.assign(peer_private_data().begin(), peer_private_data().end());
+    throw error(cause ? cause : make_error_code(errc::disconnected), what + ": " + why, std::move(pdata));
 }
 
 void connection_engine::connect_failed(int err) noexcept

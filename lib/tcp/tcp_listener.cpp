@@ -96,13 +96,8 @@ public:
         auto conn = prepare(opts, private_data, initial_recvs, false, buf);
         auto& st = conn->engine();
         st.start_server(reply_, clock::now() + opts.timeout);
-        const auto end = st.wait_settled(clock::now() + opts.timeout + std::chrono::seconds(1));
-        if (end == connection_engine::handshake_end::succeeded)
-            return conn;
-        if (end == connection_engine::handshake_end::pending)
-            throw error(make_error_code(errc::timed_out), "accept: the handshake did not end");
-        std::error_code cause = st.last_error();
-        throw error(cause ? cause : make_error_code(errc::disconnected), "accept: " + st.handshake_failure());
+        st.await_handshake("accept", clock::now() + opts.timeout + std::chrono::seconds(1));
+        return conn;
     }
 
     std::unique_ptr<connection> start_accept(const connection_options& opts,
