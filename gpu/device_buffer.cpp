@@ -2,6 +2,8 @@
 #include <rdmx/error.hpp>
 #include <rdmx/gpu.hpp>
 
+#include <optional>
+
 #include "cuda_driver.hpp"
 
 namespace rdmx::gpu
@@ -47,7 +49,7 @@ device_buffer::device_buffer(std::size_t size, int device, allocation kind, std:
     : size_(size), device_(device), kind_(kind)
 {
     const detail::cuda_driver& d = driver();
-    d.use_device(device);
+    detail::device_scope scope(d, device);
     if (kind == allocation::plain) {
         check(d, d.mem_alloc(&ptr_, size), "cuMemAlloc");
         return;
@@ -102,8 +104,9 @@ void device_buffer::release() noexcept
     const detail::cuda_driver* d = detail::cuda();
     if (d == nullptr || ptr_ == 0)
         return;
+    std::optional<detail::device_scope> scope;
     try {
-        d->use_device(device_);
+        scope.emplace(*d, device_);
     } catch (const error&) {
         return;
     }
@@ -125,7 +128,7 @@ void device_buffer::copy_from_host(const void* src, std::size_t n, std::size_t o
     if (offset > size_ || n > size_ - offset)
         throw_error(errc::invalid_argument, "device_buffer::copy_from_host: out of range");
     const detail::cuda_driver& d = driver();
-    d.use_device(device_);
+    detail::device_scope scope(d, device_);
     check(d, d.memcpy_htod(ptr_ + offset, src, n), "cuMemcpyHtoD");
 }
 
@@ -134,7 +137,7 @@ void device_buffer::copy_to_host(void* dst, std::size_t n, std::size_t offset) c
     if (offset > size_ || n > size_ - offset)
         throw_error(errc::invalid_argument, "device_buffer::copy_to_host: out of range");
     const detail::cuda_driver& d = driver();
-    d.use_device(device_);
+    detail::device_scope scope(d, device_);
     check(d, d.memcpy_dtoh(dst, ptr_ + offset, n), "cuMemcpyDtoH");
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 
 #include <rdmx/error.hpp>
 
@@ -74,7 +75,7 @@ std::string cuda_driver::describe(const char* call, cu_result rc) const
     return std::string(call) + ": " + name + " (" + text + ", " + std::to_string(rc) + ")";
 }
 
-void cuda_driver::use_device(int device) const
+cu_context cuda_driver::use_device(int device) const
 {
     // Primary contexts are what the runtime API uses too: memory a cudaMalloc made is
     // reachable from it. Retained once per device and kept: releasing the last reference
@@ -95,8 +96,12 @@ void cuda_driver::use_device(int device) const
         }
         ctx = contexts[device];
     }
+    cu_context previous = nullptr;
+    if (cu_result rc = ctx_get_current(&previous); rc != cu_success)
+        throw_error(errc::invalid_argument, describe("cuCtxGetCurrent", rc));
     if (cu_result rc = ctx_set_current(ctx); rc != cu_success)
         throw_error(errc::invalid_argument, describe("cuCtxSetCurrent", rc));
+    return previous;
 }
 
 bool cuda_in_process() noexcept
@@ -226,7 +231,7 @@ memory_placement place_memory(const void* addr, std::size_t length, memory_type 
     // Walk the allocations under the range: one for cudaMalloc memory; several, mapped back
     // to back in one reservation, for CUDA virtual memory. A gap or the end of device
     // memory inside the range is the caller's error, not something to register.
-    d->use_device(ordinal);
+    device_scope scope(*d, ordinal);
     cu_deviceptr at = ptr, end = ptr + length;
     while (at < end) {
         cu_deviceptr base = 0;
@@ -256,8 +261,9 @@ dmabuf_export export_dmabuf(const void* addr, std::size_t length, int device, st
               ") has no cuMemGetHandleForAddressRange (dma-buf needs 11.7 or later)";
         return out;
     }
+    std::optional<device_scope> scope;
     try {
-        d->use_device(device);
+        scope.emplace(*d, device);
         cu_device dev;
         int supported = 0;
         if (cu_result rc = d->device_get(&dev, device); rc != cu_success) {

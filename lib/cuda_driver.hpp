@@ -110,8 +110,23 @@ struct cuda_driver {
     /// "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY (out of memory)".
     std::string describe(const char* call, cu_result rc) const;
     /// Makes `device`'s primary context current on this thread (retained once, for the
-    /// process's lifetime). Throws rdmx::error naming the call.
-    void use_device(int device) const;
+    /// process's lifetime) and returns the one that was. Throws rdmx::error naming the call.
+    cu_context use_device(int device) const;
+};
+
+/// `device`'s primary context current on this thread for the scope, and the application's
+/// own current context (if any) back afterwards: rdmx's calls leave the thread as it was.
+class device_scope
+{
+public:
+    device_scope(const cuda_driver& d, int device) : d_(d), previous_(d.use_device(device)) {}
+    ~device_scope() { d_.ctx_set_current(previous_); }
+    device_scope(const device_scope&) = delete;
+    device_scope& operator=(const device_scope&) = delete;
+
+private:
+    const cuda_driver& d_;
+    cu_context previous_;
 };
 
 /// Whether libcuda.so.1 is loaded in this process (asked without loading it).

@@ -190,6 +190,21 @@ TEST_F(gpu, register_memory_finds_device_memory_and_tcp_refuses_it_naming_it)
     EXPECT_NE(w.find("does not know"), std::string::npos) << w;
 }
 
+TEST_F(gpu, registration_leaves_the_threads_current_context_as_it_was)
+{
+    rdmx::gpu::device_buffer buf(1 << 20);
+    ASSERT_EQ(driver_->ctx_set_current(nullptr), detail::cu_success);
+    auto p = detail::place_memory(buf.data(), buf.size(), memory_type::detect, "register_memory");
+    EXPECT_EQ(p.type, memory_type::cuda);
+    std::string why;
+    auto ex = detail::export_dmabuf(buf.data(), buf.size(), 0, why);
+    if (ex.fd >= 0)
+        ::close(ex.fd);
+    detail::cu_context now = reinterpret_cast<detail::cu_context>(1);
+    ASSERT_EQ(driver_->ctx_get_current(&now), detail::cu_success);
+    EXPECT_EQ(now, nullptr) << "rdmx left its primary context current on the application's thread";
+}
+
 TEST_F(gpu, a_range_past_its_allocation_is_refused)
 {
     rdmx::gpu::device_buffer buf(1 << 20);
@@ -217,7 +232,7 @@ TEST_F(gpu, virtual_memory_spanning_allocations_is_placed_as_one_range)
 TEST_F(gpu, managed_memory_is_refused)
 {
     detail::cu_deviceptr m = 0;
-    driver_->use_device(0);
+    detail::device_scope scope(*driver_, 0);
     ASSERT_EQ(driver_->mem_alloc_managed(&m, 1 << 20, detail::cu_mem_attach_global), detail::cu_success);
     errc code{};
     std::string w = what_of(
