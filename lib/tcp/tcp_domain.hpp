@@ -166,6 +166,12 @@ public:
     /// domain's destructor waits for the lingering engines, at most the longest bound.
     void linger_begin(std::chrono::steady_clock::duration bound) noexcept;
     void linger_end() noexcept;
+    /// How many engines linger now (tests).
+    std::size_t lingering() noexcept
+    {
+        std::lock_guard lk(linger_mu_);
+        return lingering_;
+    }
     /// Sink for payload bytes that must be read and dropped. Engine thread only.
     std::span<std::byte> discard_buffer() noexcept { return discard_; }
 

@@ -138,7 +138,11 @@ void connection_engine::close() noexcept
         if (srq_)
             srq_->retire(dropped + cq_.drop_tagged());
         srq_ = nullptr; // the connection object, which holds the queue, is going
-        dom_.linger_begin(progress_timeout_);
+        // close_socket() ends the domain's count of lingering engines, so only a socket still
+        // open is counted: one closed already (a handshake that failed, a connection that
+        // ended) would hold the domain's destructor for the whole linger bound.
+        if (!closed_)
+            dom_.linger_begin(progress_timeout_);
     }
     // The descriptor belongs to the engine thread, and so does what is still owed. A
     // handshake still in progress owes the listener nothing: the socket just closes.

@@ -741,6 +741,25 @@ TEST_F(tcp_hostile, domain_destroyed_before_its_connection_still_sends_what_the_
     ::close(fd);
 }
 
+// A connection whose handshake failed owes nobody anything. Destroying it counted it as a
+// lingering engine that never ended (its socket was closed already), so the domain's
+// destructor waited out the whole linger bound: 4.5 s after every refused connect.
+TEST_F(tcp_hostile, connections_whose_handshake_failed_leave_nothing_lingering)
+{
+    const std::string closed = addr();
+    listener_.reset(); // nobody listens there now
+    auto& dom = static_cast<tcp::tcp_domain&>(detail::backend_domain(*client_dom_));
+    connection_options o;
+    o.timeout = 3s;
+    EXPECT_THROW(client_dom_->connect(closed, o), error);
+    auto c = client_dom_->start_connect(closed, o);
+    EXPECT_TRUE(wait_for([&] { return c->state() == connection_state::error; }, 10s));
+    c.reset();
+    EXPECT_TRUE(wait_for([&] { return dom.lingering() == 0; }, 10s))
+        << dom.lingering()
+        << " engines still count as lingering: the domain's destructor would wait for them";
+}
+
 TEST_F(tcp_hostile, linger_of_a_destroyed_connection_is_bounded_when_the_peer_never_reads)
 {
     connection_options o;
