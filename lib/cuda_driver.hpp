@@ -32,8 +32,6 @@ inline constexpr cu_result cu_error_invalid_value = 1;
 inline constexpr int cu_pointer_attribute_memory_type = 2;
 inline constexpr int cu_pointer_attribute_is_managed = 8;
 inline constexpr int cu_pointer_attribute_device_ordinal = 9;
-inline constexpr int cu_pointer_attribute_range_start_addr = 11;
-inline constexpr int cu_pointer_attribute_range_size = 12;
 inline constexpr unsigned cu_memorytype_device = 2;
 
 inline constexpr int cu_device_attribute_virtual_memory_management_supported = 102;

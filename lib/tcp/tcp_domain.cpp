@@ -493,8 +493,7 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
     // start_connect's flow, waited for: the engine's timer ends the handshake at
     // opts.timeout, the bound here only guards against an io thread that stopped.
     auto conn = dial("connect", address, opts, private_data, initial_recvs, false);
-    conn->engine().await_handshake("connect " + std::string(address),
-                                   clock::now() + opts.timeout + std::chrono::seconds(1));
+    conn->engine().await_handshake("connect", address, clock::now() + opts.timeout + std::chrono::seconds(1));
     return conn;
 }
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -98,10 +99,12 @@ public:
     /// What a blocking connect() and accept() wait for: until start_client's or
     /// start_server's handshake ends, or `bound` passes. Returns if it succeeded, even if
     /// the connection ended since (a peer that disconnected at once: the caller gets it,
-    /// and its state says so). Otherwise throws rdmx::error "<what>: <why>" with the cause
+    /// and its state says so). Otherwise throws rdmx::error "<what> <address>: <why>" (no
+    /// address where it is empty; the text is built only then) with the cause
     /// the engine recorded ("connect(): Connection refused", "rejected by the listener",
     /// ...; timed_out if it did not end) and a reject's private data.
-    void await_handshake(const std::string& what, clock::time_point bound) RDMX_EXCLUDES(mu_);
+    void await_handshake(std::string_view what, std::string_view address, clock::time_point bound)
+        RDMX_EXCLUDES(mu_);
     /// start_accept: in state `connecting`, sends the ACCEPT `reply` on the engine and then
     /// becomes established (or error: the client left, timed_out). Instead of start().
     void start_server(std::span<const std::byte> reply, clock::time_point deadline) RDMX_EXCLUDES(mu_);

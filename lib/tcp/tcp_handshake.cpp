@@ -84,8 +84,15 @@ void connection_engine::start_handshake(hs_phase phase, std::span<const std::byt
     });
 }
 
-void connection_engine::await_handshake(const std::string& what, clock::time_point bound)
+void connection_engine::await_handshake(std::string_view what, std::string_view address,
+                                        clock::time_point bound)
 {
+    auto text = [&](std::string_view why) {
+        std::string t(what);
+        if (!address.empty())
+            t.append(" ").append(address);
+        return t.append(": ").append(why);
+    };
     {
         std::unique_lock lk(settle_mu_);
         settled_.wait_until(lk, bound, [&] { return state() != connection_state::connecting; });
@@ -97,14 +104,14 @@ void connection_engine::await_handshake(const std::string& what, clock::time_poi
         if (hs_phase_ == hs_phase::none)
             return; // established (and perhaps ended since)
         if (hs_phase_ != hs_phase::failed)
-            throw error(make_error_code(errc::timed_out), what + ": the handshake did not end");
+            throw error(make_error_code(errc::timed_out), text("the handshake did not end"));
         why = hs_why_.data();
     }
     cause = last_error();
     std::vector<std::byte> pdata;
     if (cause == errc::rejected)
         pdata.assign(peer_private_data().begin(), peer_private_data().end());
-    throw error(cause ? cause : make_error_code(errc::disconnected), what + ": " + why, std::move(pdata));
+    throw error(cause ? cause : make_error_code(errc::disconnected), text(why), std::move(pdata));
 }
 
 void connection_engine::connect_failed(int err) noexcept

@@ -96,7 +96,7 @@ public:
         auto conn = prepare(opts, private_data, initial_recvs, false, buf);
         auto& st = conn->engine();
         st.start_server(reply_, clock::now() + opts.timeout);
-        st.await_handshake("accept", clock::now() + opts.timeout + std::chrono::seconds(1));
+        st.await_handshake("accept", {}, clock::now() + opts.timeout + std::chrono::seconds(1));
         return conn;
     }
 

@@ -29,8 +29,6 @@ static_assert(cuabi::cu_error_invalid_value == CUDA_ERROR_INVALID_VALUE);
 static_assert(cuabi::cu_pointer_attribute_memory_type == CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
 static_assert(cuabi::cu_pointer_attribute_is_managed == CU_POINTER_ATTRIBUTE_IS_MANAGED);
 static_assert(cuabi::cu_pointer_attribute_device_ordinal == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL);
-static_assert(cuabi::cu_pointer_attribute_range_start_addr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR);
-static_assert(cuabi::cu_pointer_attribute_range_size == CU_POINTER_ATTRIBUTE_RANGE_SIZE);
 static_assert(cuabi::cu_memorytype_device == CU_MEMORYTYPE_DEVICE);
 static_assert(cuabi::cu_device_attribute_virtual_memory_management_supported ==
               CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
