@@ -22,8 +22,10 @@ bool connection_engine::coalesce_post() noexcept
     // 1 MiB), as a post list would. Only when the caller is in a tight loop (app_busy(), as
     // post() just set it) and enough is in flight (16 requests or 64 KiB) that the link does
     // not idle meanwhile; latency (one request at a time) never waits. The transmit check
-    // (arm_tx_check) bounds the wait if the application stops calling.
-    if (on_shared_cq_ || on_engine() || state() != connection_state::established || !ownership_.app_busy())
+    // (arm_tx_check) bounds the wait if the application stops calling. A connection on a
+    // shared queue is put on the queue's list (mark_on_queues): the application's next
+    // poll of the queue sends, whichever connection it posts to next.
+    if (on_engine() || state() != connection_state::established || !ownership_.app_busy())
         return false;
     std::uint64_t bytes = 0;
     int n = 0;
@@ -38,7 +40,7 @@ bool connection_engine::coalesce_post() noexcept
         if (n + 1 >= max_batch_frames || bytes >= (1u << 20))
             return false; // a full batch: send it
     }
-    return true;
+    return !on_shared_cq_ || mark_on_queues();
 }
 
 bool connection_engine::app_keeps_tx() noexcept
@@ -227,11 +229,9 @@ bool connection_engine::rx_read() noexcept
         if (rx_step() != rx_status::again)
             break;
     keep_rcvlowat_reachable(); // the engine's wait may be armed for a payload read here
-    // Budget spent with frames staged: no socket event will announce them. The engine goes
-    // on with them, unless an application that polls this connection owns the socket (its
-    // next poll() does). A shared queue's poll comes back only for a readable socket.
-    if ((!ownership_.app_owns() || on_shared_cq_) && staged_work())
-        continue_rx();
+    // Budget spent with frames staged: no socket event will announce them.
+    if (staged_work())
+        continue_staged();
     return true;
 }
 

@@ -84,16 +84,38 @@ void tcp_completion_queue::progress() noexcept
     engine_lock rl(reg_mu_);
     if (engines_.empty())
         return;
+    // First the engines with work pending (mark_pending): their sockets may be silent.
+    {
+        engine_lock sl(staged_mu_);
+        staged_run_.swap(staged_);
+    }
+    for (connection_engine* e : staged_run_)
+        e->queue_progress(*this);
+    staged_run_.clear();
     epoll_event ev[32];
     int n = ::epoll_wait(epfd_.get(), ev, 32, 0);
     for (int i = 0; i < n; ++i)
-        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress();
+        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this);
+}
+
+bool tcp_completion_queue::mark_pending(connection_engine& e) noexcept
+{
+    engine_lock sl(staged_mu_);
+    if (staged_.size() == staged_.capacity())
+        return false; // not while each attached engine is marked at most once
+    staged_.push_back(&e);
+    return true;
 }
 
 void tcp_completion_queue::attach(connection_engine& e, int fd)
 {
     engine_lock rl(reg_mu_);
     engines_.push_back(&e);
+    {
+        engine_lock sl(staged_mu_);
+        staged_.reserve(engines_.capacity());
+        staged_run_.reserve(engines_.capacity());
+    }
     if (!watch(e, fd)) {
         engines_.pop_back();
         throw_errno(errno, "epoll_ctl(EPOLL_CTL_ADD) of a shared completion queue");
@@ -104,6 +126,8 @@ void tcp_completion_queue::detach(connection_engine& e) noexcept
 {
     engine_lock rl(reg_mu_);
     std::erase(engines_, &e);
+    engine_lock sl(staged_mu_);
+    std::erase(staged_, &e);
 }
 
 void tcp_completion_queue::unwatch(int fd) noexcept

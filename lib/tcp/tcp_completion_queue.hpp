@@ -2,9 +2,10 @@
 // bounded FIFO of completions, each tagged with the engine it came from, and an eventfd
 // for event mode. Engines push into it (the engine thread, or an application thread that
 // posts) while they hold their own mutex; the application polls it. A poll that finds it
-// empty progresses its connections on the caller's thread: an epoll set of their sockets
-// says which have data, and those read and answer what came (docs/tcp-engine.md, "Progress
-// by the polled queue"), so that a completion needs no hop through the engine thread.
+// empty progresses its connections on the caller's thread: a list of those with work no
+// socket announces (mark_pending) and an epoll set of their sockets say which, and those
+// read, answer what came and send what they held back (docs/tcp-engine.md, "Progress by
+// the polled queue"), so that a completion needs no hop through the engine thread.
 #pragma once
 
 #include <atomic>
@@ -60,6 +61,12 @@ public:
     /// `fd` leaves the epoll set: its engine reads it no more, or is about to close it (a
     /// closed socket's number may name another one soon). Under the engine's mutex.
     void unwatch(int fd) noexcept;
+    /// `e`, attached, has work that no readiness of its socket will announce (frames a read
+    /// left staged, its budget spent; requests post() held back for a batch): the next
+    /// poll progresses it first. Under `e`'s mutex, at most once until that poll (the
+    /// engine remembers); never allocates (room for every attached engine is kept: false,
+    /// and the engine does without, would say otherwise).
+    bool mark_pending(connection_engine& e) noexcept RDMX_EXCLUDES(staged_mu_);
     /// `fd`, a new socket of the attached `e` under a number unwatched before (a client's
     /// next address, connection_engine::redial), joins the set again. Under the engine's
     /// mutex; false (errno set) if epoll_ctl refused.
@@ -97,6 +104,12 @@ private:
     /// Held while a poll progresses the engines (they stay alive and attached meanwhile).
     engine_mutex reg_mu_;
     std::vector<connection_engine*> engines_ RDMX_GUARDED_BY(reg_mu_);
+    /// mark_pending()'s engines (lock order: reg_mu_, an engine's mutex, then staged_mu_),
+    /// swapped into staged_run_ by a poll, which progresses them. Both keep room for every
+    /// attached engine (attach reserves), and an engine is marked at most once per poll.
+    engine_mutex staged_mu_;
+    std::vector<connection_engine*> staged_ RDMX_GUARDED_BY(staged_mu_);
+    std::vector<connection_engine*> staged_run_ RDMX_GUARDED_BY(reg_mu_);
     unique_fd epfd_; ///< the attached engines' sockets, level-triggered, data = the engine
     std::atomic<std::uint64_t> polls_{0};
     std::atomic<std::chrono::steady_clock::rep> last_poll_{0};

@@ -158,9 +158,10 @@ public:
     void attach_queues();
     /// Before close(): leaves them, so that no poll progresses this engine again.
     void detach_queues() noexcept RDMX_EXCLUDES(mu_);
-    /// A poll of one of its shared queues found its socket readable (the caller's thread,
-    /// the queue's registration lock held): reads what came and sends what it owes.
-    void queue_progress() noexcept RDMX_EXCLUDES(mu_);
+    /// A poll of its shared queue `q` found its socket readable, or frames it staged
+    /// (mark_pending; the caller's thread, the queue's registration lock held): reads what
+    /// came and sends what it owes.
+    void queue_progress(tcp_completion_queue& q) noexcept RDMX_EXCLUDES(mu_);
     /// The engine stood down for a shared queue's poller (any thread, no lock).
     bool left_to_queue() const noexcept { return left_to_queue_.load(std::memory_order_seq_cst); }
     /// That poller is about to sleep on the queue's fd: the engine takes the socket back.
@@ -443,6 +444,15 @@ private:
     bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
     /// The socket stops being read for good, or closes: out of their epoll sets (once).
     void unwatch_queues() noexcept RDMX_REQUIRES(mu_);
+    /// Puts this engine on each of its shared queues' lists (mark_pending; once until that
+    /// queue's poll ran it), so that their next polls progress it without a readable
+    /// socket: frames a read left staged, requests post() held back. False, and the caller
+    /// does without, where the socket left the queues' sets or a list had no room.
+    bool mark_on_queues() noexcept RDMX_REQUIRES(mu_);
+    /// A read left frames staged: who goes on with them. Stood down for the shared queues'
+    /// poller, their next polls (mark_on_queues); otherwise the engine (continue_rx), unless
+    /// an application that polls this connection owns the socket (its next poll() goes on).
+    void continue_staged() noexcept RDMX_REQUIRES(mu_);
     void reclaim_rx() noexcept
         RDMX_REQUIRES(mu_, engine_thread_); ///< take the socket back into the epoll set
     void arm_standdown_check() noexcept RDMX_REQUIRES(mu_, engine_thread_);
@@ -504,6 +514,8 @@ private:
     std::atomic<bool> left_to_queue_{false};
     std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
     bool queues_unwatched_ RDMX_GUARDED_BY(mu_) = false;      ///< unwatch_queues() ran
+    /// marked staged on shared_queues()[i], whose poll has not progressed us since
+    std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};
     const std::uint64_t context_; ///< connection_options::context, in every completion
     /// Names this connection in the domain's window table (tcp_domain::find_remote): unlike
     /// the engine's address, never reused within the process.

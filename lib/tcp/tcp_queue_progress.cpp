@@ -43,13 +43,15 @@ void connection_engine::unwatch_queues() noexcept
             q->unwatch(fd_);
 }
 
-void connection_engine::queue_progress() noexcept
+void connection_engine::queue_progress(tcp_completion_queue& q) noexcept
 {
     engine_lock lk(mu_);
+    pending_marked_[&q == send_cq_ ? 0 : 1] = false;
     if (closed_ || shared_detached_ || hs_phase_ != hs_phase::none)
         return; // the handshake's socket is the engine's; a reply there waits for it
     if (rx_done_) {
         unwatch_queues(); // EOF or an error: readable for good, and nothing more to read
+        pump();           // what post() held back for this poll
         return;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -57,6 +59,32 @@ void connection_engine::queue_progress() noexcept
     rx_read();
     pump(); // what the frames owe (ACKs, read responses) leaves now: no later call may come
     ownership_.on_call_end(std::chrono::steady_clock::now());
+}
+
+bool connection_engine::mark_on_queues() noexcept
+{
+    if (!on_shared_cq_ || queues_unwatched_ || shared_detached_)
+        return false;
+    auto queues = shared_queues();
+    for (std::size_t i = 0; i < queues.size(); ++i)
+        if (queues[i] && !pending_marked_[i]) {
+            if (!queues[i]->mark_pending(*this))
+                return false;
+            pending_marked_[i] = true;
+        }
+    return true;
+}
+
+void connection_engine::continue_staged() noexcept
+{
+    // Stood down for the queues' poller: their polls read this socket only when it is
+    // readable, and these frames are in no socket, so they go on each queue's list, which
+    // its next poll runs first. Nothing waits on the engine thread (which would take the
+    // socket back at the end of its run, and the stand-down start over).
+    if (on_shared_cq_ && ownership_.app_owns() && app_may_read() && mark_on_queues())
+        return;
+    if (!ownership_.app_owns() || on_shared_cq_)
+        continue_rx();
 }
 
 void connection_engine::queue_sleeps() noexcept
