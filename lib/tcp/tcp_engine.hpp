@@ -514,7 +514,7 @@ private:
     std::atomic<bool> left_to_queue_{false};
     std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
     bool queues_unwatched_ RDMX_GUARDED_BY(mu_) = false;      ///< unwatch_queues() ran
-    /// marked staged on shared_queues()[i], whose poll has not progressed us since
+    /// on shared_queues()[i]'s pending list (mark_on_queues), whose poll has not run us since
     std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};
     const std::uint64_t context_; ///< connection_options::context, in every completion
     /// Names this connection in the domain's window table (tcp_domain::find_remote): unlike
