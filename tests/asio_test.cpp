@@ -22,6 +22,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include "common/test_data.hpp"
 #include "common/test_util.hpp"
 #include "lib/event_queue.hpp"
 
@@ -32,24 +33,6 @@ namespace
 
 namespace net = boost::asio;
 using rdmx::asio::async_poll;
-
-std::byte pattern_byte(std::size_t i, std::uint32_t seed)
-{
-    return static_cast<std::byte>((i * 131 + seed * 17 + (i >> 8) + (seed >> 8)) & 0xff);
-}
-void fill(std::byte* p, std::size_t n, std::uint32_t seed)
-{
-    for (std::size_t i = 0; i < n; ++i)
-        p[i] = pattern_byte(i, seed);
-}
-/// The number of bytes of p[0, n) that differ from the pattern.
-std::size_t wrong_bytes(const std::byte* p, std::size_t n, std::uint32_t seed)
-{
-    std::size_t bad = 0;
-    for (std::size_t i = 0; i < n; ++i)
-        bad += p[i] != pattern_byte(i, seed);
-    return bad;
-}
 
 /// Private data as sent: verbs (IB CM) pads it with zeros to the message's size.
 std::string unpadded(std::span<const std::byte> b)
@@ -215,13 +198,12 @@ net::awaitable<void> serve(std::unique_ptr<connection> c, side_memory& m, std::a
             break;
         case op::echo:
             EXPECT_EQ(x.byte_len, sizeof h + h.len);
-            for (std::size_t i = 0; i < h.len; ++i)
-                m.at(send_at + sizeof h)[i] = payload[i] ^ std::byte{0xa5};
+            xor_copy(m.at(send_at + sizeof h), payload, h.len, std::byte{0xa5});
             answer.kind = op::echo;
             answer_payload = h.len;
             break;
         case op::write: {
-            fill(m.at(data_at), h.len, h.seed);
+            fill_pattern({m.at(data_at), h.len}, h.seed);
             sge s{m.mr.get(), data_at, h.len};
             auto ec = c->post_write({&s, 1}, *peer->slice(h.offset, h.len), write_id);
             EXPECT_FALSE(ec) << ec.message();
@@ -234,7 +216,7 @@ net::awaitable<void> serve(std::unique_ptr<connection> c, side_memory& m, std::a
             auto ec = c->post_read({&s, 1}, *peer->slice(h.offset, h.len), read_id);
             EXPECT_FALSE(ec) << ec.message();
             co_await in.take(read_id);
-            answer.bad = static_cast<std::uint32_t>(wrong_bytes(m.at(data_at), h.len, h.seed));
+            answer.bad = static_cast<std::uint32_t>(wrong_bytes({m.at(data_at), h.len}, h.seed));
             break;
         }
         case op::bye: break;
@@ -272,16 +254,14 @@ net::awaitable<void> client(connection& c, side_memory& m, std::uint32_t id, int
         std::uint32_t seed = id * 1000 + static_cast<std::uint32_t>(round) * 3;
         // A send and its reply: the server answers each byte xor 0xa5.
         std::uint32_t len = echo_len[round % 4];
-        fill(m.at(send_at + sizeof(header)), len, seed);
+        fill_pattern({m.at(send_at + sizeof(header)), len}, seed);
         co_await send(c, m, in, {.kind = op::echo, .seed = seed, .len = len}, len);
         auto [ex, eh] = co_await receive(m, in);
         EXPECT_EQ(eh.kind, op::echo);
         EXPECT_EQ(eh.len, len);
         EXPECT_EQ(ex.byte_len, sizeof(header) + len);
         const std::byte* got = m.at(ex.wr_id * slot_size + sizeof(header));
-        std::size_t bad = 0;
-        for (std::size_t i = 0; i < len; ++i)
-            bad += got[i] != (pattern_byte(i, seed) ^ std::byte{0xa5});
+        std::size_t bad = wrong_bytes({got, len}, seed, 0, std::byte{0xa5});
         EXPECT_EQ(bad, 0u) << "client " << id << " round " << round << ": echo of " << len << " bytes";
         post_slot(c, m, ex.wr_id);
 
@@ -292,12 +272,12 @@ net::awaitable<void> client(connection& c, side_memory& m, std::uint32_t id, int
         co_await send(c, m, in, {.kind = op::write, .seed = seed + 1, .len = len, .offset = offset});
         auto [wx, wh] = co_await receive(m, in);
         EXPECT_EQ(wh.kind, op::done);
-        EXPECT_EQ(wrong_bytes(m.at(data_at + offset), len, seed + 1), 0u)
+        EXPECT_EQ(wrong_bytes({m.at(data_at + offset), len}, seed + 1), 0u)
             << "client " << id << " round " << round << ": write of " << len << " bytes at " << offset;
         post_slot(c, m, wx.wr_id);
 
         // The server reads our memory and says how many bytes it found wrong.
-        fill(m.at(data_at + offset), len, seed + 2);
+        fill_pattern({m.at(data_at + offset), len}, seed + 2);
         co_await send(c, m, in, {.kind = op::read, .seed = seed + 2, .len = len, .offset = offset});
         auto [qx, qh] = co_await receive(m, in);
         EXPECT_EQ(qh.kind, op::done);
@@ -316,7 +296,7 @@ protected:
     /// Sends `len` pattern bytes (seed) from `from` to a receive posted at the other side.
     static void send_pattern(connection& from, side_memory& m, std::uint32_t len, std::uint32_t seed)
     {
-        fill(m.at(send_at), len, seed);
+        fill_pattern({m.at(send_at), len}, seed);
         sge s{m.mr.get(), send_at, len};
         auto ec = from.post_send({&s, 1}, send_id);
         ASSERT_FALSE(ec) << ec.message();
@@ -328,7 +308,7 @@ protected:
         EXPECT_EQ(x.opcode, opcode::recv);
         EXPECT_EQ(x.wr_id, 0u);
         EXPECT_EQ(x.byte_len, len);
-        EXPECT_EQ(wrong_bytes(m.at(0), len, seed), 0u);
+        EXPECT_EQ(wrong_bytes({m.at(0), len}, seed), 0u);
     }
 };
 
@@ -409,7 +389,7 @@ TEST_P(asio_test, completion_token_form_with_callbacks)
     std::function<void(boost::system::error_code, std::size_t)> on_server, on_client;
     auto ping = [&](int k) {
         std::uint32_t len = lens[k % 5];
-        fill(cm.at(send_at), len, static_cast<std::uint32_t>(k));
+        fill_pattern({cm.at(send_at), len}, static_cast<std::uint32_t>(k));
         sge s{cm.mr.get(), send_at, len};
         EXPECT_FALSE(p.client->post_send({&s, 1}, send_id));
     };
@@ -421,8 +401,7 @@ TEST_P(asio_test, completion_token_form_with_callbacks)
             EXPECT_FALSE(x.status) << x.status.message();
             if (x.opcode != opcode::recv)
                 continue;
-            for (std::size_t b = 0; b < x.byte_len; ++b)
-                sm.at(send_at)[b] = sm.at(0)[b] ^ std::byte{0xa5};
+            xor_copy(sm.at(send_at), sm.at(0), x.byte_len, std::byte{0xa5});
             post_slot(*p.server, sm, 0);
             sge s{sm.mr.get(), send_at, x.byte_len};
             EXPECT_FALSE(p.server->post_send({&s, 1}, send_id));
@@ -441,10 +420,7 @@ TEST_P(asio_test, completion_token_form_with_callbacks)
                 continue;
             std::uint32_t len = lens[checked % 5];
             EXPECT_EQ(x.byte_len, len);
-            std::size_t bad = 0;
-            for (std::size_t b = 0; b < len; ++b)
-                bad +=
-                    cm.at(0)[b] != (pattern_byte(b, static_cast<std::uint32_t>(checked)) ^ std::byte{0xa5});
+            std::size_t bad = wrong_bytes({cm.at(0), len}, checked, 0, std::byte{0xa5});
             EXPECT_EQ(bad, 0u) << "message " << checked;
             post_slot(*p.client, cm, 0);
             if (++checked < messages)

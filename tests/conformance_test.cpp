@@ -8,6 +8,7 @@
 
 #include <rdmx/config.hpp>
 
+#include "common/test_data.hpp"
 #include "common/test_util.hpp"
 #if RDMX_HAVE_RDMA
 #include <infiniband/verbs.h>
@@ -68,14 +69,6 @@ protected:
                     other.last_error().message().c_str());
     }
 };
-
-std::vector<std::byte> pattern(std::size_t n, unsigned seed)
-{
-    std::vector<std::byte> v(n);
-    for (std::size_t i = 0; i < n; ++i)
-        v[i] = static_cast<std::byte>((i * 131 + seed * 17 + (i >> 8)) & 0xff);
-    return v;
-}
 
 TEST_P(conformance, connect_accept_exchanges_private_data)
 {

@@ -811,11 +811,8 @@ TEST_P(endpoint_race, a_flood_nobody_receives_is_held_bounded_back_pressures_the
         auto [it, fresh] = source_of.emplace(x.peer, id[0]);
         EXPECT_EQ(it->second, id[0]) << "message from the wrong source";
         // Every byte after the id.
-        bool ok = true;
-        for (std::size_t j = sizeof id; j < len; ++j)
-            ok &= m->data()[off + j] ==
-                  static_cast<std::byte>((j * 131 + static_cast<std::size_t>(seed(id[0], id[1])) * 7 + 1) &
-                                         0xff);
+        bool ok = wrong_bytes({m->data() + off + sizeof id, len - sizeof id},
+                              static_cast<std::uint64_t>(seed(id[0], id[1])), sizeof id) == 0;
         EXPECT_TRUE(ok) << "sender " << id[0] << ", message " << id[1];
     }
     for (int s = 0; s < senders; ++s)
@@ -1008,11 +1005,8 @@ TEST_P(endpoint_race, a_send_that_succeeded_beside_a_flooder_arrives_on_every_pr
         std::int32_t id[2];
         std::memcpy(id, m->data() + rx + x.context * len, sizeof id);
         ASSERT_TRUE(id[0] == 0 || id[0] == 1);
-        bool ok = true;
-        for (std::size_t j = sizeof id; j < len; ++j)
-            ok &= m->data()[rx + x.context * len + j] ==
-                  static_cast<std::byte>(
-                      (j * 131 + static_cast<std::size_t>(id[0] * 100000 + id[1]) * 7 + 1) & 0xff);
+        bool ok = wrong_bytes({m->data() + rx + x.context * len + sizeof id, len - sizeof id},
+                              static_cast<std::uint64_t>(id[0] * 100000 + id[1]), sizeof id) == 0;
         EXPECT_TRUE(ok) << "sender " << id[0] << ", message " << id[1];
     }
 }

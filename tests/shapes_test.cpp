@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/test_data.hpp"
 #include "common/test_util.hpp"
 
 namespace rdmx::test
@@ -60,38 +61,6 @@ constexpr std::uint64_t answer_wr = std::uint64_t{1} << 60;
 // Longer than the dead-peer bound of the default options (ack_timeout 500 ms x 8): a
 // stalled transfer shows as the error it ends in rather than as this test's timeout.
 constexpr auto round_timeout = std::chrono::seconds(30);
-
-std::uint64_t mix(std::uint64_t x) noexcept
-{
-    // splitmix64's finaliser: neighbouring words, rounds and clients look unrelated.
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-/// Fills n bytes (a multiple of 8) with words mix(seed + first), mix(seed + first + 1), ...
-void fill(std::byte* p, std::size_t n, std::uint64_t seed, std::uint64_t first = 0) noexcept
-{
-    for (std::size_t i = 0; i < n / 8; ++i) {
-        std::uint64_t w = mix(seed + first + i);
-        std::memcpy(p + 8 * i, &w, 8);
-    }
-}
-
-/// The offset of the first byte that differs from fill(seed, first), or nullopt.
-std::optional<std::size_t> mismatch(const std::byte* p, std::size_t n, std::uint64_t seed,
-                                    std::uint64_t first = 0) noexcept
-{
-    for (std::size_t i = 0; i < n / 8; ++i) {
-        std::uint64_t w = mix(seed + first + i), got;
-        std::memcpy(&got, p + 8 * i, 8);
-        if (got != w)
-            return 8 * i;
-    }
-    return std::nullopt;
-}
 
 std::size_t env_or(const char* name, std::size_t fallback)
 {
@@ -274,7 +243,7 @@ protected:
         // flight), and its message slots.
         std::vector<std::byte> region, inbox, answers;
         std::unique_ptr<memory_region> region_mr, inbox_mr, answers_mr;
-        std::uint64_t region_seed[window] = {}; ///< read shapes: half h holds fill(region_seed[h])
+        std::uint64_t region_seed[window] = {}; ///< read shapes: half h holds fill_words(region_seed[h])
         // Initiator side: one buffer per round in flight (the write's source, the read's sink).
         std::vector<std::byte> buf, notes, replies;
         std::unique_ptr<memory_region> buf_mr, notes_mr, replies_mr;
@@ -301,7 +270,7 @@ protected:
             l->region.resize(window * region_size);
             for (std::size_t h = 0; h < window; ++h) {
                 l->region_seed[h] = mix(tag << 40 ^ i << 32 ^ (0xffffff00u + h));
-                fill(l->region.data() + h * region_size, region_size, l->region_seed[h]);
+                fill_words(l->region.data() + h * region_size, region_size, l->region_seed[h]);
             }
             l->region_mr = server_dom_->register_memory(l->region.data(), l->region.size(),
                                                         access::remote_write | access::remote_read);
@@ -368,7 +337,7 @@ protected:
             // (The next round's write goes to the other half of the region.)
             if (m.offset + m.size > l.region.size())
                 a.bad = 1;
-            else if (auto at = mismatch(l.region.data() + m.offset, m.size, m.seed))
+            else if (auto at = first_wrong_word(l.region.data() + m.offset, m.size, m.seed))
                 a.bad = 1 + *at;
         }
         std::memcpy(l.answers.data() + slot * sizeof a, &a, sizeof a);
@@ -470,8 +439,8 @@ protected:
             remote_buffer at = l.remote;
             at.addr += p.offset;
             at.length = p.size;
-            fill(l.buf.data(), p.size, p.seed);
-            fill(l.buf.data() + max_size, p.size, ~p.seed);
+            fill_words(l.buf.data(), p.size, p.seed);
+            fill_words(l.buf.data() + max_size, p.size, ~p.seed);
             sge s{l.buf_mr.get(), 0, p.size}, d{l.buf_mr.get(), max_size, p.size};
             for (int step = 0; step < 2; ++step) {
                 std::error_code ec = step == 0 ? l.client_conn->post_write({&s, 1}, at, 1)
@@ -486,7 +455,7 @@ protected:
                     return;
                 }
             }
-            if (auto bad = mismatch(l.buf.data() + max_size, p.size, p.seed)) {
+            if (auto bad = first_wrong_word(l.buf.data() + max_size, p.size, p.seed)) {
                 ADD_FAILURE() << "client " << l.client << ", round " << r << ", " << p.size
                               << " bytes: read-back differs at byte " << *bad;
                 return;
@@ -530,10 +499,10 @@ protected:
                 sge b{l.buf_mr.get(), (r % window) * max_size, f.p.size};
                 std::error_code ec;
                 if (op == op_kind::write) {
-                    fill(local, f.p.size, f.p.seed);
+                    fill_words(local, f.p.size, f.p.seed);
                     ec = l.client_conn->post_write({&b, 1}, at, r * 4 + 1);
                 } else {
-                    fill(local, f.p.size, ~f.p.seed); // poisoned for this round
+                    fill_words(local, f.p.size, ~f.p.seed); // poisoned for this round
                     ec = l.client_conn->post_read({&b, 1}, at, r * 4 + 1);
                 }
                 message m{r,
@@ -586,8 +555,9 @@ protected:
                                           std::to_string(f.bad - 1));
                 if (op == op_kind::read) {
                     std::size_t half = done % window;
-                    if (auto bad = mismatch(l.buf.data() + half * max_size, f.p.size, l.region_seed[half],
-                                            (f.p.offset - half * region_size) / 8))
+                    if (auto bad =
+                            first_wrong_word(l.buf.data() + half * max_size, f.p.size, l.region_seed[half],
+                                             (f.p.offset - half * region_size) / 8))
                         return fail(done, "read data differs at byte " + std::to_string(*bad));
                 }
                 ++done;
@@ -629,7 +599,7 @@ protected:
             EXPECT_EQ(l->rounds_done, per_client) << "client " << l->client << " stopped early";
             if (mode == target_mode::idle && l->rounds_done == per_client) {
                 // The target itself finds the last round's bytes in its memory.
-                EXPECT_EQ(mismatch(l->region.data() + l->last_offset, l->last_size, l->last_seed),
+                EXPECT_EQ(first_wrong_word(l->region.data() + l->last_offset, l->last_size, l->last_seed),
                           std::nullopt)
                     << "client " << l->client << ": the target's memory lacks the last write";
             }

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "common/test_data.hpp"
 #include "common/test_util.hpp"
 #include "lib/cq_reservation.hpp"
 
@@ -18,14 +19,6 @@ namespace rdmx::test
 {
 namespace
 {
-
-std::vector<std::byte> pattern(std::size_t n, unsigned seed)
-{
-    std::vector<std::byte> v(n);
-    for (std::size_t i = 0; i < n; ++i)
-        v[i] = static_cast<std::byte>((i * 131 + seed * 17 + (i >> 8)) & 0xff);
-    return v;
-}
 
 /// Polls `q` until `n` completions arrived or `timeout` passed.
 std::vector<completion> poll_n(completion_queue& q, std::size_t n, std::chrono::milliseconds timeout = 20s)

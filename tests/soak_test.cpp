@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/test_data.hpp"
 #include "common/test_util.hpp"
 
 namespace rdmx::test
@@ -42,14 +43,6 @@ std::size_t env_or(const char* name, std::size_t fallback)
 {
     const char* v = std::getenv(name);
     return v ? std::strtoul(v, nullptr, 10) : fallback;
-}
-
-std::uint64_t fnv(const std::byte* p, std::size_t n)
-{
-    std::uint64_t h = 1469598103934665603ull;
-    for (std::size_t i = 0; i < n; ++i)
-        h = (h ^ static_cast<std::uint8_t>(p[i])) * 1099511628211ull;
-    return h;
 }
 
 class soak : public pair_fixture
@@ -155,9 +148,8 @@ TEST_P(soak, many_connections_move_checksummed_data)
                 std::error_code ec;
                 if (l.phase == 0 || l.phase == 2) {
                     // Fresh pattern, with its checksum in the last 8 bytes.
-                    for (std::size_t k = 0; k < chunk - 8; ++k)
-                        l.src[k] = static_cast<std::byte>((l.seq * 131 + i * 7 + k) & 0xff);
-                    std::uint64_t h = fnv(l.src.data(), chunk - 8);
+                    fill_pattern({l.src.data(), chunk - 8}, l.seq * 7 + i);
+                    std::uint64_t h = fnv1a(l.src.data(), chunk - 8);
                     std::memcpy(l.src.data() + chunk - 8, &h, 8);
                 }
                 sge s{l.src_mr.get(), 0, chunk};
@@ -182,7 +174,7 @@ TEST_P(soak, many_connections_move_checksummed_data)
                     continue;
                 }
                 if (cs[k].opcode == opcode::read &&
-                    fnv(l.back.data(), chunk - 8) !=
+                    fnv1a(l.back.data(), chunk - 8) !=
                         *reinterpret_cast<const std::uint64_t*>(l.back.data() + chunk - 8))
                     ++corrupt;
                 ++ops;
@@ -203,7 +195,7 @@ TEST_P(soak, many_connections_move_checksummed_data)
                 if (cs[k].opcode == opcode::recv) {
                     const std::byte* m = l.inbox.data() + cs[k].wr_id * chunk;
                     if (cs[k].byte_len != chunk ||
-                        fnv(m, chunk - 8) != *reinterpret_cast<const std::uint64_t*>(m + chunk - 8))
+                        fnv1a(m, chunk - 8) != *reinterpret_cast<const std::uint64_t*>(m + chunk - 8))
                         ++corrupt;
                 } else if (!cs[k].with_imm || cs[k].imm != l.expect_imm || cs[k].byte_len != chunk) {
                     // (The written bytes are checked by the read-back phase: by now the

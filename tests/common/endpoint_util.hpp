@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/endpoint_options.hpp"
+#include "common/test_data.hpp"
 #include "common/test_util.hpp"
 
 namespace rdmx::test
@@ -59,17 +60,11 @@ protected:
 
     static void fill(memory_region& m, std::size_t off, std::size_t len, int seed)
     {
-        for (std::size_t i = 0; i < len; ++i)
-            m.data()[off + i] =
-                static_cast<std::byte>((i * 131 + static_cast<std::size_t>(seed) * 7 + 1) & 0xff);
+        fill_pattern({m.data() + off, len}, static_cast<std::uint64_t>(seed));
     }
     static bool check(const memory_region& m, std::size_t off, std::size_t len, int seed)
     {
-        for (std::size_t i = 0; i < len; ++i)
-            if (m.data()[off + i] !=
-                static_cast<std::byte>((i * 131 + static_cast<std::size_t>(seed) * 7 + 1) & 0xff))
-                return false;
-        return true;
+        return wrong_bytes({m.data() + off, len}, static_cast<std::uint64_t>(seed)) == 0;
     }
 
     /// Polls every endpoint until done() or the timeout; true if done() became true.
