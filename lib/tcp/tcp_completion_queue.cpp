@@ -86,24 +86,24 @@ void tcp_completion_queue::progress() noexcept
         return;
     // First the engines with work pending (mark_pending): their sockets may be silent.
     {
-        engine_lock sl(staged_mu_);
-        staged_run_.swap(staged_);
+        engine_lock sl(pending_mu_);
+        pending_run_.swap(pending_);
     }
-    for (connection_engine* e : staged_run_)
-        e->queue_progress(*this);
-    staged_run_.clear();
+    for (connection_engine* e : pending_run_)
+        e->queue_progress(*this, true);
+    pending_run_.clear();
     epoll_event ev[32];
     int n = ::epoll_wait(epfd_.get(), ev, 32, 0);
     for (int i = 0; i < n; ++i)
-        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this);
+        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this, false);
 }
 
 bool tcp_completion_queue::mark_pending(connection_engine& e) noexcept
 {
-    engine_lock sl(staged_mu_);
-    if (staged_.size() == staged_.capacity())
+    engine_lock sl(pending_mu_);
+    if (pending_.size() == pending_.capacity())
         return false; // not while each attached engine is marked at most once
-    staged_.push_back(&e);
+    pending_.push_back(&e);
     return true;
 }
 
@@ -112,9 +112,9 @@ void tcp_completion_queue::attach(connection_engine& e, int fd)
     engine_lock rl(reg_mu_);
     engines_.push_back(&e);
     {
-        engine_lock sl(staged_mu_);
-        staged_.reserve(engines_.capacity());
-        staged_run_.reserve(engines_.capacity());
+        engine_lock sl(pending_mu_);
+        pending_.reserve(engines_.capacity());
+        pending_run_.reserve(engines_.capacity());
     }
     if (!watch(e, fd)) {
         engines_.pop_back();
@@ -126,8 +126,8 @@ void tcp_completion_queue::detach(connection_engine& e) noexcept
 {
     engine_lock rl(reg_mu_);
     std::erase(engines_, &e);
-    engine_lock sl(staged_mu_);
-    std::erase(staged_, &e);
+    engine_lock sl(pending_mu_);
+    std::erase(pending_, &e);
 }
 
 void tcp_completion_queue::unwatch(int fd) noexcept

@@ -63,10 +63,10 @@ public:
     void unwatch(int fd) noexcept;
     /// `e`, attached, has work that no readiness of its socket will announce (frames a read
     /// left staged, its budget spent; requests post() held back for a batch): the next
-    /// poll progresses it first. Under `e`'s mutex, at most once until that poll (the
-    /// engine remembers); never allocates (room for every attached engine is kept: false,
-    /// and the engine does without, would say otherwise).
-    bool mark_pending(connection_engine& e) noexcept RDMX_EXCLUDES(staged_mu_);
+    /// poll progresses it first. Under `e`'s mutex, at most once until that poll ran it
+    /// from the list (the engine remembers); never allocates (room for every attached
+    /// engine is kept: false, and the engine does without, would say otherwise).
+    bool mark_pending(connection_engine& e) noexcept RDMX_EXCLUDES(pending_mu_);
     /// `fd`, a new socket of the attached `e` under a number unwatched before (a client's
     /// next address, connection_engine::redial), joins the set again. Under the engine's
     /// mutex; false (errno set) if epoll_ctl refused.
@@ -104,12 +104,13 @@ private:
     /// Held while a poll progresses the engines (they stay alive and attached meanwhile).
     engine_mutex reg_mu_;
     std::vector<connection_engine*> engines_ RDMX_GUARDED_BY(reg_mu_);
-    /// mark_pending()'s engines (lock order: reg_mu_, an engine's mutex, then staged_mu_),
-    /// swapped into staged_run_ by a poll, which progresses them. Both keep room for every
-    /// attached engine (attach reserves), and an engine is marked at most once per poll.
-    engine_mutex staged_mu_;
-    std::vector<connection_engine*> staged_ RDMX_GUARDED_BY(staged_mu_);
-    std::vector<connection_engine*> staged_run_ RDMX_GUARDED_BY(reg_mu_);
+    /// mark_pending()'s engines (lock order: reg_mu_, an engine's mutex, then pending_mu_),
+    /// swapped into pending_run_ by a poll, which progresses them. Both keep room for every
+    /// attached engine (attach reserves), and an engine is on the list at most once (it
+    /// remembers until the poll ran it from there).
+    engine_mutex pending_mu_;
+    std::vector<connection_engine*> pending_ RDMX_GUARDED_BY(pending_mu_);
+    std::vector<connection_engine*> pending_run_ RDMX_GUARDED_BY(reg_mu_);
     unique_fd epfd_; ///< the attached engines' sockets, level-triggered, data = the engine
     std::atomic<std::uint64_t> polls_{0};
     std::atomic<std::chrono::steady_clock::rep> last_poll_{0};

@@ -158,10 +158,10 @@ public:
     void attach_queues();
     /// Before close(): leaves them, so that no poll progresses this engine again.
     void detach_queues() noexcept RDMX_EXCLUDES(mu_);
-    /// A poll of its shared queue `q` found its socket readable, or frames it staged
-    /// (mark_pending; the caller's thread, the queue's registration lock held): reads what
-    /// came and sends what it owes.
-    void queue_progress(tcp_completion_queue& q) noexcept RDMX_EXCLUDES(mu_);
+    /// A poll of its shared queue `q` found its socket readable, or (`listed`) ran it from
+    /// its pending list (mark_pending; the caller's thread, the queue's registration lock
+    /// held): reads what came and sends what it owes.
+    void queue_progress(tcp_completion_queue& q, bool listed) noexcept RDMX_EXCLUDES(mu_);
     /// The engine stood down for a shared queue's poller (any thread, no lock).
     bool left_to_queue() const noexcept { return left_to_queue_.load(std::memory_order_seq_cst); }
     /// That poller is about to sleep on the queue's fd: the engine takes the socket back.
@@ -514,7 +514,8 @@ private:
     std::atomic<bool> left_to_queue_{false};
     std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
     bool queues_unwatched_ RDMX_GUARDED_BY(mu_) = false;      ///< unwatch_queues() ran
-    /// on shared_queues()[i]'s pending list (mark_on_queues), whose poll has not run us since
+    /// on shared_queues()[i]'s pending list (mark_on_queues), whose poll has not run us from
+    /// there since: once per list, so that the list's reserved room always suffices
     std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};
     const std::uint64_t context_; ///< connection_options::context, in every completion
     /// Names this connection in the domain's window table (tcp_domain::find_remote): unlike

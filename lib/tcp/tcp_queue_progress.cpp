@@ -43,10 +43,11 @@ void connection_engine::unwatch_queues() noexcept
             q->unwatch(fd_);
 }
 
-void connection_engine::queue_progress(tcp_completion_queue& q) noexcept
+void connection_engine::queue_progress(tcp_completion_queue& q, bool listed) noexcept
 {
     engine_lock lk(mu_);
-    pending_marked_[&q == send_cq_ ? 0 : 1] = false;
+    if (listed) // off the list now (a run for readiness leaves us there, marked)
+        pending_marked_[&q == send_cq_ ? 0 : 1] = false;
     if (closed_ || shared_detached_ || hs_phase_ != hs_phase::none)
         return; // the handshake's socket is the engine's; a reply there waits for it
     if (rx_done_) {
