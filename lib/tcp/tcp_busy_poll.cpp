@@ -101,7 +101,14 @@ bool connection_engine::app_took_data(bool app_in_call) noexcept
     std::byte probe;
     ssize_t n = sys::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
     bool taken = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-    return ownership_.count_wake(taken, app_in_call, std::chrono::steady_clock::now());
+    // The application busy with another connection of this domain, or with its shared
+    // queues' other sockets, counts as polling now: this wake preempted it on its CPU.
+    const auto now = std::chrono::steady_clock::now();
+    bool polling = app_in_call || dom_.polls().polling(now);
+    if (!polling && on_shared_cq_ && !shared_detached_)
+        for (tcp_completion_queue* q : shared_queues())
+            polling = polling || (q && q->polling(now));
+    return ownership_.count_wake(taken, polling, now);
 }
 
 bool connection_engine::app_may_read() const noexcept

@@ -48,7 +48,9 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
     if (out.empty())
         return 0;
     const std::uint64_t k = polls_.fetch_add(1, std::memory_order_relaxed) + 1;
-    last_poll_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    const auto now = std::chrono::steady_clock::now();
+    last_poll_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+    activity_.enter(now);
     std::size_t n = take(out);
     // Progress when this poll emptied the queue, and every 16th poll regardless: the
     // engines that left their sockets to the poller are read by nobody else, and a queue
@@ -57,6 +59,7 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
         progress();
         n += take(out.subspan(n));
     }
+    activity_.leave(std::chrono::steady_clock::now());
     return n;
 }
 
@@ -90,12 +93,13 @@ void tcp_completion_queue::progress() noexcept
         pending_run_.swap(pending_);
     }
     for (connection_engine* e : pending_run_)
-        e->queue_progress(*this, true);
+        e->queue_progress(*this, true, busy_);
     pending_run_.clear();
     epoll_event ev[32];
     int n = ::epoll_wait(epfd_.get(), ev, 32, 0);
     for (int i = 0; i < n; ++i)
-        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this, false);
+        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this, false, busy_);
+    busy_ = n > 0;
 }
 
 bool tcp_completion_queue::mark_pending(connection_engine& e) noexcept

@@ -16,6 +16,7 @@
 
 #include "cq_reservation.hpp"
 #include "tcp/tcp_completion.hpp"
+#include "tcp/tcp_poll_ownership.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_thread_safety.hpp"
 
@@ -79,6 +80,9 @@ public:
         return std::chrono::steady_clock::time_point(
             std::chrono::steady_clock::duration(last_poll_.load(std::memory_order_relaxed)));
     }
+    /// An application thread is in a poll of this queue, or left one just now
+    /// (poll_activity): a read wake of an attached engine then most likely preempted it.
+    bool polling(std::chrono::steady_clock::time_point now) const noexcept { return activity_.polling(now); }
     /// A notification is armed: the poller is going to sleep on fd(), so the engines read.
     bool armed() noexcept RDMX_EXCLUDES(mu_);
 
@@ -111,9 +115,12 @@ private:
     engine_mutex pending_mu_;
     std::vector<connection_engine*> pending_ RDMX_GUARDED_BY(pending_mu_);
     std::vector<connection_engine*> pending_run_ RDMX_GUARDED_BY(reg_mu_);
+    /// The latest progress() found sockets with data (ACKs of the listed may wait on).
+    bool busy_ RDMX_GUARDED_BY(reg_mu_) = false;
     unique_fd epfd_; ///< the attached engines' sockets, level-triggered, data = the engine
     std::atomic<std::uint64_t> polls_{0};
     std::atomic<std::chrono::steady_clock::rep> last_poll_{0};
+    poll_activity activity_;
 };
 
 } // namespace rdmx::tcp

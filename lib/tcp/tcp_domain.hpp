@@ -22,6 +22,7 @@
 #include <rdmx/connection.hpp>
 
 #include "cq_reservation.hpp"
+#include "tcp/tcp_poll_ownership.hpp"
 #include "tcp/tcp_wire.hpp"
 
 namespace rdmx::tcp
@@ -172,6 +173,10 @@ public:
         std::lock_guard lk(linger_mu_);
         return lingering_;
     }
+    /// The application's polls of this domain's connections (their own completions): an
+    /// engine's read wake that finds it polling another connection counts towards standing
+    /// down (tcp_poll_ownership.hpp).
+    poll_activity& polls() noexcept { return polls_; }
     /// Sink for payload bytes that must be read and dropped. Engine thread only.
     std::span<std::byte> discard_buffer() noexcept { return discard_; }
 
@@ -207,6 +212,7 @@ private:
     /// (so that a bind's insertion never rehashes).
     std::size_t key_slots_ = 0;
     std::vector<std::byte> discard_;
+    poll_activity polls_;
     // Every engine made here (expired ones pruned on track()), for deregister(). Lock
     // order: engines_mu_, an engine's mutex, regions_mu_ (find_remote runs under the
     // engine's); deregister() never holds regions_mu_ while it takes the others.

@@ -160,8 +160,9 @@ public:
     void detach_queues() noexcept RDMX_EXCLUDES(mu_);
     /// A poll of its shared queue `q` found its socket readable, or (`listed`) ran it from
     /// its pending list (mark_pending; the caller's thread, the queue's registration lock
-    /// held): reads what came and sends what it owes.
-    void queue_progress(tcp_completion_queue& q, bool listed) noexcept RDMX_EXCLUDES(mu_);
+    /// held): reads what came and sends what it owes. `queue_busy`: the queue's previous
+    /// round found data on some socket (an ACK may wait a little longer).
+    void queue_progress(tcp_completion_queue& q, bool listed, bool queue_busy) noexcept RDMX_EXCLUDES(mu_);
     /// The engine stood down for a shared queue's poller (any thread, no lock).
     bool left_to_queue() const noexcept { return left_to_queue_.load(std::memory_order_seq_cst); }
     /// That poller is about to sleep on the queue's fd: the engine takes the socket back.
@@ -517,6 +518,10 @@ private:
     /// on shared_queues()[i]'s pending list (mark_on_queues), whose poll has not run us from
     /// there since: once per list, so that the list's reserved room always suffices
     std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};
+    /// Visits of a shared queue's poll that found nothing new and kept an ACK waiting
+    /// (queue_progress), at most ack_wait_visits - 1 in a row.
+    static constexpr int ack_wait_visits = 8;
+    int ack_waits_ RDMX_GUARDED_BY(mu_) = 0;
     const std::uint64_t context_; ///< connection_options::context, in every completion
     /// Names this connection in the domain's window table (tcp_domain::find_remote): unlike
     /// the engine's address, never reused within the process.

@@ -11,6 +11,7 @@
 // follows the same rule (the engine's app_keeps_tx).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -97,11 +98,13 @@ public:
     /// Second step: `data_taken` (nothing left to read at the wake) or the application
     /// polling right now (the engine, woken on the poller's CPU, often runs before the poller
     /// gets to the data) counts the wake; true once `standdown_wakes` in a row counted.
-    /// An application that polls only now and then has data waiting when the engine wakes
-    /// and has not polled for a while, and keeps the engine reading.
-    bool count_wake(bool data_taken, bool app_in_call, clock::time_point now) noexcept
+    /// `app_polling`: it is in a call on this connection, or in (or just out of) a poll of
+    /// another connection or queue of its (poll_activity); else its latest poll() of this
+    /// connection says. An application that polls only now and then has data waiting when
+    /// the engine wakes and has not polled for a while, and keeps the engine reading.
+    bool count_wake(bool data_taken, bool app_polling, clock::time_point now) noexcept
     {
-        bool polling_now = app_in_call || now - last_poll_ < busy_poll_window;
+        bool polling_now = app_polling || now - last_poll_ < busy_poll_window;
         if (!data_taken && !polling_now) {
             busy_wakes_ = 0;
             return false;
@@ -151,6 +154,42 @@ private:
     clock::time_point last_poll_{};     ///< the application's latest poll()
     clock::time_point last_call_end_{}; ///< when its latest post() / poll() returned
     clock::time_point last_app_rx_{};   ///< latest poll(), or post() that read
+};
+
+/// Whether an application thread is polling: inside a poll() right now, or out of one for
+/// less than poll_ownership::busy_poll_window. A domain keeps one for its connections' own
+/// polls, a shared completion queue one for its polls. An engine's read wake asks it: the
+/// kernel runs that wake on the poller's CPU, where it preempts the poller in the middle of
+/// a poll of another connection (or of the queue's other sockets) or just after, and the
+/// data it finds was surely on the poller's way. Relaxed stores and loads of two clocks, no
+/// read-modify-write: several polling threads make it approximate, which costs at most a
+/// stand-down that the stand-down check undoes, or one that comes a wake later.
+class poll_activity
+{
+public:
+    using clock = std::chrono::steady_clock;
+
+    void enter(clock::time_point now) noexcept
+    {
+        entered_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+    }
+    void leave(clock::time_point now) noexcept
+    {
+        left_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+    }
+    bool polling(clock::time_point now) const noexcept
+    {
+        const clock::rep left = left_.load(std::memory_order_relaxed);
+        if (entered_.load(std::memory_order_relaxed) > left)
+            return true; // entered after the latest leave: in a poll
+        return left != 0 &&
+               now.time_since_epoch().count() - left <
+                   std::chrono::duration_cast<clock::duration>(poll_ownership::busy_poll_window).count();
+    }
+
+private:
+    std::atomic<clock::rep> entered_{0};
+    std::atomic<clock::rep> left_{0};
 };
 
 } // namespace rdmx::tcp

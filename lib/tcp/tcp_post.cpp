@@ -201,7 +201,9 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
     engine_lock lk(mu_);
     if (hs_phase_ != hs_phase::none) // the handshake's socket: nothing to read or send here
         return cq_.pop(out);
-    ownership_.on_poll(std::chrono::steady_clock::now());
+    const auto now = std::chrono::steady_clock::now();
+    ownership_.on_poll(now);
+    dom_.polls().enter(now);
     bool pumped = cq_.empty() && rx_poll();
     if (!pumped && tx_next_ != sq_tail_)
         pump(); // requests that post() left to be coalesced, when rx_poll did not send
@@ -209,7 +211,9 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
     std::size_t n = cq_.pop(out, &from_srq);
     if (from_srq)
         srq_->retire(from_srq); // polled: their slots in the shared queue are free again
-    ownership_.on_call_end(std::chrono::steady_clock::now());
+    const auto end = std::chrono::steady_clock::now();
+    ownership_.on_call_end(end);
+    dom_.polls().leave(end);
     return n;
 }
 

@@ -43,7 +43,7 @@ void connection_engine::unwatch_queues() noexcept
             q->unwatch(fd_);
 }
 
-void connection_engine::queue_progress(tcp_completion_queue& q, bool listed) noexcept
+void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, bool queue_busy) noexcept
 {
     engine_lock lk(mu_);
     if (listed) // off the list now (a run for readiness leaves us there, marked)
@@ -57,8 +57,28 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed) noe
     }
     const auto now = std::chrono::steady_clock::now();
     ownership_.on_poll(now);
+    const std::uint64_t carried_out = rx_expect_;
     rx_read();
-    pump(); // what the frames owe (ACKs, read responses) leaves now: no later call may come
+    // As rx_poll does for a connection's own queue: an ACK for requests that arrived waits,
+    // so that one ACK answers a stream of them rather than each read (and the sender's pipe
+    // fills, and its requests leave in batches). The queue's next poll comes back here
+    // first (its pending list); the ACK leaves when that finds nothing new and the queue's
+    // previous round found no other socket with data either, or after ack_wait_visits such
+    // visits regardless (so a sender that waits for it is not starved by the others'
+    // traffic). A connection's own queue gets this spacing from the application's polls of
+    // its other connections; a shared queue's next poll comes microseconds later. If the
+    // poller stops, the stand-down check (or its arming a notification) takes the socket
+    // back and sends it. Read responses, NAKs and requests never wait.
+    const bool fresh = rx_expect_ != carried_out;
+    if (fresh)
+        ack_waits_ = 0;
+    const bool wait = fresh || (listed && queue_busy && !resp_.empty() && ++ack_waits_ < ack_wait_visits);
+    if (ownership_.app_owns() && wait && only_acks_owed() && mark_on_queues()) {
+        ownership_.on_call_end(std::chrono::steady_clock::now());
+        return;
+    }
+    ack_waits_ = 0;
+    pump(); // what the frames owe (ACKs, read responses) leaves now
     ownership_.on_call_end(std::chrono::steady_clock::now());
 }
 

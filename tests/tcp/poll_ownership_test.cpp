@@ -186,5 +186,39 @@ TEST(tcp_poll_ownership, a_shared_queues_polls_count_as_the_applications)
     EXPECT_EQ(p.busy_wakes(), 1) << "a poll within the window counts the wake, data taken or not";
 }
 
+// A wake that preempts the application in (or just out of) a poll of another connection of
+// the domain, or of its shared queue's other sockets, counts though this connection's own
+// latest poll is long past and the engine got to the data first: with both threads on one
+// CPU the engine always does, and the engine would otherwise never stand down for an
+// application that polls many connections (measured: rdmx_perf -q 8, docs/performance.md).
+// It counts only for a connection the application polls at all (wake_may_count).
+TEST(tcp_poll_ownership, a_poll_elsewhere_in_progress_or_just_ended_counts_as_polling_now)
+{
+    poll_activity a;
+    fake_clock c;
+    EXPECT_FALSE(a.polling(c.now)) << "nobody ever polled";
+    a.enter(c.now);
+    EXPECT_TRUE(a.polling(c.advance(1ms))) << "in a poll, however long it has run";
+    a.leave(c.now);
+    EXPECT_TRUE(a.polling(c.advance(10us))) << "just out of a poll";
+    EXPECT_FALSE(a.polling(c.advance(30us))) << "out of the window";
+
+    poll_ownership p;
+    p.on_poll(c.advance(1ms)); // this connection polled once, long ago
+    for (int i = 1; i <= poll_ownership::standdown_wakes; ++i) {
+        a.enter(c.advance(100us));
+        p.on_queue_poll(c.now); // (any poll: the wake must find one since the previous)
+        const bool down = p.wake_may_count(false, true) && p.count_wake(false, a.polling(c.now), c.now);
+        EXPECT_EQ(down, i == poll_ownership::standdown_wakes) << "wake " << i;
+        a.leave(c.advance(5us));
+    }
+    // Without a poll of this connection since the previous wake, a busy poller elsewhere
+    // does not count: the wake resets the count.
+    p.reclaim();
+    a.enter(c.advance(100us));
+    EXPECT_FALSE(p.wake_may_count(false, true));
+    EXPECT_EQ(p.busy_wakes(), 0);
+}
+
 } // namespace
 } // namespace rdmx::tcp
