@@ -519,7 +519,8 @@ private:
     /// there since: once per list, so that the list's reserved room always suffices
     std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};
     /// Visits of a shared queue's poll that found nothing new and kept an ACK waiting
-    /// (queue_progress), at most ack_wait_visits - 1 in a row.
+    /// (queue_progress): at most 1 in a row while the queue is idle, ack_wait_visits - 1
+    /// while it is busy.
     static constexpr int ack_wait_visits = 8;
     int ack_waits_ RDMX_GUARDED_BY(mu_) = 0;
     const std::uint64_t context_; ///< connection_options::context, in every completion

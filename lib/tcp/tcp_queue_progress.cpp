@@ -62,17 +62,20 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
     // As rx_poll does for a connection's own queue: an ACK for requests that arrived waits,
     // so that one ACK answers a stream of them rather than each read (and the sender's pipe
     // fills, and its requests leave in batches). The queue's next poll comes back here
-    // first (its pending list); the ACK leaves when that finds nothing new and the queue's
-    // previous round found no other socket with data either, or after ack_wait_visits such
-    // visits regardless (so a sender that waits for it is not starved by the others'
-    // traffic). A connection's own queue gets this spacing from the application's polls of
-    // its other connections; a shared queue's next poll comes microseconds later. If the
+    // first (its pending list); the ACK leaves at the second visit in a row that finds
+    // nothing new while the queue's previous round found no socket with data either, else
+    // at the ack_wait_visits-th (so a sender that waits for it is not starved by the
+    // others' traffic). A connection's own queue gets this spacing from the application's
+    // polls of its other connections; a shared queue's next poll comes microseconds later,
+    // and an ACK at the first idle visit still kept the pair in a mode of small reads
+    // and frequent ACKs one run in three (docs/performance.md). If the
     // poller stops, the stand-down check (or its arming a notification) takes the socket
     // back and sends it. Read responses, NAKs and requests never wait.
     const bool fresh = rx_expect_ != carried_out;
     if (fresh)
         ack_waits_ = 0;
-    const bool wait = fresh || (listed && queue_busy && !resp_.empty() && ++ack_waits_ < ack_wait_visits);
+    const bool wait =
+        fresh || (listed && !resp_.empty() && ++ack_waits_ < (queue_busy ? ack_wait_visits : 2));
     if (ownership_.app_owns() && wait && only_acks_owed() && mark_on_queues()) {
         ownership_.on_call_end(std::chrono::steady_clock::now());
         return;
