@@ -1,7 +1,7 @@
-// Test data that checks itself: byte patterns, splitmix64 words, FNV-1a. Built once as a
-// small library at the build's optimisation (tests/meson.build), while the test programs
-// are built at -O0 for compile time: these loops run over every byte the tests move,
-// inside emulated (TCG) guests, where -O0 loops cost seconds per suite.
+// Test data that checks itself: byte patterns, splitmix64 words, FNV-1a, one copy for
+// every suite. Built as a small library at the build's optimisation (tests/meson.build),
+// while the test programs are built at -O0 for compile time: these loops run over every
+// byte the tests move.
 #pragma once
 
 #include <cstddef>
