@@ -104,10 +104,7 @@ bool connection_engine::app_took_data(bool app_in_call) noexcept
     // The application busy with another connection of this domain, or with its shared
     // queues' other sockets, counts as polling now: this wake preempted it on its CPU.
     const auto now = std::chrono::steady_clock::now();
-    bool polling = app_in_call || dom_.polls().polling(now);
-    if (!polling && on_shared_cq_ && !shared_detached_)
-        for (tcp_completion_queue* q : shared_queues())
-            polling = polling || (q && q->polling(now));
+    bool polling = app_in_call || dom_.polls().polling(now) || queues_polling(now);
     return ownership_.count_wake(taken, polling, now);
 }
 

@@ -48,9 +48,7 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
     if (out.empty())
         return 0;
     const std::uint64_t k = polls_.fetch_add(1, std::memory_order_relaxed) + 1;
-    const auto now = std::chrono::steady_clock::now();
-    last_poll_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
-    activity_.enter(now);
+    activity_.enter(std::chrono::steady_clock::now());
     std::size_t n = take(out);
     // Progress when this poll emptied the queue, and every 16th poll regardless: the
     // engines that left their sockets to the poller are read by nobody else, and a queue

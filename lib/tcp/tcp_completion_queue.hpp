@@ -75,11 +75,7 @@ public:
     /// Polls so far, and the latest one's time: a connection whose reads are left to this
     /// queue's poller (stood down) stays so while these move.
     std::uint64_t polls() const noexcept { return polls_.load(std::memory_order_relaxed); }
-    std::chrono::steady_clock::time_point last_poll() const noexcept
-    {
-        return std::chrono::steady_clock::time_point(
-            std::chrono::steady_clock::duration(last_poll_.load(std::memory_order_relaxed)));
-    }
+    std::chrono::steady_clock::time_point last_poll() const noexcept { return activity_.last_entered(); }
     /// An application thread is in a poll of this queue, or left one just now
     /// (poll_activity): a read wake of an attached engine then most likely preempted it.
     bool polling(std::chrono::steady_clock::time_point now) const noexcept { return activity_.polling(now); }
@@ -119,7 +115,6 @@ private:
     bool busy_ RDMX_GUARDED_BY(reg_mu_) = false;
     unique_fd epfd_; ///< the attached engines' sockets, level-triggered, data = the engine
     std::atomic<std::uint64_t> polls_{0};
-    std::atomic<std::chrono::steady_clock::rep> last_poll_{0};
     poll_activity activity_;
 };
 

@@ -443,6 +443,8 @@ private:
     }
     /// A notification armed on one of them: its poller is going to sleep.
     bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
+    /// An application thread is in (or just out of) a poll of one of them (poll_activity).
+    bool queues_polling(std::chrono::steady_clock::time_point now) const noexcept RDMX_REQUIRES(mu_);
     /// The socket stops being read for good, or closes: out of their epoll sets (once).
     void unwatch_queues() noexcept RDMX_REQUIRES(mu_);
     /// Puts this engine on each of its shared queues' lists (mark_pending; once until that

@@ -179,15 +179,20 @@ public:
     }
     bool polling(clock::time_point now) const noexcept
     {
-        const clock::rep left = left_.load(std::memory_order_relaxed);
-        if (entered_.load(std::memory_order_relaxed) > left)
+        const clock::time_point left = at(left_);
+        if (at(entered_) > left)
             return true; // entered after the latest leave: in a poll
-        return left != 0 &&
-               now.time_since_epoch().count() - left <
-                   std::chrono::duration_cast<clock::duration>(poll_ownership::busy_poll_window).count();
+        return left != clock::time_point{} && now - left < poll_ownership::busy_poll_window;
     }
+    /// The latest poll's start (the epoch if none yet).
+    clock::time_point last_entered() const noexcept { return at(entered_); }
 
 private:
+    static clock::time_point at(const std::atomic<clock::rep>& t) noexcept
+    {
+        return clock::time_point(clock::duration(t.load(std::memory_order_relaxed)));
+    }
+
     std::atomic<clock::rep> entered_{0};
     std::atomic<clock::rep> left_{0};
 };

@@ -67,10 +67,10 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
     // at the ack_wait_visits-th (so a sender that waits for it is not starved by the
     // others' traffic). A connection's own queue gets this spacing from the application's
     // polls of its other connections; a shared queue's next poll comes microseconds later,
-    // and an ACK at the first idle visit still kept the pair in a mode of small reads
-    // and frequent ACKs one run in three (docs/performance.md). If the
-    // poller stops, the stand-down check (or its arming a notification) takes the socket
-    // back and sends it. Read responses, NAKs and requests never wait.
+    // and an ACK at the first idle visit still kept the pair in a mode of small reads and
+    // frequent ACKs one run in three (docs/performance.md). If the poller stops, the
+    // stand-down check (or its arming a notification) takes the socket back and sends it.
+    // Read responses, NAKs and requests never wait.
     const bool fresh = rx_expect_ != carried_out;
     if (fresh)
         ack_waits_ = 0;
@@ -141,6 +141,16 @@ bool connection_engine::queues_armed() const noexcept
         return false;
     for (tcp_completion_queue* q : shared_queues())
         if (q && q->armed())
+            return true;
+    return false;
+}
+
+bool connection_engine::queues_polling(std::chrono::steady_clock::time_point now) const noexcept
+{
+    if (!on_shared_cq_ || shared_detached_)
+        return false;
+    for (tcp_completion_queue* q : shared_queues())
+        if (q && q->polling(now))
             return true;
     return false;
 }
