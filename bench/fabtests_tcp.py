@@ -8,8 +8,11 @@ import sys
 rows = {}
 rnd = 0
 for line in open(sys.argv[1]):
-    if line.startswith('#'):
+    if line.startswith('# round'):
         rnd += 1
+        continue
+    if line.startswith('#'):
+        print(line.strip('# \n'))
         continue
     parts = line.split()
     if len(parts) < 2:

@@ -5,26 +5,37 @@
 # read_bw) and send (fi_msg_bw vs send_bw) at 64 KiB, 1 MiB and 4 MiB, a window of 16 on
 # both (-W 16; rdmx_perf -d 16 -c 1: every request signalled, as fabtests'). Server on CPU
 # 0, client on CPU 1, every run bounded by timeout. fabtests from bench/fabtests.sh.
-# Usage: bench/fabtests_tcp.sh BUILD_DIR [ROUNDS (3)] > results.txt
+# Both sides use the host's congestion control (sysctl net.ipv4.tcp_congestion_control),
+# or, with CC=NAME in the environment, that one on every socket of both programs
+# (rdmx_perf --tcp-congestion; fabtests through tcp_congestion_shim.c, LD_PRELOADed).
+# BBR paces even on loopback, and the 1 MiB rows depend on it (docs/performance.md).
+# Usage: [CC=cubic] bench/fabtests_tcp.sh BUILD_DIR [ROUNDS (3)] > results.txt
 #        python3 bench/fabtests_tcp.py results.txt
 set -u
 build=$1; rounds=${2:-3}
 F=$build/fabtests; R=$build/samples/rdmx_perf; port=8200
+CC=${CC:-}; pre=; rcc=
+if [ -n "$CC" ]; then
+    shim=$build/tcp_congestion_shim.so
+    cc -O2 -shared -fPIC -o "$shim" "$(dirname "$0")/tcp_congestion_shim.c" -ldl || exit 1
+    pre="env LD_PRELOAD=$shim RDMX_BENCH_CC=$CC"; rcc="--tcp-congestion $CC"
+fi
+echo "# congestion control: ${CC:-$(sysctl -n net.ipv4.tcp_congestion_control) (host default)}"
 fab() { # label program args...
     l=$1; p=$2; shift 2
-    taskset -c 0 timeout 60 "$F/$p" -p tcp -e msg "$@" -s 127.0.0.1 >/dev/null 2>&1 &
+    taskset -c 0 timeout 60 $pre "$F/$p" -p tcp -e msg "$@" -s 127.0.0.1 >/dev/null 2>&1 &
     s=$!
     sleep 0.5
-    out=$(taskset -c 1 timeout 60 "$F/$p" -p tcp -e msg "$@" 127.0.0.1 2>&1 | tail -1)
+    out=$(taskset -c 1 timeout 60 $pre "$F/$p" -p tcp -e msg "$@" 127.0.0.1 2>&1 | tail -1)
     wait $s 2>/dev/null
     echo "$l ${out:-failed}"
 }
 rd() { # label test size iterations
     port=$((port + 1))
-    taskset -c 0 timeout 60 "$R" --server "tcp://127.0.0.1:$port" >/dev/null 2>&1 &
+    taskset -c 0 timeout 60 "$R" --server "tcp://127.0.0.1:$port" $rcc >/dev/null 2>&1 &
     s=$!
     sleep 0.5
-    out=$(taskset -c 1 timeout 60 "$R" "tcp://127.0.0.1:$port" --json -t "$2" -s "$3" -n "$4" -d 16 -c 1 2>&1 |
+    out=$(taskset -c 1 timeout 60 "$R" "tcp://127.0.0.1:$port" $rcc --json -t "$2" -s "$3" -n "$4" -d 16 -c 1 2>&1 |
         tr -d '\n' | grep -o '"mb_per_s": [0-9.]*')
     kill $s 2>/dev/null
     wait $s 2>/dev/null
