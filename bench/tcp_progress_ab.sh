@@ -4,7 +4,8 @@
 # on build B), in compare.sh's regime (server on CPU 0, client on CPU 1, bounded by timeout).
 # Rows: 64 B messages over 8 connections with the server's on one shared completion queue
 # and on 8 queues of their own (rdmx_perf -q 8 [--shared-cq]), and the endpoint rows of
-# bench/endpoints.sh (tag_lat 8 B, with and without busy_poll; tag_bw 64 B and 1 MiB).
+# bench/endpoints.sh (tag_lat 8 B, with and without busy_poll, with fd() taken (-F) and
+# sleeping on it (-e); tag_bw 64 B, also with fd() taken, and 1 MiB).
 # Prints one line per run; bench/tcp_progress_ab.py turns them into medians and ratios.
 # Usage: bench/tcp_progress_ab.sh BUILD_A BUILD_B [ROUNDS (5)] > results.txt
 set -u
@@ -28,7 +29,10 @@ rows() { # build tag
     run "$1" "$2 q8_shared_64B" "-q 8 --shared-cq" rdmx_perf -t send_bw -s 64 -n 100000 -q 8 --shared-cq
     run "$1" "$2 ep_tag_lat_8B" "-s 4M" rdmx_ep_perf -t tag_lat -s 8 -n 20000 -w 1000
     run "$1" "$2 ep_tag_lat_8B_busy" "-s 4M -B" rdmx_ep_perf -t tag_lat -s 8 -n 20000 -w 1000 -B
+    run "$1" "$2 ep_tag_lat_8B_fd" "-s 4M -F" rdmx_ep_perf -t tag_lat -s 8 -n 20000 -w 1000 -F
+    run "$1" "$2 ep_tag_lat_8B_event" "-s 4M -e" rdmx_ep_perf -t tag_lat -s 8 -n 20000 -w 1000 -e
     run "$1" "$2 ep_tag_rate_64B" "-s 4M" rdmx_ep_perf -t tag_bw -s 64 -n 200000 -W 64
+    run "$1" "$2 ep_tag_rate_64B_fd" "-s 4M -F" rdmx_ep_perf -t tag_bw -s 64 -n 200000 -W 64 -F
     run "$1" "$2 ep_tag_bw_1M" "-s 4M" rdmx_ep_perf -t tag_bw -s 1M -n 2000 -W 16
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,17 @@ class completion_queue_base : public completion_queue
 public:
     std::uint32_t depth() const noexcept override { return depth_; }
     std::uint32_t reserved() const noexcept override;
+
+    /// For a poller inside rdmx (an endpoint) that sleeps on a set of its own: a
+    /// descriptor readable while the queue's connections have data that a poll() would
+    /// read on the caller's thread (TCP: the epoll set of their sockets), or -1 where
+    /// completions come from elsewhere (verbs). A sleeper that watches it beside fd()
+    /// arms with request_notify_watching().
+    virtual int progress_fd() const noexcept { return -1; }
+    /// request_notify() for a sleeper that also watches progress_fd(): data that arrives
+    /// wakes it through that descriptor, so the queue's connections need not be read for
+    /// it meanwhile (TCP: their engine threads leave the sockets to its polls).
+    virtual std::error_code request_notify_watching() noexcept { return request_notify(false); }
 
     /// Reserves `n` entries, plus `srq->depth()` if `srq` is not null and no other
     /// connection on this queue reserved for that SRQ yet (refcounted per SRQ). Throws

@@ -108,6 +108,7 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
 
     events_ = event_queue::create();
     cq_ = d.create_completion_queue({.depth = opts.completion_queue_depth});
+    cqb_ = dynamic_cast<detail::completion_queue_base*>(cq_.get());
     shared_receive_queue_options qo;
     qo.depth = opts.receive_buffers;
     qo.max_sge = 1;
@@ -156,6 +157,10 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
         add_fd(epoll_fd_, listener_->fd());
         add_fd(epoll_fd_, events_->fd());
         add_fd(epoll_fd_, cq_->fd());
+        // TCP: a sleeper on fd() wakes for data on the connections' sockets and reads it
+        // in its poll(), so their engine threads need not wake for it as well (arm_cq).
+        if (cqb_ && cqb_->progress_fd() >= 0)
+            add_fd(epoll_fd_, cqb_->progress_fd());
         add_fd(epoll_fd_, timer_fd_);
         add_fd(epoll_fd_, wake_fd_);
     } catch (...) {
@@ -164,7 +169,7 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
         ::close(wake_fd_);
         throw;
     }
-    cq_->request_notify();
+    arm_cq();
     cq_armed_ = true;
     RDMX_LOG(debug, "endpoint %s open, incarnation %016llx", self_.text.c_str(),
              static_cast<unsigned long long>(incarnation_));

@@ -19,6 +19,7 @@
 #include <rdmx/endpoint.hpp>
 #include <rdmx/queues.hpp>
 
+#include "cq_reservation.hpp"
 #include "endpoint/ep_address.hpp"
 #include "endpoint/ep_wire.hpp"
 #include "endpoint/tag_match.hpp"
@@ -304,6 +305,9 @@ private:
     void poll_cq() noexcept;
     /// poll()'s look at fd()'s set: one epoll_wait(0), then what it found ready.
     void scan_fds() noexcept;
+    /// Arms the queue's notification before a sleep on fd(), for a sleeper that watches the
+    /// queue's progress descriptor too where it has one (TCP: its sockets).
+    void arm_cq() noexcept;
     void on_completion(const completion& c) noexcept;
     void on_message(std::uint32_t buf, std::uint32_t byte_len, std::uint32_t pi, connection* c) noexcept;
     void deliver(std::uint32_t ri, std::uint32_t buf) noexcept;
@@ -378,6 +382,9 @@ private:
     // these members, the listener, the regions, their memory and the queues.
     std::shared_ptr<event_queue> events_;
     std::shared_ptr<completion_queue> cq_;
+    /// cq_ as every backend's shared queue is: its progress_fd() is in fd()'s set where
+    /// it has one (TCP), and arm_cq() arms for a sleeper that watches it.
+    detail::completion_queue_base* cqb_ = nullptr;
     std::shared_ptr<shared_receive_queue> srq_;
     std::vector<std::byte> recv_mem_, ctrl_mem_;
     std::unique_ptr<memory_region> recv_mr_, ctrl_mr_;

@@ -63,7 +63,7 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
         if (pass == 0 && !cq_armed_ && !spin) {
             // Arm, then look once more: a completion that came before the arming raises no
             // event, so fd() would miss it. An arming stays until a completion fires it.
-            cq_->request_notify();
+            arm_cq();
             cq_armed_ = true;
             poll_cq();
         }
@@ -82,6 +82,16 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
     if (ring_count_ != 0)
         raise_wake(); // fd() stays readable
     return n;
+}
+
+void endpoint_impl::arm_cq() noexcept
+{
+    // A failed arming (a verbs ibv_req_notify_cq error) leaves the sleeper to its timeout
+    // and the next poll, as before.
+    if (cqb_)
+        cqb_->request_notify_watching();
+    else
+        cq_->request_notify();
 }
 
 void endpoint_impl::give_back_deferred() noexcept
@@ -145,7 +155,7 @@ std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
         if (!cq_armed_) {
             // poll() left the queue unarmed: arm it before sleeping, then look once more (a
             // completion that came before the arming raises no event).
-            cq_->request_notify();
+            arm_cq();
             cq_armed_ = true;
             if (std::size_t n = poll(out))
                 return n;

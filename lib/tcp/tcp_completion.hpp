@@ -93,6 +93,16 @@ public:
         return false;
     }
 
+    /// Fires the arming for something other than a completion (work that only a poll
+    /// does); false if nothing was armed.
+    bool fire_any() noexcept
+    {
+        if (mode_ == mode::none)
+            return false;
+        mode_ = mode::none;
+        return true;
+    }
+
 private:
     mode mode_ = mode::none;
 };

@@ -102,11 +102,23 @@ void tcp_completion_queue::progress() noexcept
 
 bool tcp_completion_queue::mark_pending(connection_engine& e) noexcept
 {
-    engine_lock sl(pending_mu_);
-    if (pending_.size() == pending_.capacity())
-        return false; // not while each attached engine is marked at most once
-    pending_.push_back(&e);
+    {
+        engine_lock sl(pending_mu_);
+        if (pending_.size() == pending_.capacity())
+            return false; // not while each attached engine is marked at most once
+        pending_.push_back(&e);
+    }
+    wake_watcher(); // a sleeper that watches the sockets would not see this work
     return true;
+}
+
+void tcp_completion_queue::wake_watcher() noexcept
+{
+    engine_lock lk(mu_);
+    if (watching_ && notify_.fire_any()) {
+        std::uint64_t one = 1;
+        [[maybe_unused]] auto r = ::write(efd_.get(), &one, sizeof one);
+    }
 }
 
 void tcp_completion_queue::attach(connection_engine& e, int fd)
@@ -149,7 +161,13 @@ bool tcp_completion_queue::watch(connection_engine& e, int fd) noexcept
 bool tcp_completion_queue::armed() noexcept
 {
     engine_lock lk(mu_);
-    return notify_.armed();
+    return notify_.armed() && !watching_;
+}
+
+bool tcp_completion_queue::watched() noexcept
+{
+    engine_lock lk(mu_);
+    return notify_.armed() && watching_;
 }
 
 std::size_t tcp_completion_queue::purge(const connection_engine& owner) noexcept
@@ -172,6 +190,7 @@ std::error_code tcp_completion_queue::request_notify(bool solicited_only) noexce
     {
         engine_lock lk(mu_);
         notify_.arm(solicited_only);
+        watching_ = false;
     }
     // The poller is about to sleep on fd(): connections that left their reads to its polls
     // (stood down) go back to their engines, which read, complete and notify. An engine
@@ -180,6 +199,28 @@ std::error_code tcp_completion_queue::request_notify(bool solicited_only) noexce
     for (connection_engine* e : engines_)
         if (e->left_to_queue())
             e->queue_sleeps();
+    return {};
+}
+
+std::error_code tcp_completion_queue::request_notify_watching() noexcept
+{
+    {
+        engine_lock lk(mu_);
+        notify_.arm(false);
+        watching_ = true;
+    }
+    // The sleeper wakes for data on the sockets (progress_fd) and for completions; work
+    // that a poll would find only on the pending list (frames staged, an ACK held back, a
+    // batch of posts) is done now, without waiting: what it completes fires the arming.
+    // An engine that stands down or marks itself pending from now on sees the arming.
+    engine_lock rl(reg_mu_);
+    {
+        engine_lock sl(pending_mu_);
+        pending_run_.swap(pending_);
+    }
+    for (connection_engine* e : pending_run_)
+        e->queue_flush(*this);
+    pending_run_.clear();
     return {};
 }
 

@@ -39,6 +39,13 @@ public:
     int fd() const noexcept override { return efd_.get(); }
     std::error_code request_notify(bool solicited_only) noexcept override RDMX_EXCLUDES(mu_);
     std::error_code ack_notify() noexcept override;
+    /// The epoll set of the attached connections' sockets (level-triggered).
+    int progress_fd() const noexcept override { return epfd_.get(); }
+    /// Arms for a sleeper that watches progress_fd() too: the engines keep standing down
+    /// (and stand down at their next read wake), and what they would leave for the next
+    /// poll (mark_pending) fires the arming instead. Runs the pending list first, sending
+    /// what it holds back.
+    std::error_code request_notify_watching() noexcept override RDMX_EXCLUDES(reg_mu_, mu_);
 
     // --- for the engines (any thread, with the engine's own mutex held: lock order engine,
     // then queue) ---
@@ -79,8 +86,11 @@ public:
     /// An application thread is in a poll of this queue, or left one just now
     /// (poll_activity): a read wake of an attached engine then most likely preempted it.
     bool polling(std::chrono::steady_clock::time_point now) const noexcept { return activity_.polling(now); }
-    /// A notification is armed: the poller is going to sleep on fd(), so the engines read.
+    /// A notification is armed for a poller that sleeps on fd() alone: the engines read.
     bool armed() noexcept RDMX_EXCLUDES(mu_);
+    /// A notification is armed for a poller that watches progress_fd() too
+    /// (request_notify_watching): data wakes it, and its polls read the sockets.
+    bool watched() noexcept RDMX_EXCLUDES(mu_);
 
 private:
     /// Reads the sockets that have data, on the caller's thread.
@@ -99,7 +109,11 @@ private:
     std::size_t head_ RDMX_GUARDED_BY(mu_) = 0;
     std::size_t count_ RDMX_GUARDED_BY(mu_) = 0;
     notify_arm notify_ RDMX_GUARDED_BY(mu_);
+    /// notify_ was armed by request_notify_watching(): the sleeper watches epfd_ too.
+    bool watching_ RDMX_GUARDED_BY(mu_) = false;
     unique_fd efd_; ///< readable after a notification fired, until ack_notify()
+    /// Fires an arming of request_notify_watching() for work that only a poll does.
+    void wake_watcher() noexcept RDMX_EXCLUDES(mu_);
 
     /// Held while a poll progresses the engines (they stay alive and attached meanwhile).
     engine_mutex reg_mu_;

@@ -167,6 +167,11 @@ public:
     bool left_to_queue() const noexcept { return left_to_queue_.load(std::memory_order_seq_cst); }
     /// That poller is about to sleep on the queue's fd: the engine takes the socket back.
     void queue_sleeps() noexcept RDMX_EXCLUDES(mu_);
+    /// The poller of `q` is about to sleep on its fd and its sockets (request_notify_watching)
+    /// and ran this engine from its pending list: staged frames are read and what is owed
+    /// leaves now, nothing held back for a poll (the caller's thread, `q`'s registration
+    /// lock held).
+    void queue_flush(tcp_completion_queue& q) noexcept RDMX_EXCLUDES(mu_);
 
 private:
     // Fixed batch sizes of one sendmsg / recvmsg; a frame that does not fit continues in
@@ -443,10 +448,20 @@ private:
     }
     /// A notification armed on one of them: its poller is going to sleep.
     bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
+    /// A shared queue of its sides is armed for a sleeper that watches its sockets too.
+    bool queues_watched() const noexcept RDMX_REQUIRES(mu_);
+    /// Instead of waiting for data, leave the socket to that sleeper (arm_read)?
+    bool sleeper_takes_over() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     /// An application thread is in (or just out of) a poll of one of them (poll_activity).
     bool queues_polling(std::chrono::steady_clock::time_point now) const noexcept RDMX_REQUIRES(mu_);
     /// The socket stops being read for good, or closes: out of their epoll sets (once).
     void unwatch_queues() noexcept RDMX_REQUIRES(mu_);
+    /// Reading stalled (rx_stalled_): out of their epoll sets until resume_queue_watch(),
+    /// so that a socket nobody may read does not keep their polls and sleepers waking.
+    void pause_queue_watch() noexcept RDMX_REQUIRES(mu_);
+    /// The stall is over: back in the sets (epoll reports what waits). If a set refuses
+    /// it, the connection fails: its queues' pollers could not see it any more.
+    void resume_queue_watch() noexcept RDMX_REQUIRES(mu_);
     /// Puts this engine on each of its shared queues' lists (mark_pending; once until that
     /// queue's poll ran it), so that their next polls progress it without a readable
     /// socket: frames a read left staged, requests post() held back. False, and the caller
@@ -517,6 +532,7 @@ private:
     std::atomic<bool> left_to_queue_{false};
     std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
     bool queues_unwatched_ RDMX_GUARDED_BY(mu_) = false;      ///< unwatch_queues() ran
+    bool queues_paused_ RDMX_GUARDED_BY(mu_) = false;         ///< pause_queue_watch() ran
     /// on shared_queues()[i]'s pending list (mark_on_queues), whose poll has not run us from
     /// there since: once per list, so that the list's reserved room always suffices
     std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};

@@ -89,6 +89,7 @@ public:
     {
         bool polled = app_in_call || app_polls_ != app_polls_seen_;
         app_polls_seen_ = app_polls_;
+        wake_found_poller_ = polled;
         if (!polled || !app_may_read) {
             busy_wakes_ = 0;
             return false;
@@ -112,6 +113,10 @@ public:
         return ++busy_wakes_ >= standdown_wakes;
     }
     int busy_wakes() const noexcept { return busy_wakes_; }
+    /// The latest read wake found that the application had polled since the one before
+    /// (or was in a call): a poller is alive, and one that sleeps on the sockets too may
+    /// be left them. False again once the engine takes the socket back.
+    bool wake_found_poller() const noexcept { return wake_found_poller_; }
 
     // --- ownership changes (engine thread) ---
     void stand_down() noexcept
@@ -134,6 +139,7 @@ public:
         owner_ = rx_owner::engine;
         busy_wakes_ = 0;
         app_polls_seen_ = app_polls_;
+        wake_found_poller_ = false;
     }
     /// The socket was closed while the application owned it: nobody owns it now.
     void socket_closed() noexcept { owner_ = rx_owner::engine; }
@@ -145,6 +151,7 @@ public:
 private:
     rx_owner owner_ = rx_owner::engine;
     bool app_busy_ = false;
+    bool wake_found_poller_ = false;    ///< wake_found_poller()
     int busy_wakes_ = 0;                ///< read wakes in a row that found the application polling
     std::uint64_t app_polls_ = 0;       ///< poll() calls
     std::uint64_t app_polls_seen_ = 0;  ///< app_polls_ when the engine last looked

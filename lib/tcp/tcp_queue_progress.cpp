@@ -6,7 +6,13 @@
 // that application's calls, and a notification armed on the queue gives the socket back.
 #include "tcp/tcp_engine.hpp"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+
+#include "tcp/tcp_log.hpp"
 
 namespace rdmx::tcp
 {
@@ -41,6 +47,40 @@ void connection_engine::unwatch_queues() noexcept
     for (tcp_completion_queue* q : shared_queues())
         if (q)
             q->unwatch(fd_);
+}
+
+void connection_engine::pause_queue_watch() noexcept
+{
+    if (!on_shared_cq_ || queues_unwatched_ || shared_detached_ || queues_paused_)
+        return;
+    queues_paused_ = true;
+    for (tcp_completion_queue* q : shared_queues())
+        if (q)
+            q->unwatch(fd_);
+}
+
+void connection_engine::resume_queue_watch() noexcept
+{
+    if (!queues_paused_)
+        return;
+    queues_paused_ = false;
+    if (queues_unwatched_ || shared_detached_ || closed_)
+        return;
+    for (tcp_completion_queue* q : shared_queues())
+        if (q && !q->watch(*this, fd_)) {
+            const int err = errno;
+            for (tcp_completion_queue* o : shared_queues())
+                if (o)
+                    o->unwatch(fd_); // where it went back in (the rest say ENOENT)
+            queues_unwatched_ = true;
+            log_limited("epoll_ctl(EPOLL_CTL_ADD) of a shared completion queue after a stall: %s; "
+                        "connection to error",
+                        std::strerror(err));
+            rx_done_ = tx_done_ = true;
+            ::shutdown(fd_, SHUT_RDWR);
+            fail(connection_state::error);
+            return;
+        }
 }
 
 void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, bool queue_busy) noexcept
@@ -143,6 +183,41 @@ bool connection_engine::queues_armed() const noexcept
         if (q && q->armed())
             return true;
     return false;
+}
+
+bool connection_engine::queues_watched() const noexcept
+{
+    if (!on_shared_cq_ || shared_detached_)
+        return false;
+    for (tcp_completion_queue* q : shared_queues())
+        if (q && q->watched())
+            return true;
+    return false;
+}
+
+bool connection_engine::sleeper_takes_over() noexcept
+{
+    // The poller sleeps on the queue's sockets as well as its fd (an endpoint's wait), so
+    // arriving data wakes it, and its poll reads on its own thread: the engine waking too
+    // would be a second thread hop per message. Only while a poller is seen alive (the
+    // latest read wake found it had polled): after a stand-down check found no polls, the
+    // engine reads until one comes again, so one-sided requests never wait on a sleeper
+    // that is busy elsewhere for longer than that check allows. Not with a write wait
+    // outstanding: standing down releases the descriptor.
+    return on_shared_cq_ && !write_armed_ && ownership_.wake_found_poller() &&
+           state() == connection_state::established && app_may_read() && queues_watched();
+}
+
+void connection_engine::queue_flush(tcp_completion_queue& q) noexcept
+{
+    engine_lock lk(mu_);
+    pending_marked_[&q == send_cq_ ? 0 : 1] = false;
+    if (closed_ || shared_detached_ || hs_phase_ != hs_phase::none)
+        return;
+    if (ownership_.app_owns() && app_may_read())
+        rx_read(); // frames a budget left staged: a marking of them fires the arming
+    ack_waits_ = 0;
+    pump();
 }
 
 bool connection_engine::queues_polling(std::chrono::steady_clock::time_point now) const noexcept

@@ -28,6 +28,8 @@ void connection_engine::arm_read() noexcept
         continue_rx();
         return;
     }
+    if (sleeper_takes_over() && stand_down())
+        return; // the next data wakes the poller sleeping on the queue's sockets
     set_rcvlowat(wanted_rcvlowat());
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -100,6 +102,7 @@ void connection_engine::continue_rx() noexcept
 void connection_engine::resume_rx() noexcept
 {
     rx_stalled_ = false;
+    resume_queue_watch();
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
                    engine_lock lk(self->mu_);
                    self->assert_on_engine();
@@ -190,6 +193,7 @@ connection_engine::rx_status connection_engine::rx_step() noexcept
         // Backpressure: leave the header staged and stop reading until a response has
         // gone out. A peer within max_rd_atomic never gets here.
         rx_stalled_ = true;
+        pause_queue_watch();
         return rx_status::stop;
     }
     unstage(frame_header::wire_size);

@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/epoll.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "common/test_util.hpp"
+#include "cq_reservation.hpp"
 #include "resolve.hpp"
 #include "tcp/raw_peer.hpp"
 
@@ -1215,6 +1217,79 @@ TEST_F(hostile, read_flood_without_reading_responses_is_bounded)
     // The server's engine is still serving others.
     auto p = connect_pair();
     EXPECT_EQ(p.client->state(), connection_state::established);
+    ::close(fd);
+    EXPECT_TRUE(wait_state(*c, connection_state::disconnected));
+}
+
+// The same flood on a connection that reports to a shared queue whose poller sleeps on
+// the queue's sockets too (progress_fd(), request_notify_watching(): an endpoint's shape).
+// Reading stalls (backpressure), and the stalled socket, readable but not to be read
+// until a response leaves, must not keep waking that sleeper: it leaves the queue's set
+// until the stall ends (it woke the sleeper without pause, hundreds of thousands of times
+// a second, before).
+TEST_F(hostile, a_stalled_socket_does_not_keep_waking_a_sleeper_on_the_queue)
+{
+    auto q = server_dom_->create_completion_queue({.depth = 1024});
+    auto& qb = dynamic_cast<detail::completion_queue_base&>(*q);
+    ASSERT_GE(qb.progress_fd(), 0);
+    connection_options o;
+    o.send_cq = o.recv_cq = q;
+    int fd;
+    auto c = accept_raw(fd, o);
+    ASSERT_NE(c, nullptr);
+    buf_.assign(4096, std::byte{0x11});
+    mr_ = server_dom_->register_memory(buf_.data(), buf_.size(), access::remote_read);
+    int small = 4096;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    frame_header h;
+    h.op = frame_op::read_req;
+    h.length = 4096;
+    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+    h.key = mr_->remote().key;
+    constexpr int count = 1000000;
+    std::vector<std::byte> many(40 * std::size_t{count});
+    for (int i = 0; i < count; ++i) {
+        h.seq = static_cast<std::uint64_t>(i);
+        h.encode(many.data() + std::size_t(i) * 40);
+    }
+    std::size_t sent = 0;
+    auto deadline = std::chrono::steady_clock::now() + 2s;
+    while (sent < many.size() && std::chrono::steady_clock::now() < deadline) {
+        ssize_t n = ::send(fd, many.data() + sent, many.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0)
+            sent += static_cast<std::size_t>(n);
+        else
+            std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_LT(sent, many.size()) << "the server kept reading requests it could not answer";
+
+    int ep = ::epoll_create1(EPOLL_CLOEXEC);
+    ASSERT_GE(ep, 0);
+    for (int wfd : {q->fd(), qb.progress_fd()}) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = wfd;
+        ASSERT_EQ(::epoll_ctl(ep, EPOLL_CTL_ADD, wfd, &ev), 0);
+    }
+    // An event loop over 300 ms: poll, arm, look again, sleep. Each wake-up is counted.
+    int wakes = 0;
+    completion cs[8];
+    const auto until = std::chrono::steady_clock::now() + 300ms;
+    while (std::chrono::steady_clock::now() < until) {
+        std::size_t n = q->poll(cs);
+        (void)qb.request_notify_watching();
+        n += q->poll(cs);
+        EXPECT_EQ(n, 0u) << "the peer's reads complete nothing on the target";
+        epoll_event evs[2];
+        int r = ::epoll_wait(ep, evs, 2, 100);
+        for (int j = 0; j < r; ++j)
+            if (evs[j].data.fd == q->fd())
+                (void)q->ack_notify();
+        wakes += r > 0;
+    }
+    ::close(ep);
+    EXPECT_LT(wakes, 50) << "the stalled socket kept the sleeper awake";
+    EXPECT_EQ(c->state(), connection_state::established);
     ::close(fd);
     EXPECT_TRUE(wait_state(*c, connection_state::disconnected));
 }
