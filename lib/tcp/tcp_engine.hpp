@@ -533,6 +533,9 @@ private:
     std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
     bool queues_unwatched_ RDMX_GUARDED_BY(mu_) = false;      ///< unwatch_queues() ran
     bool queues_paused_ RDMX_GUARDED_BY(mu_) = false;         ///< pause_queue_watch() ran
+    /// The read wake being served found a shared queue armed for a sleeper that watches
+    /// the sockets (queues_watched), before the run's own completions fired that arming.
+    bool wake_saw_sleeper_ RDMX_GUARDED_BY(mu_) = false;
     /// on shared_queues()[i]'s pending list (mark_on_queues), whose poll has not run us from
     /// there since: once per list, so that the list's reserved room always suffices
     std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};

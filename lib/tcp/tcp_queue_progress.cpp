@@ -203,9 +203,12 @@ bool connection_engine::sleeper_takes_over() noexcept
     // latest read wake found it had polled): after a stand-down check found no polls, the
     // engine reads until one comes again, so one-sided requests never wait on a sleeper
     // that is busy elsewhere for longer than that check allows. Not with a write wait
-    // outstanding: standing down releases the descriptor.
+    // outstanding: standing down releases the descriptor. The arming counts as it was when
+    // the wake came: a completion of the run that served it fires the arming, and the
+    // sleeper it wakes arms again before it sleeps (or the stand-down check takes over).
     return on_shared_cq_ && !write_armed_ && ownership_.wake_found_poller() &&
-           state() == connection_state::established && app_may_read() && queues_watched();
+           state() == connection_state::established && app_may_read() &&
+           (wake_saw_sleeper_ || queues_watched());
 }
 
 void connection_engine::queue_flush(tcp_completion_queue& q) noexcept

@@ -41,7 +41,10 @@ void connection_engine::arm_read() noexcept
                          self->read_armed_ = false;
                          if (self->app_took_data(app_in_call) && self->stand_down())
                              return;
+                         // Before this run's completions fire the arming (sleeper_takes_over).
+                         self->wake_saw_sleeper_ = self->queues_watched();
                          self->rx_run();
+                         self->wake_saw_sleeper_ = false;
                      }));
 }
 
