@@ -127,6 +127,30 @@ TEST(tcp_poll_ownership, the_standdown_check_keeps_a_calling_application_and_rec
     EXPECT_FALSE(p.wake_may_count(false, true));
 }
 
+// The engine leaves the socket to a poller that sleeps on the queue's sockets only while the
+// latest read wake found it alive (connection_engine::sleeper_takes_over): a wake after a
+// poll says so, one without a poll since the previous wake does not, and taking the socket
+// back (the stand-down check found no polls) forgets it until a wake finds a poll again.
+TEST(tcp_poll_ownership, a_wake_says_whether_it_found_the_poller_alive)
+{
+    poll_ownership p;
+    fake_clock c;
+    EXPECT_FALSE(p.wake_found_poller()) << "no wake yet";
+    p.on_queue_poll(c.advance(5us));
+    (void)wake(p, c, false, false);
+    EXPECT_TRUE(p.wake_found_poller()) << "polled since the previous wake";
+    (void)wake(p, c, false, false);
+    EXPECT_FALSE(p.wake_found_poller()) << "no poll since the previous wake";
+    (void)wake(p, c, true, false);
+    EXPECT_TRUE(p.wake_found_poller()) << "in a call at the wake";
+    p.stand_down();
+    p.reclaim();
+    EXPECT_FALSE(p.wake_found_poller()) << "taken back: forgotten";
+    p.on_queue_poll(c.advance(5us));
+    (void)wake(p, c, false, false, false);
+    EXPECT_TRUE(p.wake_found_poller()) << "alive, whether or not it may read now";
+}
+
 TEST(tcp_poll_ownership, stood_down_post_reads_at_most_once_per_interval)
 {
     poll_ownership p;
