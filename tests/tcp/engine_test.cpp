@@ -1005,6 +1005,36 @@ protected:
         EXPECT_EQ(r.op, frame_op::nak);
         EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::remote_access));
     }
+    /// From the raw peer `fd`, with a tiny receive buffer and never reading the answers:
+    /// 40 MB of 4 KiB read requests of buf_ (about 4 GB of answers, far beyond every
+    /// socket buffer involved), sent for at most `for_how_long`. True if the server
+    /// stopped taking them before all were sent (backpressure).
+    bool flood_reads(int fd, std::chrono::milliseconds for_how_long)
+    {
+        int small = 4096;
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+        frame_header h;
+        h.op = frame_op::read_req;
+        h.length = 4096;
+        h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+        h.key = mr_->remote().key;
+        constexpr int count = 1000000;
+        std::vector<std::byte> many(40 * std::size_t{count});
+        for (int i = 0; i < count; ++i) {
+            h.seq = static_cast<std::uint64_t>(i);
+            h.encode(many.data() + std::size_t(i) * 40);
+        }
+        std::size_t sent = 0;
+        auto deadline = std::chrono::steady_clock::now() + for_how_long;
+        while (sent < many.size() && std::chrono::steady_clock::now() < deadline) {
+            ssize_t n = ::send(fd, many.data() + sent, many.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0)
+                sent += static_cast<std::size_t>(n);
+            else
+                std::this_thread::sleep_for(5ms);
+        }
+        return sent < many.size();
+    }
     std::vector<std::byte> buf_;
     std::unique_ptr<memory_region> mr_;
 };
@@ -1189,30 +1219,7 @@ TEST_F(hostile, read_flood_without_reading_responses_is_bounded)
     auto c = accept_receiving(fd);
     // Ask for far more reads than max_rd_atomic and never read the answers: the server must
     // stop reading (backpressure), not queue without bound, and stay responsive.
-    int small = 4096;
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    frame_header h;
-    h.op = frame_op::read_req;
-    h.length = 4096;
-    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
-    h.key = mr_->remote().key;
-    // 40 MB of requests (about 4 GB of answers): far beyond every socket buffer involved.
-    constexpr int count = 1000000;
-    std::vector<std::byte> many(40 * std::size_t{count});
-    for (int i = 0; i < count; ++i) {
-        h.seq = static_cast<std::uint64_t>(i);
-        h.encode(many.data() + std::size_t(i) * 40);
-    }
-    std::size_t sent = 0;
-    auto deadline = std::chrono::steady_clock::now() + 3s;
-    while (sent < many.size() && std::chrono::steady_clock::now() < deadline) {
-        ssize_t n = ::send(fd, many.data() + sent, many.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0)
-            sent += static_cast<std::size_t>(n);
-        else
-            std::this_thread::sleep_for(5ms);
-    }
-    EXPECT_LT(sent, many.size()) << "the server kept reading requests it could not answer";
+    EXPECT_TRUE(flood_reads(fd, 3s)) << "the server kept reading requests it could not answer";
     EXPECT_EQ(c->state(), connection_state::established);
     // The server's engine is still serving others.
     auto p = connect_pair();
@@ -1239,29 +1246,7 @@ TEST_F(hostile, a_stalled_socket_does_not_keep_waking_a_sleeper_on_the_queue)
     ASSERT_NE(c, nullptr);
     buf_.assign(4096, std::byte{0x11});
     mr_ = server_dom_->register_memory(buf_.data(), buf_.size(), access::remote_read);
-    int small = 4096;
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    frame_header h;
-    h.op = frame_op::read_req;
-    h.length = 4096;
-    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
-    h.key = mr_->remote().key;
-    constexpr int count = 1000000;
-    std::vector<std::byte> many(40 * std::size_t{count});
-    for (int i = 0; i < count; ++i) {
-        h.seq = static_cast<std::uint64_t>(i);
-        h.encode(many.data() + std::size_t(i) * 40);
-    }
-    std::size_t sent = 0;
-    auto deadline = std::chrono::steady_clock::now() + 2s;
-    while (sent < many.size() && std::chrono::steady_clock::now() < deadline) {
-        ssize_t n = ::send(fd, many.data() + sent, many.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0)
-            sent += static_cast<std::size_t>(n);
-        else
-            std::this_thread::sleep_for(5ms);
-    }
-    ASSERT_LT(sent, many.size()) << "the server kept reading requests it could not answer";
+    ASSERT_TRUE(flood_reads(fd, 2s)) << "the server kept reading requests it could not answer";
 
     int ep = ::epoll_create1(EPOLL_CLOEXEC);
     ASSERT_GE(ep, 0);
