@@ -35,9 +35,9 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       rnr_delay_(detail::rnr_delay(opts.min_rnr_timer)),
       max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))),
       shared_(std::move(shared)), send_cq_(typed(shared_.send_cq())), recv_cq_(typed(shared_.recv_cq())),
-      on_shared_cq_(send_cq_ || recv_cq_), context_(opts.context), fd_(fd.get()),
-      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), sq_(lim.send_queue_depth),
-      sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
+      on_shared_cq_(send_cq_ || recv_cq_), watch_(on_shared_cq_ ? queue_watch::watched : queue_watch::none),
+      context_(opts.context), fd_(fd.get()), efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+      sq_(lim.send_queue_depth), sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
       sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), lq_(lim.send_queue_depth),
       rq_(opts.srq ? 0 : lim.recv_queue_depth),
       rq_segs_(opts.srq ? 0 : std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
@@ -118,7 +118,7 @@ void connection_engine::close() noexcept
         // The connection object goes: nothing more names it in an event queue.
         events_.close();
         local_disconnect_ = true;
-        connecting = state() == connection_state::connecting || hs_phase_ == hs_phase::failed;
+        connecting = state() == connection_state::connecting || hs_.current() == connector::phase::failed;
         ownership_.on_app_idle(); // no call will come again: what is left to send is the engine's
         // Nothing of a connection the application destroyed is polled from a shared queue
         // (it would name a connection that is gone): its flush goes nowhere, what it left

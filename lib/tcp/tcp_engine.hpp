@@ -25,6 +25,7 @@
 #include "cq_reservation.hpp"
 #include "tcp/tcp_completion.hpp"
 #include "tcp/tcp_completion_queue.hpp"
+#include "tcp/tcp_connector.hpp"
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
@@ -81,18 +82,14 @@ public:
         peer_goodbye_ = yes;
     }
 
-    // --- start_connect (tcp_handshake.cpp): the client's handshake on the engine thread ---
-    /// The addresses a client's name resolved to after the first, tried in turn while
-    /// connect() fails (one handshake, one deadline), and what each new socket is given.
-    struct dial_plan {
-        std::vector<detail::socket_address> addrs;
-        std::string congestion; ///< connection_options::tcp.congestion
-    };
+    // --- start_connect (tcp_handshake.cpp): the handshake on the engine thread, its steps
+    // those of a connector (tcp_connector.hpp) ---
+    using dial_plan = connector::dial_plan;
     /// The socket's connect() is in progress: in state `connecting`, waits for it on the
     /// engine (the next address of `rest` while it fails), sends `hello`, reads the reply,
     /// and becomes established (and starts as start() does) or error (connection_refused,
     /// unreachable, rejected with the reply's private data, protocol_error, timed_out at
-    /// `deadline`; handshake_failure() says what happened). `connect_err`: connect()
+    /// `deadline`; await_handshake's error says what happened). `connect_err`: connect()
     /// failed at once with that errno. Called once instead of start().
     void start_client(std::span<const std::byte> hello, clock::time_point deadline, int connect_err,
                       dial_plan rest) RDMX_EXCLUDES(mu_);
@@ -257,8 +254,6 @@ private:
         atomic_resp,   ///< the old value, into rx_operands_; then into the atomic's local SGE
     };
     enum class rx_status : std::uint8_t { again, wait, stop };
-    /// The handshake of start_client / start_server (tcp_handshake.cpp).
-    enum class hs_phase : std::uint8_t { none, connect, hello, reply, accept, failed };
 
     // Annotations (tcp_thread_safety.hpp): RDMX_REQUIRES(mu_) runs on any thread that holds
     // the lock; RDMX_REQUIRES(mu_, engine_thread_) on the engine thread only.
@@ -475,33 +470,30 @@ private:
         RDMX_REQUIRES(mu_, engine_thread_); ///< take the socket back into the epoll set
     void arm_standdown_check() noexcept RDMX_REQUIRES(mu_, engine_thread_);
 
-    // --- the client's handshake (tcp_handshake.cpp; engine thread) ---
+    // --- driving the handshake (tcp_handshake.cpp; engine thread) ---
+    /// Runs the connector's next step and does what it asks.
     void handshake_step() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     /// The next step once the socket is ready for `w`.
     void handshake_wait(asio::posix::stream_descriptor::wait_type w) noexcept
         RDMX_REQUIRES(mu_, engine_thread_);
-    /// start_client / start_server's common part: `connecting` with `phase`, the timer
-    /// armed, the first step (or connect_failed(connect_err)) on the engine.
-    void start_handshake(hs_phase phase, std::span<const std::byte> out, clock::time_point deadline,
+    /// start_client / start_server's common part: `connecting`, the connector begun in
+    /// `p` with `out`, the timer armed, the first step (or connect_failed(connect_err)) on
+    /// the engine.
+    void start_handshake(connector::phase p, std::span<const std::byte> out, clock::time_point deadline,
                          int connect_err) RDMX_EXCLUDES(mu_);
-    /// The handshake failed with `cause`; `why` (printf format and arguments) says how, for
-    /// handshake_failure(). To error, the socket closed, a blocking connect() woken.
-    void handshake_failed(std::error_code cause, const char* why, ...) noexcept
-        RDMX_REQUIRES(mu_, engine_thread_) __attribute__((format(printf, 3, 4)));
+    /// The connector failed (its cause() and why() say how): to error, the socket closed,
+    /// a blocking connect() woken.
+    void handshake_failed() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     /// Wakes await_handshake (the state left `connecting`).
     void wake_settled() noexcept;
-    /// connect() of the socket failed with `err`: the next address of dial_ if any is left
-    /// (redial), else the handshake fails.
+    /// connect() of the socket failed with `err`: the next address of the connector's dial
+    /// plan if any is left (redial), else the handshake fails.
     void connect_failed(int err) noexcept RDMX_REQUIRES(mu_, engine_thread_);
-    /// A fresh socket for the next address of dial_, connecting, under fd_'s number (so
-    /// that nothing holding the number goes stale): out of the reactor and the shared
+    /// A fresh socket for the next address of the dial plan, connecting, under fd_'s number
+    /// (so that nothing holding the number goes stale): out of the reactor and the shared
     /// queues' epoll sets, dup3, back in. False (err: the last errno) if no address is left.
     bool redial(int& err) noexcept RDMX_REQUIRES(mu_, engine_thread_);
-    /// Sends what is left of the HELLO or reply in hs_buf_ without blocking: 0 once all of
-    /// it went out, EAGAIN when the socket is full (wait until writable), otherwise the
-    /// errno that ended it, or -1 for a send that moved nothing.
-    int handshake_send_rest() noexcept RDMX_REQUIRES(mu_, engine_thread_);
-    /// The reply accepted: established, started as start() does.
+    /// The connector is established: the connection is, started as start() does.
     void begin_established() noexcept RDMX_REQUIRES(mu_, engine_thread_);
 
     // --- after the connection object is gone (tcp_engine.cpp) ---
@@ -531,8 +523,20 @@ private:
     /// Stood down for a shared queue's poller (stand_down, reclaim_rx): queue_sleeps() asks.
     std::atomic<bool> left_to_queue_{false};
     std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
-    bool queues_unwatched_ RDMX_GUARDED_BY(mu_) = false;      ///< unwatch_queues() ran
-    bool queues_paused_ RDMX_GUARDED_BY(mu_) = false;         ///< pause_queue_watch() ran
+    /// Whether its socket is in its shared queues' epoll sets, where their polls and
+    /// sleepers see it.
+    enum class queue_watch : std::uint8_t {
+        none,    ///< no side reports to a shared queue
+        watched, ///< in the sets (attach_queues, and back after a stall)
+        paused,  ///< out while reading stalls (pause_queue_watch, resume_queue_watch)
+        gone,    ///< out for good: reading ended, the socket closes, a set refused it (unwatch_queues)
+    };
+    queue_watch watch_ RDMX_GUARDED_BY(mu_);
+    /// The shared queues still know this socket (in their sets, or out for a stall only).
+    bool queues_reach() const noexcept RDMX_REQUIRES(mu_)
+    {
+        return watch_ == queue_watch::watched || watch_ == queue_watch::paused;
+    }
     /// The read wake being served found a shared queue armed for a sleeper that watches
     /// the sockets (queues_watched), before the run's own completions fired that arming.
     bool wake_saw_sleeper_ RDMX_GUARDED_BY(mu_) = false;
@@ -563,15 +567,10 @@ private:
     bool goodbye_heard_ RDMX_GUARDED_BY(mu_) = false;    ///< its GOODBYE frame arrived
     std::size_t goodbye_sent_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes of ours on the wire (maybe_shutdown)
     std::vector<std::byte> peer_pdata_;                  ///< see peer_private_data()
-    // The client's handshake (start_client), engine thread.
-    std::array<std::byte, handshake::reply_size> hs_buf_ RDMX_GUARDED_BY(mu_){};
-    std::size_t hs_len_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes of HELLO in hs_buf_ (while sending)
-    std::size_t hs_done_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes sent / received in this phase
-    /// Not `none` while the handshake owns the socket, and after it failed: the
-    /// application's calls then leave the socket alone.
-    hs_phase hs_phase_ RDMX_GUARDED_BY(mu_) = hs_phase::none;
-    dial_plan dial_ RDMX_GUARDED_BY(mu_);                 ///< start_client's addresses left to try
-    std::array<char, 160> hs_why_ RDMX_GUARDED_BY(mu_){}; ///< handshake_failure()
+    /// The handshake (start_client, start_server): its connector owns the socket until it
+    /// is established, and after it failed (owns_socket(): the application's calls then
+    /// leave the socket alone).
+    connector hs_ RDMX_GUARDED_BY(mu_);
     /// await_handshake's wake-up: notified (after mu_) when the handshake ends either way.
     std::mutex settle_mu_;
     std::condition_variable settled_;

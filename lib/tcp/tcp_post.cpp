@@ -199,7 +199,7 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
 std::size_t connection_engine::poll(std::span<completion> out) noexcept
 {
     engine_lock lk(mu_);
-    if (hs_phase_ != hs_phase::none) // the handshake's socket: nothing to read or send here
+    if (hs_.owns_socket()) // the handshake's socket: nothing to read or send here
         return cq_.pop(out);
     const auto now = std::chrono::steady_clock::now();
     ownership_.on_poll(now);
@@ -223,7 +223,7 @@ std::error_code connection_engine::request_notify(bool solicited_only) noexcept
         return errc::invalid_argument; // no completions of its own: wait on the shared queues
     engine_lock lk(mu_);
     notify_.arm(solicited_only);
-    if (hs_phase_ != hs_phase::none)
+    if (hs_.owns_socket())
         return {};            // the engine owns the socket during the handshake anyway
     ownership_.on_app_idle(); // about to sleep: what is left to send is the engine's
     pump();                   // an ACK that rx_poll left for this call: the caller may now sleep

@@ -41,9 +41,9 @@ void connection_engine::detach_queues() noexcept
 
 void connection_engine::unwatch_queues() noexcept
 {
-    if (!on_shared_cq_ || queues_unwatched_ || shared_detached_)
+    if (!queues_reach() || shared_detached_)
         return;
-    queues_unwatched_ = true;
+    watch_ = queue_watch::gone;
     for (tcp_completion_queue* q : shared_queues())
         if (q)
             q->unwatch(fd_);
@@ -51,9 +51,9 @@ void connection_engine::unwatch_queues() noexcept
 
 void connection_engine::pause_queue_watch() noexcept
 {
-    if (!on_shared_cq_ || queues_unwatched_ || shared_detached_ || queues_paused_)
+    if (watch_ != queue_watch::watched || shared_detached_)
         return;
-    queues_paused_ = true;
+    watch_ = queue_watch::paused;
     for (tcp_completion_queue* q : shared_queues())
         if (q)
             q->unwatch(fd_);
@@ -61,10 +61,10 @@ void connection_engine::pause_queue_watch() noexcept
 
 void connection_engine::resume_queue_watch() noexcept
 {
-    if (!queues_paused_)
+    if (watch_ != queue_watch::paused)
         return;
-    queues_paused_ = false;
-    if (queues_unwatched_ || shared_detached_ || closed_)
+    watch_ = queue_watch::watched;
+    if (shared_detached_ || closed_)
         return;
     for (tcp_completion_queue* q : shared_queues())
         if (q && !q->watch(*this, fd_)) {
@@ -72,7 +72,7 @@ void connection_engine::resume_queue_watch() noexcept
             for (tcp_completion_queue* o : shared_queues())
                 if (o)
                     o->unwatch(fd_); // where it went back in (the rest say ENOENT)
-            queues_unwatched_ = true;
+            watch_ = queue_watch::gone;
             log_limited("epoll_ctl(EPOLL_CTL_ADD) of a shared completion queue after a stall: %s; "
                         "connection to error",
                         std::strerror(err));
@@ -88,7 +88,7 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
     engine_lock lk(mu_);
     if (listed) // off the list now (a run for readiness leaves us there, marked)
         pending_marked_[&q == send_cq_ ? 0 : 1] = false;
-    if (closed_ || shared_detached_ || hs_phase_ != hs_phase::none)
+    if (closed_ || shared_detached_ || hs_.owns_socket())
         return; // the handshake's socket is the engine's; a reply there waits for it
     if (rx_done_) {
         unwatch_queues(); // EOF or an error: readable for good, and nothing more to read
@@ -127,7 +127,7 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
 
 bool connection_engine::mark_on_queues() noexcept
 {
-    if (!on_shared_cq_ || queues_unwatched_ || shared_detached_)
+    if (!queues_reach() || shared_detached_)
         return false;
     auto queues = shared_queues();
     for (std::size_t i = 0; i < queues.size(); ++i)
@@ -215,7 +215,7 @@ void connection_engine::queue_flush(tcp_completion_queue& q) noexcept
 {
     engine_lock lk(mu_);
     pending_marked_[&q == send_cq_ ? 0 : 1] = false;
-    if (closed_ || shared_detached_ || hs_phase_ != hs_phase::none)
+    if (closed_ || shared_detached_ || hs_.owns_socket())
         return;
     if (ownership_.app_owns() && app_may_read())
         rx_read(); // frames a budget left staged: a marking of them fires the arming

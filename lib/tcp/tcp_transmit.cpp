@@ -160,7 +160,7 @@ void connection_engine::pump() noexcept
     // the engine may share its CPU and run only when the application yields it, so a busy
     // application that leaves large transfers to the engine halves its own bandwidth. The
     // continuation stays armed (arm_write adds none) and finds less or nothing left to do.
-    if (closed_ || tx_done_ || in_pump_ || (write_armed_ && on_engine()) || hs_phase_ != hs_phase::none)
+    if (closed_ || tx_done_ || in_pump_ || (write_armed_ && on_engine()) || hs_.owns_socket())
         return;
     in_pump_ = true;
     // Bounded work per call: post() must stay short on the application thread, and the
