@@ -31,15 +31,14 @@ tcp_completion_queue* typed(detail::completion_queue_base* q) noexcept
 connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connection_limits& lim,
                                      const connection_options& opts, std::uint32_t peer_max_rd,
                                      detail::cq_reservation shared)
-    : dom_(dom), lim_(lim), rnr_limit_(opts.rnr_retry_count > 7 ? 7 : opts.rnr_retry_count),
-      rnr_delay_(detail::rnr_delay(opts.min_rnr_timer)),
+    : dom_(dom), lim_(lim), rnr_delay_(detail::rnr_delay(opts.min_rnr_timer)),
       max_rd_out_(std::max<std::uint32_t>(1, std::min(lim.max_rd_atomic, peer_max_rd))),
       shared_(std::move(shared)), send_cq_(typed(shared_.send_cq())), recv_cq_(typed(shared_.recv_cq())),
       on_shared_cq_(send_cq_ || recv_cq_), watch_(on_shared_cq_ ? queue_watch::watched : queue_watch::none),
       context_(opts.context), fd_(fd.get()), efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       sq_(lim.send_queue_depth), sq_segs_(std::size_t{lim.send_queue_depth} * lim.max_send_sge),
       sq_inline_(std::size_t{lim.send_queue_depth} * lim.max_inline), lq_(lim.send_queue_depth),
-      rq_(opts.srq ? 0 : lim.recv_queue_depth),
+      rnr_(opts.rnr_retry_count), rq_(opts.srq ? 0 : lim.recv_queue_depth),
       rq_segs_(opts.srq ? 0 : std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
       srq_(tcp_srq::of(opts, dom, "connection").get()), srq_polled_(srq_),
       srq_segs_(srq_ ? srq_->max_sge() : 0),
@@ -58,7 +57,8 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       // least, doubling) on a lossy link would look like a dead peer.
       progress_timeout_(std::max<std::chrono::steady_clock::duration>(
           opts.ack_timeout * (std::min<int>(opts.retry_count, 7) + 1), std::chrono::seconds(1))),
-      progress_timer_(dom.io()), handshake_timer_(dom.io())
+      live_(progress_timeout_, std::chrono::steady_clock::now()), progress_timer_(dom.io()),
+      handshake_timer_(dom.io())
 {
     if (!efd_)
         throw_errno(errno, "eventfd");

@@ -29,6 +29,7 @@
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
+#include "tcp/tcp_reliability.hpp"
 #include "tcp/tcp_response_queue.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_srq.hpp"
@@ -506,7 +507,6 @@ private:
     /// Fixed once the connection is established; the started connect's handshake writes
     /// max_rd_atomic (the peer's reply lowers it) before it says so.
     connection_limits lim_;
-    const std::uint8_t rnr_limit_;
     const std::chrono::microseconds rnr_delay_;
     /// reads this side may have outstanding at the peer (start_client: known with the reply)
     std::uint32_t max_rd_out_ RDMX_GUARDED_BY(mu_);
@@ -599,9 +599,7 @@ private:
     std::uint64_t tx_next_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t sq_tail_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint32_t reads_in_flight_ RDMX_GUARDED_BY(mu_) = 0; ///< reads and atomics (reads_or_atomic)
-    std::uint64_t rnr_seq_ RDMX_GUARDED_BY(mu_) = UINT64_MAX;
-    std::uint32_t rnr_tries_ RDMX_GUARDED_BY(mu_) = 0;
-    bool rnr_active_ RDMX_GUARDED_BY(mu_) = false; ///< waiting out an RNR delay: no request may start
+    rnr_retry rnr_ RDMX_GUARDED_BY(mu_); ///< RNR retries of the head (tcp_reliability.hpp)
 
     std::vector<rq_entry> rq_ RDMX_GUARDED_BY(mu_);
     std::vector<seg> rq_segs_ RDMX_GUARDED_BY(mu_);
@@ -673,11 +671,9 @@ private:
     std::uint64_t rx_expect_ RDMX_GUARDED_BY(mu_) = 0; ///< next request sequence number from the peer
     bool rnr_wait_ RDMX_GUARDED_BY(mu_) = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
-    int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;           ///< the socket's SO_RCVLOWAT (set_rcvlowat)
-    std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes read from the socket (frames, not the drain)
-    std::uint64_t tx_bytes_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes the socket took
-    /// rx_bytes_ + unread bytes at the progress check's last look
-    std::uint64_t arrived_seen_ RDMX_GUARDED_BY(mu_) = 0;
+    int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)
+    std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)
+    std::uint64_t tx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes the socket took
     bool reclaim_posted_ RDMX_GUARDED_BY(mu_) = false; ///< request_notify() asked the engine to take it back
     /// who reads and sends: the engine or a polling application
     poll_ownership ownership_ RDMX_GUARDED_BY(mu_);
@@ -703,14 +699,10 @@ private:
     asio::steady_timer linger_timer_ RDMX_GUARDED_BY(engine_thread_);
     bool tx_check_armed_ RDMX_GUARDED_BY(mu_) = false;
 
-    // Liveness: while requests are outstanding, some byte must move (either way) at least
-    // every progress_timeout_ (ack_timeout * (retry_count + 1)), or the peer is declared
-    // dead (transport_retry_exceeded), as a verbs QP does after its retries.
+    /// ack_timeout * (retry_count + 1), at least 1 s: the dead-peer rule's bound (live_),
+    /// and the linger's.
     const std::chrono::steady_clock::duration progress_timeout_;
-    std::chrono::steady_clock::time_point
-        last_progress_ RDMX_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
-    /// rx_bytes_ + tx_bytes_ at the progress check's last look
-    std::uint64_t progress_seen_ RDMX_GUARDED_BY(mu_) = 0;
+    liveness live_ RDMX_GUARDED_BY(mu_); ///< the dead-peer rule (tcp_reliability.hpp)
     asio::steady_timer progress_timer_ RDMX_GUARDED_BY(engine_thread_);
     asio::steady_timer handshake_timer_ RDMX_GUARDED_BY(engine_thread_); ///< start_handshake's deadline
 };

@@ -127,21 +127,14 @@ void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
         fail(connection_state::error, nak_status(code));
         return;
     }
-    if (rnr_seq_ != seq) {
-        rnr_seq_ = seq;
-        rnr_tries_ = 0;
-    }
-    // rnr_retry_count 7 means retry forever, as on verbs.
-    if (rnr_limit_ != 7 && rnr_tries_ >= rnr_limit_) {
+    if (!rnr_.on_nak(seq)) {
         complete_sq_head(errc::rnr_retry_exceeded, 0);
         fail(connection_state::error, errc::rnr_retry_exceeded);
         return;
     }
-    ++rnr_tries_;
     // Go back to the NAKed request; everything after it was dropped by the peer.
     tx_next_ = seq;
     reads_in_flight_ = 0; // nothing before seq is outstanding: responses come in order
-    rnr_active_ = true;
     // As on verbs, each retry waits the RNR timer (connection_options::min_rnr_timer).
     auto delay = rnr_delay_;
     rnr_timer_.expires_after(delay);
@@ -150,7 +143,7 @@ void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
             return;
         engine_lock lk(self->mu_);
         self->assert_on_engine();
-        self->rnr_active_ = false;
+        self->rnr_.waited();
         self->pump();
     };
     rnr_timer_.async_wait(with_memory(hmem_, std::move(on_timer)));
@@ -158,9 +151,7 @@ void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
 
 void connection_engine::arm_progress_check() noexcept
 {
-    // A few checks per timeout bound the detection time to 1.25 x the timeout.
-    progress_timer_.expires_after(
-        std::max<std::chrono::steady_clock::duration>(progress_timeout_ / 4, std::chrono::milliseconds(5)));
+    progress_timer_.expires_after(live_.check_interval());
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
@@ -175,25 +166,12 @@ void connection_engine::check_progress() noexcept
 {
     if (closed_ || state() != connection_state::established)
         return; // nothing outstanding any more: the timer stops here
-    auto now = std::chrono::steady_clock::now();
-    // Bytes moved either way since the last look: the peer is alive. The data path only
-    // counts them and reads no clock for it; timing them here makes last_progress_ at most
-    // one interval late, which keeps detection within the same 1.25 x the timeout.
-    if (std::uint64_t moved = rx_bytes_ + tx_bytes_; moved != progress_seen_) {
-        progress_seen_ = moved;
-        last_progress_ = now;
-    }
-    int unread = 0;
-    if (sq_head_ == sq_tail_) {
-        last_progress_ = now; // idle time is not silence
-    } else if (now - last_progress_ >= progress_timeout_ && ::ioctl(fd_, FIONREAD, &unread) == 0 &&
-               unread > 0 && rx_bytes_ + static_cast<std::uint64_t>(unread) > arrived_seen_) {
-        // Bytes arrived since the last look and wait unread: below the wake threshold of a
-        // slow payload (set_rcvlowat), or left to an application that stood the engine
-        // down. The peer is alive. (One that stopped mid-payload fails at the next look.)
-        last_progress_ = now;
-        arrived_seen_ = rx_bytes_ + static_cast<std::uint64_t>(unread);
-    } else if (now - last_progress_ >= progress_timeout_) {
+    auto unread = [this]() -> long long {
+        int n = 0;
+        return ::ioctl(fd_, FIONREAD, &n) == 0 ? n : -1;
+    };
+    if (!live_.alive(std::chrono::steady_clock::now(), rx_bytes_ + tx_bytes_, rx_bytes_, sq_head_ != sq_tail_,
+                     unread)) {
         // The peer has neither answered nor taken any byte for the whole budget of retries.
         complete_sq_head(errc::transport_retry_exceeded, 0);
         fail(connection_state::error, errc::transport_retry_exceeded);

@@ -189,7 +189,7 @@ void connection_engine::pump() noexcept
                 revoked_frame(frame_kind::response, r); // now a NAK, the last response
                 add_frame(b, frame_kind::response, r, 0);
             }
-        if (state() == connection_state::established && !rnr_active_) {
+        if (state() == connection_state::established && !rnr_.waiting()) {
             std::uint64_t q = tx_next_;
             std::uint32_t reads = reads_in_flight_;
             while (!b.closed && b.nitems < max_batch_frames && q < sq_tail_) {
