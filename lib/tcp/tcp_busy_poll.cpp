@@ -29,14 +29,14 @@ bool connection_engine::coalesce_post() noexcept
         return false;
     std::uint64_t bytes = 0;
     int n = 0;
-    for (std::uint64_t q = tx_next_; q > sq_head_ && n < max_batch_frames && bytes < (64u << 10); ++n)
-        bytes += sq_at(--q).length;
+    for (std::uint64_t q = sq_.next(); q > sq_.head() && n < max_batch_frames && bytes < (64u << 10); ++n)
+        bytes += sq_.at(--q).length;
     if (n < max_batch_frames && bytes < (64u << 10))
         return false; // little in flight: send now
     bytes = 0;
     n = 0;
-    for (std::uint64_t q = tx_next_; q < sq_tail_; ++q, ++n) {
-        bytes += sq_at(q).length;
+    for (std::uint64_t q = sq_.next(); q < sq_.tail(); ++q, ++n) {
+        bytes += sq_.at(q).length;
         if (n + 1 >= max_batch_frames || bytes >= (1u << 20))
             return false; // a full batch: send it
     }
@@ -78,8 +78,8 @@ void connection_engine::arm_tx_check() noexcept
             return;
         if (self->ownership_.app_owns())
             return; // stood down: the stand-down check rules
-        bool pending =
-            self->cur_.kind != frame_kind::none || self->tx_next_ != self->sq_tail_ || !self->resp_.empty();
+        bool pending = self->cur_.kind != frame_kind::none || self->sq_.next() != self->sq_.tail() ||
+                       !self->resp_.empty();
         if (pending && self->ownership_.called_since_tx_check()) {
             self->arm_tx_check(); // still calling: its calls go on sending
             return;
@@ -243,7 +243,7 @@ bool connection_engine::only_acks_owed() const noexcept
 {
     // Nothing but ACKs: no frame half sent, no request waiting (an ACK or read response
     // that just arrived may have unblocked a fenced one), no read response or NAK owed.
-    if (cur_.kind != frame_kind::none || tx_next_ != sq_tail_)
+    if (cur_.kind != frame_kind::none || sq_.next() != sq_.tail())
         return false;
     return resp_.only_acks();
 }

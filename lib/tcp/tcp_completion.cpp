@@ -77,7 +77,7 @@ std::uint64_t connection_engine::shared_room(cq_side side) const noexcept
     if (side == cq_side::send) {
         if (!send_cq_)
             return UINT64_MAX;
-        const std::uint64_t used = sq_tail_ - sq_head_ + (lq_tail_ - lq_head_) + held_in_cq(side);
+        const std::uint64_t used = sq_.used() + held_in_cq(side);
         return used < lim_.send_queue_depth ? lim_.send_queue_depth - used : 0;
     }
     if (!recv_cq_)
@@ -88,10 +88,7 @@ std::uint64_t connection_engine::shared_room(cq_side side) const noexcept
 
 void connection_engine::complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept
 {
-    sq_entry e = sq_at(sq_head_);
-    ++sq_head_;
-    if (reads_or_atomic(e.op) && reads_in_flight_ > 0)
-        --reads_in_flight_;
+    const send_queue::entry e = sq_.pop();
     if (status || e.signaled)
         push_cq(cq_side::send, {.wr_id = e.wr_id,
                                 .opcode = status ? opcode::unknown : completion_opcode(e.op),
@@ -103,8 +100,7 @@ void connection_engine::complete_sq_head(std::error_code status, std::uint32_t b
 
 void connection_engine::complete_local(std::error_code status) noexcept
 {
-    while (lq_head_ != lq_tail_ && lq_[lq_head_ % lq_.size()].after <= sq_head_) {
-        const local_entry l = lq_[lq_head_++ % lq_.size()];
+    for (send_queue::local_entry l; sq_.pop_local_due(l);) {
         if (status || l.signaled)
             push_cq(cq_side::send,
                     {.wr_id = l.wr_id, .opcode = status ? opcode::unknown : l.op, .status = status});
@@ -136,13 +132,12 @@ void connection_engine::fail(connection_state to, std::error_code cause) noexcep
     // at post time), their completions say flushed.
     const std::error_code flushed = make_error_code(errc::flushed);
     complete_local(flushed);
-    while (sq_head_ < sq_tail_) {
-        sq_entry& e = sq_at(sq_head_++);
+    while (!sq_.empty()) {
+        const send_queue::entry e = sq_.pop();
         push_cq(cq_side::send, {.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
         complete_local(flushed);
     }
-    tx_next_ = sq_tail_;
-    reads_in_flight_ = 0;
+    sq_.stop_sending();
     while (rq_head_ < rq_tail_) {
         rq_entry& e = rq_at(rq_head_++);
         push_cq(cq_side::recv, {.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});

@@ -31,6 +31,7 @@
 #include "tcp/tcp_poll_ownership.hpp"
 #include "tcp/tcp_reliability.hpp"
 #include "tcp/tcp_response_queue.hpp"
+#include "tcp/tcp_send_queue.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_thread_safety.hpp"
@@ -191,30 +192,6 @@ private:
     static constexpr std::uint64_t rcvlowat_min = 64u << 10;
     static constexpr std::uint64_t rcvlowat_max = 256u << 10;
 
-    struct sq_entry {
-        std::uint64_t wr_id = 0;
-        std::uint64_t remote_addr = 0;
-        std::uint64_t remote_key = 0;
-        std::uint32_t length = 0;
-        std::uint32_t imm = 0;
-        rdmx::opcode op = opcode::send;
-        bool signaled = false;
-        bool fenced = false;
-        bool solicited = false;
-        std::uint32_t nseg = 0;
-        /// Atomics: the operands as the request frame carries them (compare_add, then
-        /// swap; little endian), and the payload piece naming them (payload_segs). Its
-        /// SGE (sq_segs) is where the old value lands.
-        std::array<std::byte, compare_swap_payload> operands{};
-        seg operand_seg;
-    };
-    /// Whether a request of `op` waits for a response with data (READ_RESP, ATOMIC_RESP)
-    /// and counts against max_rd_atomic (reads_in_flight_) and fences, as verbs counts
-    /// reads and atomics alike (IBV_SEND_FENCE, max_rd_atomic).
-    static bool reads_or_atomic(rdmx::opcode op) noexcept
-    {
-        return op == opcode::read || op == opcode::fetch_add || op == opcode::compare_swap;
-    }
     struct rq_entry {
         std::uint64_t wr_id = 0;
         std::uint64_t length = 0;
@@ -265,17 +242,9 @@ private:
     bool on_engine() const noexcept;
 
     // --- rings (any thread, mu_ held) ---
-    seg* sq_segs(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
-    {
-        return &sq_segs_[(pos % lim_.send_queue_depth) * lim_.max_send_sge];
-    }
     seg* rq_segs(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
     {
         return &rq_segs_[(pos % lim_.recv_queue_depth) * lim_.max_recv_sge];
-    }
-    sq_entry& sq_at(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
-    {
-        return sq_[pos % lim_.send_queue_depth];
     }
     rq_entry& rq_at(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
     {
@@ -577,28 +546,9 @@ private:
 
     engine_mutex mu_;
     thread_role engine_thread_; ///< held by the domain's io thread (assert_on_engine)
-    // Send queue: [sq_head_, tx_next_) started and awaiting a response, [tx_next_, sq_tail_)
-    // not started. Positions are also the request sequence numbers.
-    std::vector<sq_entry> sq_ RDMX_GUARDED_BY(mu_);
-    std::vector<seg> sq_segs_ RDMX_GUARDED_BY(mu_);
-    std::vector<std::byte> sq_inline_ RDMX_GUARDED_BY(mu_);
-    /// Binds and invalidations posted behind requests still outstanding (post_local): each
-    /// completes once the send queue's head reaches `after`, so that the send queue's
-    /// completions keep the order of posting, as on verbs. Ring of send_queue_depth
-    /// (they take send-queue slots); [lq_head_, lq_tail_).
-    struct local_entry {
-        std::uint64_t wr_id = 0;
-        std::uint64_t after = 0;
-        rdmx::opcode op = opcode::bind_window;
-        bool signaled = false;
-    };
-    std::vector<local_entry> lq_ RDMX_GUARDED_BY(mu_);
-    std::uint64_t lq_head_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint64_t lq_tail_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint64_t sq_head_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint64_t tx_next_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint64_t sq_tail_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint32_t reads_in_flight_ RDMX_GUARDED_BY(mu_) = 0; ///< reads and atomics (reads_or_atomic)
+    /// The send queue: its requests, the binds and invalidations behind them, where each
+    /// request is (tcp_send_queue.hpp).
+    send_queue sq_ RDMX_GUARDED_BY(mu_);
     rnr_retry rnr_ RDMX_GUARDED_BY(mu_); ///< RNR retries of the head (tcp_reliability.hpp)
 
     std::vector<rq_entry> rq_ RDMX_GUARDED_BY(mu_);

@@ -52,14 +52,10 @@ std::error_code connection_engine::post_local(const work_request& wr) noexcept
         return ec;
     }
     const bool signaled = has(wr.flags, send_flags::signaled);
-    if (sq_head_ == sq_tail_) {
-        // Nothing before it is outstanding (lq_ drains as the head moves): its turn is now.
-        if (signaled)
-            push_cq(cq_side::send, {.wr_id = wr.wr_id, .opcode = wr.opcode, .status = {}});
-        return {};
-    }
-    lq_[lq_tail_++ % lq_.size()] = {
-        .wr_id = wr.wr_id, .after = sq_tail_, .op = wr.opcode, .signaled = signaled};
+    // Behind requests still outstanding it waits for them (its completion in order);
+    // otherwise its turn is now.
+    if (!sq_.push_local(wr.wr_id, wr.opcode, signaled) && signaled)
+        push_cq(cq_side::send, {.wr_id = wr.wr_id, .opcode = wr.opcode, .status = {}});
     return {};
 }
 
@@ -94,7 +90,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
         lim_.send_queue_depth - std::min(held_in_cq(cq_side::send), lim_.send_queue_depth);
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
-        if (sq_tail_ - sq_head_ + (lq_tail_ - lq_head_) >= depth)
+        if (sq_.used() >= depth)
             break;
         const work_request& wr = wrs[i];
         if (detail::is_window_op(wr.opcode)) [[unlikely]] {
@@ -105,7 +101,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             }
             continue;
         }
-        sq_entry& e = sq_at(sq_tail_);
+        send_queue::entry& e = sq_.at(sq_.tail());
         e.wr_id = wr.wr_id;
         e.op = wr.opcode;
         e.signaled = has(wr.flags, send_flags::signaled);
@@ -114,12 +110,12 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
         e.imm = wr.imm;
         e.remote_addr = wr.remote.addr;
         e.remote_key = wr.opcode == opcode::send_with_invalidate ? wr.invalidate_key : wr.remote.key;
-        seg* segs = sq_segs(sq_tail_);
+        seg* segs = sq_.segs(sq_.tail());
         std::uint64_t total = 0;
         e.nseg = 0;
         if (has(wr.flags, send_flags::inline_data)) {
             // Copied now, into the slot's own buffer: the caller may reuse its buffer at once.
-            std::byte* buf = sq_inline_.data() + (sq_tail_ % lim_.send_queue_depth) * lim_.max_inline;
+            std::byte* buf = sq_.inline_buf(sq_.tail());
             for (const sge& s : wr.local) {
                 std::memcpy(buf + total, s.region->data() + s.offset, s.length);
                 total += s.length;
@@ -141,7 +137,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             e.operand_seg = {nullptr, 0, e.operands.data(),
                              wr.opcode == opcode::fetch_add ? fetch_add_payload : compare_swap_payload};
         }
-        ++sq_tail_;
+        sq_.push();
     }
     if (posted)
         *posted = i;
@@ -205,7 +201,7 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
     ownership_.on_poll(now);
     dom_.polls().enter(now);
     bool pumped = cq_.empty() && rx_poll();
-    if (!pumped && tx_next_ != sq_tail_)
+    if (!pumped && sq_.next() != sq_.tail())
         pump(); // requests that post() left to be coalesced, when rx_poll did not send
     std::size_t from_srq = 0;
     std::size_t n = cq_.pop(out, &from_srq);

@@ -29,7 +29,7 @@ void connection_engine::protocol_violation(const char* why, bool blame_head) noe
         violation_logged_ = true;
         log_limited("closing connection: peer violated the wire protocol (%s)", why);
     }
-    if (blame_head && state() == connection_state::established && sq_head_ < tx_next_)
+    if (blame_head && state() == connection_state::established && sq_.head() < sq_.next())
         complete_sq_head(errc::bad_response, 0);
     fail(connection_state::error, errc::protocol_error);
     // A peer that sends garbage gets no more of our attention: stop reading and writing.
@@ -64,26 +64,26 @@ void connection_engine::begin_response(const frame_header& h) noexcept
         return;
     case frame_op::nak: on_nak(h.seq, static_cast<nak_code>(h.status)); return;
     case frame_op::read_resp: {
-        if (sq_head_ >= tx_next_ || h.seq != sq_head_) {
+        if (sq_.head() >= sq_.next() || h.seq != sq_.head()) {
             protocol_violation("read response out of sequence", true);
             return;
         }
-        const sq_entry& e = sq_at(sq_head_);
+        const send_queue::entry& e = sq_.at(sq_.head());
         if (e.op != opcode::read || h.length != e.length) {
             protocol_violation("read response does not match the read", true);
             return;
         }
         rx_action_ = rx_action::read_resp;
-        rx_segs_ = sq_segs(sq_head_);
+        rx_segs_ = sq_.segs(sq_.head());
         rx_nseg_ = e.nseg;
         return;
     }
     case frame_op::atomic_resp: {
-        if (sq_head_ >= tx_next_ || h.seq != sq_head_) {
+        if (sq_.head() >= sq_.next() || h.seq != sq_.head()) {
             protocol_violation("atomic response out of sequence", true);
             return;
         }
-        const opcode op = sq_at(sq_head_).op;
+        const opcode op = sq_.at(sq_.head()).op;
         if (op != opcode::fetch_add && op != opcode::compare_swap) {
             protocol_violation("atomic response does not answer an atomic", true);
             return;
@@ -103,22 +103,22 @@ void connection_engine::begin_response(const frame_header& h) noexcept
 
 void connection_engine::on_ack(std::uint64_t seq) noexcept
 {
-    if (seq < sq_head_ || seq >= tx_next_) {
+    if (seq < sq_.head() || seq >= sq_.next()) {
         protocol_violation("ack for a request not in flight", true);
         return;
     }
-    while (sq_head_ <= seq && state() == connection_state::established) {
-        if (reads_or_atomic(sq_at(sq_head_).op)) {
+    while (sq_.head() <= seq && state() == connection_state::established) {
+        if (send_queue::reads_or_atomic(sq_.at(sq_.head()).op)) {
             protocol_violation("ack covers a read or an atomic", true);
             return;
         }
-        complete_sq_head({}, sq_at(sq_head_).length);
+        complete_sq_head({}, sq_.at(sq_.head()).length);
     }
 }
 
 void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
 {
-    if (seq != sq_head_ || sq_head_ >= tx_next_) {
+    if (seq != sq_.head() || sq_.head() >= sq_.next()) {
         protocol_violation("nak for a request not at the head", true);
         return;
     }
@@ -132,9 +132,7 @@ void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
         fail(connection_state::error, errc::rnr_retry_exceeded);
         return;
     }
-    // Go back to the NAKed request; everything after it was dropped by the peer.
-    tx_next_ = seq;
-    reads_in_flight_ = 0; // nothing before seq is outstanding: responses come in order
+    sq_.go_back(seq); // everything from it on was dropped by the peer
     // As on verbs, each retry waits the RNR timer (connection_options::min_rnr_timer).
     auto delay = rnr_delay_;
     rnr_timer_.expires_after(delay);
@@ -170,8 +168,8 @@ void connection_engine::check_progress() noexcept
         int n = 0;
         return ::ioctl(fd_, FIONREAD, &n) == 0 ? n : -1;
     };
-    if (!live_.alive(std::chrono::steady_clock::now(), rx_bytes_ + tx_bytes_, rx_bytes_, sq_head_ != sq_tail_,
-                     unread)) {
+    if (!live_.alive(std::chrono::steady_clock::now(), rx_bytes_ + tx_bytes_, rx_bytes_,
+                     sq_.head() != sq_.tail(), unread)) {
         // The peer has neither answered nor taken any byte for the whole budget of retries.
         complete_sq_head(errc::transport_retry_exceeded, 0);
         fail(connection_state::error, errc::transport_retry_exceeded);

@@ -126,7 +126,7 @@ void connection_engine::finish_atomic_response() noexcept
 {
     // The local SGE may have been deregistered meanwhile (memory_region's destructor):
     // the value is written under a pin, or not at all, as a read response's bytes.
-    const seg& sink = sq_segs(sq_head_)[0];
+    const seg& sink = sq_.segs(sq_.head())[0];
     if (rx_fault_ || (sink.st && !pin(sink.st, sink.tag))) {
         complete_sq_head(errc::local_protection, 0);
         fail(connection_state::error, errc::local_protection);

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -23,7 +24,7 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
     std::byte* hdr = b.headers[b.nitems];
     frame_header h;
     if (kind == frame_kind::request) {
-        const sq_entry& e = sq_at(pos);
+        const send_queue::entry& e = sq_.at(pos);
         h.seq = pos;
         h.length = e.length;
         switch (e.op) {
@@ -119,13 +120,13 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
 std::span<const seg> connection_engine::payload_segs(frame_kind kind, std::uint64_t pos) noexcept
 {
     if (kind == frame_kind::request) {
-        const sq_entry& e = sq_at(pos);
+        const send_queue::entry& e = sq_.at(pos);
         if (e.op == opcode::fetch_add || e.op == opcode::compare_swap)
             return {&e.operand_seg, 1};
         if (e.op != opcode::send && e.op != opcode::send_with_invalidate && e.op != opcode::write &&
             e.op != opcode::write_with_imm)
             return {}; // a read request
-        return {sq_segs(pos), e.nseg};
+        return {sq_.segs(pos), e.nseg};
     }
     response& r = resp_.at(pos);
     if (r.op == frame_op::atomic_resp) {
@@ -190,10 +191,10 @@ void connection_engine::pump() noexcept
                 add_frame(b, frame_kind::response, r, 0);
             }
         if (state() == connection_state::established && !rnr_.waiting()) {
-            std::uint64_t q = tx_next_;
-            std::uint32_t reads = reads_in_flight_;
-            while (!b.closed && b.nitems < max_batch_frames && q < sq_tail_) {
-                const sq_entry& e = sq_at(q);
+            std::uint64_t q = sq_.next();
+            std::uint32_t reads = sq_.reads_in_flight();
+            while (!b.closed && b.nitems < max_batch_frames && q < sq_.tail()) {
+                const send_queue::entry& e = sq_.at(q);
                 // Fence: this request waits until every earlier read and atomic has
                 // completed, so that e.g. a write cannot overtake the read of the same
                 // bytes, nor a read the atomic that changes them.
@@ -201,14 +202,14 @@ void connection_engine::pump() noexcept
                     break;
                 // The peer serves at most max_rd_out_ reads and atomics at once (its
                 // responder resources).
-                if (reads_or_atomic(e.op) && reads >= max_rd_out_)
+                if (send_queue::reads_or_atomic(e.op) && reads >= max_rd_out_)
                     break;
                 if (!add_whole_frame(b, frame_kind::request, q, 0)) {
-                    if (q == tx_next_) // else the earlier ones in this batch go first
+                    if (q == sq_.next()) // else the earlier ones in this batch go first
                         revoked_frame(frame_kind::request, q);
                     break;
                 }
-                if (reads_or_atomic(e.op))
+                if (send_queue::reads_or_atomic(e.op))
                     ++reads;
                 ++q;
             }
@@ -255,9 +256,8 @@ void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept
         sent -= take;
         if (!it.was_current && it.kind == frame_kind::request) {
             // Started: from now on it is in flight, and counts against fence / rd limits.
-            ++tx_next_;
-            if (reads_or_atomic(sq_at(it.pos).op))
-                ++reads_in_flight_;
+            assert(it.pos == sq_.next());
+            sq_.start();
         }
         std::uint64_t done = it.skip + take;
         if (done < it.total) {
@@ -328,7 +328,7 @@ void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexce
         // Our own request, not started, its local memory deregistered under it: a usage
         // error (verbs: a local protection error). At the head it says so; later, its
         // predecessors are still in flight and everything is flushed.
-        if (pos == sq_head_)
+        if (pos == sq_.head())
             complete_sq_head(errc::local_protection, 0);
         fail(connection_state::error);
         return;
