@@ -113,7 +113,7 @@ bool connection_engine::app_may_read() const noexcept
     // What rx_poll (or a shared queue's poll: queue_progress) needs to read on its own;
     // otherwise (a drain after an error, a stall that only the engine resumes, a sleeping
     // application) the engine reads.
-    return !notify_.armed() && !closed_ && !rx_done_ && !rx_stalled_ &&
+    return !notify_.armed() && !closed_ && rx_state_ == rx_state::reading &&
            state() == connection_state::established && !queues_armed();
 }
 
@@ -188,7 +188,8 @@ void connection_engine::reclaim_rx() noexcept
     if (ec) {
         // epoll_ctl(ADD) failed (out of memory): nobody could wait on this socket.
         log_limited("cannot watch the socket again (%s); connection to error", ec.message().c_str());
-        rx_done_ = tx_done_ = true;
+        rx_state_ = rx_state::done;
+        tx_done_ = true;
         ::shutdown(fd_, SHUT_RDWR);
         fail(connection_state::error);
         return;
@@ -225,7 +226,7 @@ bool connection_engine::rx_poll() noexcept
 bool connection_engine::rx_read() noexcept
 {
     // rx_poll without sending: reads what has arrived, on the application thread.
-    if (!(read_armed_ || ownership_.app_owns()) || closed_ || rx_done_ || rx_stalled_ ||
+    if (!(read_armed_ || ownership_.app_owns()) || closed_ || rx_state_ != rx_state::reading ||
         state() != connection_state::established)
         return false;
     rx_short_ = false;

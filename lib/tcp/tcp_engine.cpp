@@ -189,7 +189,7 @@ void connection_engine::start_linger() noexcept
 
 void connection_engine::linger_check() noexcept
 {
-    if (lingering_ && tx_done_ && rx_done_ && on_engine()) {
+    if (lingering_ && tx_done_ && rx_state_ == rx_state::done && on_engine()) {
         assert_on_engine();
         close_socket();
     }

@@ -81,7 +81,7 @@ public:
     void set_peer_says_goodbye(bool yes) noexcept RDMX_EXCLUDES(mu_)
     {
         engine_lock lk(mu_);
-        peer_goodbye_ = yes;
+        goodbye_ = yes ? goodbye::promised : goodbye::not_promised;
     }
 
     // --- start_connect (tcp_handshake.cpp): the handshake on the engine thread, its steps
@@ -421,7 +421,7 @@ private:
     bool queues_polling(std::chrono::steady_clock::time_point now) const noexcept RDMX_REQUIRES(mu_);
     /// The socket stops being read for good, or closes: out of their epoll sets (once).
     void unwatch_queues() noexcept RDMX_REQUIRES(mu_);
-    /// Reading stalled (rx_stalled_): out of their epoll sets until resume_queue_watch(),
+    /// Reading stalled (rx_state::stalled): out of their epoll sets until resume_queue_watch(),
     /// so that a socket nobody may read does not keep their polls and sleepers waking.
     void pause_queue_watch() noexcept RDMX_REQUIRES(mu_);
     /// The stall is over: back in the sets (epoll reports what waits). If a set refuses
@@ -532,10 +532,15 @@ private:
     std::error_code cause_ RDMX_GUARDED_BY(mu_); ///< why state_ left established (under mu_)
     detail::connection_events events_ RDMX_GUARDED_BY(mu_);
     bool local_disconnect_ RDMX_GUARDED_BY(mu_) = false; ///< this side disconnected (events' by_peer)
-    bool peer_goodbye_ RDMX_GUARDED_BY(mu_) = false;     ///< the peer says goodbye (set_peer_says_goodbye)
-    bool goodbye_heard_ RDMX_GUARDED_BY(mu_) = false;    ///< its GOODBYE frame arrived
-    std::size_t goodbye_sent_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes of ours on the wire (maybe_shutdown)
-    std::vector<std::byte> peer_pdata_;                  ///< see peer_private_data()
+    /// How the peer ends the stream (docs/wire-format.md section 6).
+    enum class goodbye : std::uint8_t {
+        not_promised, ///< its handshake did not set the GOODBYE flag: EOF is a disconnect
+        promised,     ///< it ends connections with a GOODBYE frame: EOF without one is peer_lost
+        heard,        ///< its GOODBYE arrived: the EOF that follows is a clean disconnect
+    };
+    goodbye goodbye_ RDMX_GUARDED_BY(mu_) = goodbye::not_promised; ///< set_peer_says_goodbye, the reply
+    std::size_t goodbye_sent_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes of ours on the wire (maybe_shutdown)
+    std::vector<std::byte> peer_pdata_;                 ///< see peer_private_data()
     /// The handshake (start_client, start_server): its connector owns the socket until it
     /// is established, and after it failed (owns_socket(): the application's calls then
     /// leave the socket alone).
@@ -627,9 +632,15 @@ private:
     bool reclaim_posted_ RDMX_GUARDED_BY(mu_) = false; ///< request_notify() asked the engine to take it back
     /// who reads and sends: the engine or a polling application
     poll_ownership ownership_ RDMX_GUARDED_BY(mu_);
-    bool rx_stalled_ RDMX_GUARDED_BY(mu_) = false; ///< stopped reading because the response ring is full
-    bool rx_done_ RDMX_GUARDED_BY(mu_) = false;    ///< EOF, error, or violation: nothing more is read
-    bool lingering_ RDMX_GUARDED_BY(mu_) = false;  ///< the connection object is gone: finishing what is owed
+    /// The receive side of the stream.
+    enum class rx_state : std::uint8_t {
+        reading, ///< frames are read as they come
+        stalled, ///< the responses owed fill their ring: no reading (the peer's TCP waits) until
+                 ///< one goes out (resume_rx)
+        done,    ///< EOF, an error or a violation: nothing more is read
+    };
+    rx_state rx_state_ RDMX_GUARDED_BY(mu_) = rx_state::reading;
+    bool lingering_ RDMX_GUARDED_BY(mu_) = false; ///< the connection object is gone: finishing what is owed
     /// the socket is closed (or being closed): nothing more happens
     bool closed_ RDMX_GUARDED_BY(mu_) = false;
     bool violation_logged_ RDMX_GUARDED_BY(mu_) = false;

@@ -178,7 +178,7 @@ void connection_engine::handshake_step() noexcept
             peer_pdata_.assign(r->data().begin(), r->data().end());
             max_rd_out_ = std::max<std::uint32_t>(1, std::min(lim_.max_rd_atomic, r->max_rd_atomic));
             lim_.max_rd_atomic = max_rd_out_; // limits(): what the connection got (before `established`)
-            peer_goodbye_ = (r->flags & handshake_flag_goodbye) != 0;
+            goodbye_ = (r->flags & handshake_flag_goodbye) != 0 ? goodbye::promised : goodbye::not_promised;
         }
         begin_established();
         return;
@@ -198,7 +198,7 @@ void connection_engine::handshake_wait(asio::posix::stream_descriptor::wait_type
 
 void connection_engine::handshake_failed() noexcept
 {
-    rx_done_ = true;
+    rx_state_ = rx_state::done;
     tx_done_ = true;
     handshake_timer_.cancel();
     fail(connection_state::error, hs_.cause());

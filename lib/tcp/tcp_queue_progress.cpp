@@ -76,7 +76,8 @@ void connection_engine::resume_queue_watch() noexcept
             log_limited("epoll_ctl(EPOLL_CTL_ADD) of a shared completion queue after a stall: %s; "
                         "connection to error",
                         std::strerror(err));
-            rx_done_ = tx_done_ = true;
+            rx_state_ = rx_state::done;
+            tx_done_ = true;
             ::shutdown(fd_, SHUT_RDWR);
             fail(connection_state::error);
             return;
@@ -90,7 +91,7 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
         pending_marked_[&q == send_cq_ ? 0 : 1] = false;
     if (closed_ || shared_detached_ || hs_.owns_socket())
         return; // the handshake's socket is the engine's; a reply there waits for it
-    if (rx_done_) {
+    if (rx_state_ == rx_state::done) {
         unwatch_queues(); // EOF or an error: readable for good, and nothing more to read
         pump();           // what post() held back for this poll
         return;

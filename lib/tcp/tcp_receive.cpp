@@ -17,7 +17,7 @@ namespace rdmx::tcp
 
 void connection_engine::arm_read() noexcept
 {
-    if (read_armed_ || rx_done_ || closed_)
+    if (read_armed_ || rx_state_ == rx_state::done || closed_)
         return;
     if (ownership_.app_owns()) {
         reclaim_rx(); // the engine reads again (after a stall): the wait needs the socket
@@ -104,7 +104,8 @@ void connection_engine::continue_rx() noexcept
 
 void connection_engine::resume_rx() noexcept
 {
-    rx_stalled_ = false;
+    if (rx_state_ == rx_state::stalled) // an end of reading stays the end
+        rx_state_ = rx_state::reading;
     resume_queue_watch();
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
                    engine_lock lk(self->mu_);
@@ -116,7 +117,7 @@ void connection_engine::resume_rx() noexcept
 
 void connection_engine::rx_run() noexcept
 {
-    if (closed_ || rx_done_ || rx_stalled_)
+    if (closed_ || rx_state_ != rx_state::reading)
         return;
     rx_short_ = false;
     for (int budget = 0; budget < rx_budget; ++budget) {
@@ -186,7 +187,7 @@ connection_engine::rx_status connection_engine::rx_step() noexcept
         protocol_violation(why, false);
         return rx_status::stop;
     }
-    if (goodbye_heard_) {
+    if (goodbye_ == goodbye::heard) {
         // GOODBYE is the peer's last frame (section 6): anything after it, a second
         // GOODBYE too, is a violation, not a request to serve.
         protocol_violation("a frame after the peer's GOODBYE", false);
@@ -195,7 +196,7 @@ connection_engine::rx_status connection_engine::rx_step() noexcept
     if (h.is_request() && resp_.full()) {
         // Backpressure: leave the header staged and stop reading until a response has
         // gone out. A peer within max_rd_atomic never gets here.
-        rx_stalled_ = true;
+        rx_state_ = rx_state::stalled;
         pause_queue_watch();
         return rx_status::stop;
     }
@@ -203,7 +204,7 @@ connection_engine::rx_status connection_engine::rx_step() noexcept
     begin_frame(h);
     if (rx_action_ != rx_action::none && rx_left_ == 0)
         finish_frame();
-    return rx_done_ ? rx_status::stop : rx_status::again;
+    return rx_state_ == rx_state::done ? rx_status::stop : rx_status::again;
 }
 
 void connection_engine::begin_frame(const frame_header& h) noexcept
@@ -288,7 +289,7 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
         rx_advance(payload);
     if (rx_left_ == 0)
         finish_frame();
-    return rx_done_ ? rx_status::stop : rx_status::again;
+    return rx_state_ == rx_state::done ? rx_status::stop : rx_status::again;
 }
 
 connection_engine::rx_status connection_engine::rx_staged_payload() noexcept
@@ -317,7 +318,7 @@ connection_engine::rx_status connection_engine::rx_staged_payload() noexcept
     rx_left_ -= n;
     if (rx_left_ == 0)
         finish_frame();
-    return rx_done_ ? rx_status::stop : rx_status::again;
+    return rx_state_ == rx_state::done ? rx_status::stop : rx_status::again;
 }
 
 void connection_engine::rx_advance(std::uint64_t n) noexcept

@@ -33,16 +33,16 @@ void connection_engine::protocol_violation(const char* why, bool blame_head) noe
         complete_sq_head(errc::bad_response, 0);
     fail(connection_state::error, errc::protocol_error);
     // A peer that sends garbage gets no more of our attention: stop reading and writing.
-    rx_done_ = true;
+    rx_state_ = rx_state::done;
     tx_done_ = true;
     ::shutdown(fd_, SHUT_RDWR);
 }
 
 void connection_engine::peer_gone() noexcept
 {
-    rx_done_ = true;
+    rx_state_ = rx_state::done;
     // A peer that says goodbye and did not: its process died (or its host reset us).
-    if (peer_goodbye_ && !goodbye_heard_)
+    if (goodbye_ == goodbye::promised)
         fail(connection_state::error, errc::peer_lost);
     else
         fail(connection_state::disconnected);
@@ -56,11 +56,11 @@ void connection_engine::begin_response(const frame_header& h) noexcept
     case frame_op::goodbye:
         // Only a peer that set the GOODBYE flag may send one (it declared that it ends its
         // connections so); one that did not is not speaking version 2.
-        if (!peer_goodbye_) {
+        if (goodbye_ == goodbye::not_promised) {
             protocol_violation("GOODBYE from a peer whose handshake did not set the GOODBYE flag", false);
             return;
         }
-        goodbye_heard_ = true; // EOF follows: a clean disconnect
+        goodbye_ = goodbye::heard; // EOF follows: a clean disconnect
         return;
     case frame_op::nak: on_nak(h.seq, static_cast<nak_code>(h.status)); return;
     case frame_op::read_resp: {

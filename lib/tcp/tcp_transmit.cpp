@@ -270,7 +270,7 @@ void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept
         wire_copy_.reset();
         if (it.kind == frame_kind::response) {
             resp_.pop();
-            if (rx_stalled_)
+            if (rx_state_ == rx_state::stalled)
                 resume_rx();
         }
     }
@@ -283,7 +283,7 @@ void connection_engine::maybe_shutdown() noexcept
     if (state() == connection_state::established || tx_done_ || cur_.kind != frame_kind::none ||
         !resp_.empty())
         return;
-    if (peer_goodbye_) {
+    if (goodbye_ != goodbye::not_promised) {
         // The last frame before FIN says this end is on purpose (docs/wire-format.md
         // section 6). 40 bytes: a full socket buffer makes us wait for room, as any frame.
         frame_header::bytes g{};
