@@ -82,7 +82,7 @@ std::uint64_t connection_engine::shared_room(cq_side side) const noexcept
     }
     if (!recv_cq_)
         return UINT64_MAX;
-    const std::uint64_t used = rq_tail_ - rq_head_ + held_in_cq(side);
+    const std::uint64_t used = rq_.size() + held_in_cq(side);
     return used < lim_.recv_queue_depth ? lim_.recv_queue_depth - used : 0;
 }
 
@@ -111,8 +111,8 @@ void connection_engine::complete_rq_head(const completion& c, bool solicited) no
 {
     if (srq_)
         srq_taken_ = false;
-    else
-        ++rq_head_;
+    else if (!rq_.empty()) // never empty here, but a ring of depth 0 (srq) must not be indexed
+        rq_.pop();
     push_cq(cq_side::recv, c, solicited, srq_ != nullptr);
 }
 
@@ -138,8 +138,8 @@ void connection_engine::fail(connection_state to, std::error_code cause) noexcep
         complete_local(flushed);
     }
     sq_.stop_sending();
-    while (rq_head_ < rq_tail_) {
-        rq_entry& e = rq_at(rq_head_++);
+    while (!rq_.empty()) {
+        const recv_queue::entry e = rq_.pop();
         push_cq(cq_side::recv, {.wr_id = e.wr_id, .opcode = opcode::unknown, .status = errc::flushed});
     }
     // A receive taken from the shared queue for a frame that did not finish; the ones

@@ -37,8 +37,7 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       on_shared_cq_(send_cq_ || recv_cq_), watch_(on_shared_cq_ ? queue_watch::watched : queue_watch::none),
       context_(opts.context), fd_(fd.get()), efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       sq_(lim.send_queue_depth, lim.max_send_sge, lim.max_inline), rnr_(opts.rnr_retry_count),
-      rq_(opts.srq ? 0 : lim.recv_queue_depth),
-      rq_segs_(opts.srq ? 0 : std::size_t{lim.recv_queue_depth} * lim.max_recv_sge),
+      rq_(opts.srq ? 0 : lim.recv_queue_depth, lim.max_recv_sge),
       srq_(tcp_srq::of(opts, dom, "connection").get()), srq_polled_(srq_),
       srq_segs_(srq_ ? srq_->max_sge() : 0),
       // The own ring holds both depths of the sides that complete into it; with a shared

@@ -29,6 +29,7 @@
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
+#include "tcp/tcp_recv_queue.hpp"
 #include "tcp/tcp_reliability.hpp"
 #include "tcp/tcp_response_queue.hpp"
 #include "tcp/tcp_send_queue.hpp"
@@ -192,11 +193,6 @@ private:
     static constexpr std::uint64_t rcvlowat_min = 64u << 10;
     static constexpr std::uint64_t rcvlowat_max = 256u << 10;
 
-    struct rq_entry {
-        std::uint64_t wr_id = 0;
-        std::uint64_t length = 0;
-        std::uint32_t nseg = 0;
-    };
     enum class frame_kind : std::uint8_t { none, request, response };
     struct tx_item {
         frame_kind kind = frame_kind::none;
@@ -242,28 +238,20 @@ private:
     bool on_engine() const noexcept;
 
     // --- rings (any thread, mu_ held) ---
-    seg* rq_segs(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
-    {
-        return &rq_segs_[(pos % lim_.recv_queue_depth) * lim_.max_recv_sge];
-    }
-    rq_entry& rq_at(std::uint64_t pos) noexcept RDMX_REQUIRES(mu_)
-    {
-        return rq_[pos % lim_.recv_queue_depth];
-    }
     /// Whether a receive is there for the peer's next send or write with immediate: the
     /// head of this connection's queue, or one taken from its shared receive queue (kept
     /// until it completes). False: receiver not ready.
     bool recv_ready() noexcept RDMX_REQUIRES(mu_)
     {
         if (!srq_)
-            return rq_head_ != rq_tail_;
+            return !rq_.empty();
         if (!srq_taken_)
             srq_taken_ = srq_->take(srq_recv_.wr_id, srq_recv_.length, srq_recv_.nseg, srq_segs_.data());
         return srq_taken_;
     }
     /// The receive recv_ready() found, and its SGEs.
-    rq_entry& recv_head() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_recv_ : rq_at(rq_head_); }
-    seg* recv_head_segs() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_segs_.data() : rq_segs(rq_head_); }
+    recv_queue::entry& recv_head() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_recv_ : rq_.front(); }
+    seg* recv_head_segs() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_segs_.data() : rq_.front_segs(); }
 
     // --- the application's calls' helpers (tcp_post.cpp; application thread, mu_ held) ---
     /// post() / post_recv()'s common start: checks every request, and on a connection that
@@ -556,10 +544,8 @@ private:
     send_queue sq_ RDMX_GUARDED_BY(mu_);
     rnr_retry rnr_ RDMX_GUARDED_BY(mu_); ///< RNR retries of the head (tcp_reliability.hpp)
 
-    std::vector<rq_entry> rq_ RDMX_GUARDED_BY(mu_);
-    std::vector<seg> rq_segs_ RDMX_GUARDED_BY(mu_);
-    std::uint64_t rq_head_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint64_t rq_tail_ RDMX_GUARDED_BY(mu_) = 0;
+    /// The receive queue (tcp_recv_queue.hpp); of depth 0 with a shared receive queue.
+    recv_queue rq_ RDMX_GUARDED_BY(mu_);
     // With a shared receive queue (connection_options::srq) the rings above are empty and
     // receives come from srq_ one at a time, as frames need them. The connection object
     // holds the queue (the engine must not: a queue holds its domain, whose engine thread
@@ -571,7 +557,7 @@ private:
     /// connection object, which holds the shared receive queue, is gone.
     tcp_srq* const srq_polled_;
     std::vector<seg> srq_segs_ RDMX_GUARDED_BY(mu_); ///< the taken receive's SGEs (srq_->max_sge())
-    rq_entry srq_recv_ RDMX_GUARDED_BY(mu_);
+    recv_queue::entry srq_recv_ RDMX_GUARDED_BY(mu_);
     bool srq_taken_ RDMX_GUARDED_BY(mu_) = false; ///< srq_recv_ holds a receive not completed yet
 
     completion_ring cq_ RDMX_GUARDED_BY(mu_);

@@ -172,10 +172,10 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
         lim_.recv_queue_depth - std::min(held_in_cq(cq_side::recv), lim_.recv_queue_depth);
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
-        if (rq_tail_ - rq_head_ >= depth)
+        if (rq_.size() >= depth)
             break;
-        rq_entry& e = rq_at(rq_tail_);
-        seg* segs = rq_segs(rq_tail_);
+        recv_queue::entry& e = rq_.back();
+        seg* segs = rq_.back_segs();
         e.wr_id = wrs[i].wr_id;
         e.length = 0;
         e.nseg = 0;
@@ -185,7 +185,7 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
             segs[e.nseg++] = region_seg(*s.region, s.offset, s.length);
             e.length += s.length;
         }
-        ++rq_tail_;
+        rq_.push();
     }
     if (posted)
         *posted = i;
