@@ -254,13 +254,13 @@ private:
     seg* recv_head_segs() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_segs_.data() : rq_.front_segs(); }
 
     // --- the application's calls' helpers (tcp_post.cpp; application thread, mu_ held) ---
+    /// A bind_window or invalidate_window (validated): carried out in the domain's table at
+    /// once, so that the key works (or stops) for whatever is sent after it, and completed
+    /// in send-queue order (send_queue::push_local). Only getrandom can fail it.
+    std::error_code post_local(const work_request& wr) noexcept RDMX_REQUIRES(mu_);
     /// post() / post_recv()'s common start: checks every request, and on a connection that
     /// left `established` completes them all as flushed. A value is what the call returns;
     /// nullopt: the caller queues the requests.
-    /// A bind_window or invalidate_window (validated): carried out in the domain's table at
-    /// once, so that the key works (or stops) for whatever is sent after it, and completed
-    /// in send-queue order (lq_). Only getrandom can fail it.
-    std::error_code post_local(const work_request& wr) noexcept RDMX_REQUIRES(mu_);
     template <class Request, class Check>
     std::optional<std::error_code> validate_or_flush(cq_side side, std::span<const Request> wrs,
                                                      std::size_t* posted, Check check) noexcept
@@ -284,8 +284,8 @@ private:
         return (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).load(std::memory_order_relaxed);
     }
     void complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept RDMX_REQUIRES(mu_);
-    /// Completes the binds and invalidations whose turn came (lq_); `status` flushed: all
-    /// those due, as flushed.
+    /// Completes the binds and invalidations whose turn came (send_queue::pop_local_due);
+    /// `status` flushed: all those due, as flushed.
     void complete_local(std::error_code status = {}) noexcept RDMX_REQUIRES(mu_);
     void complete_rq_head(const completion& c, bool solicited) noexcept RDMX_REQUIRES(mu_);
     /// Leaves `established` for `to`; `cause` (default: errc::disconnected or, for error,
