@@ -208,7 +208,7 @@ bool connection_engine::rx_poll() noexcept
     // while the engine's read wait is armed (it fires on the next data and re-reads, so
     // whichever thread reads first, nothing is missed and nothing is read twice: mu_), or
     // while the engine has stood down and left the socket to this thread (stand_down).
-    const std::uint64_t carried_out = rx_expect_;
+    const std::uint64_t carried_out = seq_.expected();
     if (!rx_read())
         return false;
     // The ACKs and read responses that the frames produced. An ACK for a request that
@@ -216,7 +216,7 @@ bool connection_engine::rx_poll() noexcept
     // caller may be spinning on) may wait for its next post() or poll() (or the engine's
     // stand-down check): a caller that answers a message sends one segment, not two.
     // Not for a shared queue's connection: its next call need not come to this connection.
-    if (!on_shared_cq_ && ownership_.app_owns() && (!cq_.empty() || rx_expect_ != carried_out) &&
+    if (!on_shared_cq_ && ownership_.app_owns() && (!cq_.empty() || seq_.expected() != carried_out) &&
         only_acks_owed())
         return false;
     pump();

@@ -35,6 +35,7 @@
 #include "tcp/tcp_send_queue.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_srq.hpp"
+#include "tcp/tcp_target.hpp"
 #include "tcp/tcp_thread_safety.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -609,8 +610,7 @@ private:
     /// The payload of the atomic frame being received (its operands, or the old value);
     /// rx_target_ names it then.
     std::array<std::byte, compare_swap_payload> rx_operands_ RDMX_GUARDED_BY(mu_){};
-    std::uint64_t rx_expect_ RDMX_GUARDED_BY(mu_) = 0; ///< next request sequence number from the peer
-    bool rnr_wait_ RDMX_GUARDED_BY(mu_) = false;       ///< we NAKed rx_expect_ with RNR: drop later requests
+    request_sequence seq_ RDMX_GUARDED_BY(mu_); ///< the peer's requests, as the target sees them
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
     int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)
     std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)

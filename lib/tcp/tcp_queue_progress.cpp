@@ -98,7 +98,7 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
     }
     const auto now = std::chrono::steady_clock::now();
     ownership_.on_poll(now);
-    const std::uint64_t carried_out = rx_expect_;
+    const std::uint64_t carried_out = seq_.expected();
     rx_read();
     // As rx_poll does for a connection's own queue: an ACK for requests that arrived waits,
     // so that one ACK answers a stream of them rather than each read (and the sender's pipe
@@ -112,7 +112,7 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
     // frequent ACKs one run in three (docs/performance.md). If the poller stops, the
     // stand-down check (or its arming a notification) takes the socket back and sends it.
     // Read responses, NAKs and requests never wait.
-    const bool fresh = rx_expect_ != carried_out;
+    const bool fresh = seq_.expected() != carried_out;
     if (fresh)
         ack_waits_ = 0;
     const bool wait =

@@ -13,15 +13,12 @@ namespace rdmx::tcp
 
 void connection_engine::begin_request(const frame_header& h) noexcept
 {
-    if (h.seq != rx_expect_) {
-        // Go-back-N: after an RNR NAK for rx_expect_, later requests are already on
-        // their way; they are dropped and come again after the NAKed one.
-        if (rnr_wait_ && h.seq > rx_expect_) {
-            rx_action_ = rx_action::drop;
-            return;
-        }
-        protocol_violation("request out of sequence", false);
+    switch (seq_.check(h.seq)) {
+    case request_sequence::verdict::serve: break;
+    case request_sequence::verdict::drop: // behind an RNR NAK: it comes again after the NAKed one
+        rx_action_ = rx_action::drop;
         return;
+    case request_sequence::verdict::violation: protocol_violation("request out of sequence", false); return;
     }
     switch (h.op) {
     case frame_op::send:
@@ -60,8 +57,7 @@ void connection_engine::begin_request(const frame_header& h) noexcept
             target_fail(nak_code::remote_access, h.seq);
             return;
         }
-        ++rx_expect_;
-        rnr_wait_ = false;
+        seq_.carried_out();
         push_response({.op = frame_op::read_resp, .code = nak_code::rnr, .seq = h.seq, .data = s});
         return;
     }
@@ -190,7 +186,7 @@ void connection_engine::finish_frame() noexcept
         return;
     case rx_action::rnr:
         push_response({.op = frame_op::nak, .code = nak_code::rnr, .seq = h.seq, .data = {}});
-        rnr_wait_ = true;
+        seq_.nak_rnr();
         return;
     case rx_action::drop: return;
     case rx_action::write:
@@ -228,8 +224,7 @@ void connection_engine::finish_frame() noexcept
             return;
         }
         // Answered by its ATOMIC_RESP (never by an ACK), as a read by its READ_RESP.
-        ++rx_expect_;
-        rnr_wait_ = false;
+        seq_.carried_out();
         response r{.op = frame_op::atomic_resp, .code = nak_code::rnr, .seq = h.seq, .data = {}};
         store_le64(r.value.data(), *old);
         push_response(r);
@@ -238,8 +233,7 @@ void connection_engine::finish_frame() noexcept
     case rx_action::atomic_resp: finish_atomic_response(); return;
     }
     // A request that was carried out: the next one may come, and it is acknowledged.
-    ++rx_expect_;
-    rnr_wait_ = false;
+    seq_.carried_out();
     push_ack(h.seq);
 }
 
