@@ -78,8 +78,7 @@ void connection_engine::arm_tx_check() noexcept
             return;
         if (self->ownership_.app_owns())
             return; // stood down: the stand-down check rules
-        bool pending = self->cur_.kind != frame_kind::none || self->sq_.next() != self->sq_.tail() ||
-                       !self->resp_.empty();
+        bool pending = self->cur_.kind != frame_kind::none || self->sq_.unstarted() || !self->resp_.empty();
         if (pending && self->ownership_.called_since_tx_check()) {
             self->arm_tx_check(); // still calling: its calls go on sending
             return;
@@ -244,7 +243,7 @@ bool connection_engine::only_acks_owed() const noexcept
 {
     // Nothing but ACKs: no frame half sent, no request waiting (an ACK or read response
     // that just arrived may have unblocked a fenced one), no read response or NAK owed.
-    if (cur_.kind != frame_kind::none || sq_.next() != sq_.tail())
+    if (cur_.kind != frame_kind::none || sq_.unstarted())
         return false;
     return resp_.only_acks();
 }

@@ -115,10 +115,9 @@ connector::next connector::read_reply(int fd) noexcept
     reply_ = handshake::decode(in, false);
     if (!reply_) {
         if (auto v = handshake::peer_version(in); v && *v != protocol_version) {
-            log_limited("connect: the listener speaks wire protocol version %u, this side %u", unsigned{*v},
-                        unsigned{protocol_version});
             fail(errc::protocol_error, "the listener speaks wire protocol version %u, this side %u",
                  unsigned{*v}, unsigned{protocol_version});
+            log_limited("connect: %s", why());
             return next::failed;
         }
         return failed(errc::protocol_error, "malformed handshake reply");

@@ -201,7 +201,7 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
     ownership_.on_poll(now);
     dom_.polls().enter(now);
     bool pumped = cq_.empty() && rx_poll();
-    if (!pumped && sq_.next() != sq_.tail())
+    if (!pumped && sq_.unstarted())
         pump(); // requests that post() left to be coalesced, when rx_poll did not send
     std::size_t from_srq = 0;
     std::size_t n = cq_.pop(out, &from_srq);

@@ -29,7 +29,7 @@ void connection_engine::protocol_violation(const char* why, bool blame_head) noe
         violation_logged_ = true;
         log_limited("closing connection: peer violated the wire protocol (%s)", why);
     }
-    if (blame_head && state() == connection_state::established && sq_.head() < sq_.next())
+    if (blame_head && state() == connection_state::established && sq_.in_flight())
         complete_sq_head(errc::bad_response, 0);
     fail(connection_state::error, errc::protocol_error);
     // A peer that sends garbage gets no more of our attention: stop reading and writing.
@@ -64,7 +64,7 @@ void connection_engine::begin_response(const frame_header& h) noexcept
         return;
     case frame_op::nak: on_nak(h.seq, static_cast<nak_code>(h.status)); return;
     case frame_op::read_resp: {
-        if (sq_.head() >= sq_.next() || h.seq != sq_.head()) {
+        if (!sq_.in_flight() || h.seq != sq_.head()) {
             protocol_violation("read response out of sequence", true);
             return;
         }
@@ -79,7 +79,7 @@ void connection_engine::begin_response(const frame_header& h) noexcept
         return;
     }
     case frame_op::atomic_resp: {
-        if (sq_.head() >= sq_.next() || h.seq != sq_.head()) {
+        if (!sq_.in_flight() || h.seq != sq_.head()) {
             protocol_violation("atomic response out of sequence", true);
             return;
         }
@@ -118,7 +118,7 @@ void connection_engine::on_ack(std::uint64_t seq) noexcept
 
 void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
 {
-    if (seq != sq_.head() || sq_.head() >= sq_.next()) {
+    if (seq != sq_.head() || !sq_.in_flight()) {
         protocol_violation("nak for a request not at the head", true);
         return;
     }
@@ -168,8 +168,8 @@ void connection_engine::check_progress() noexcept
         int n = 0;
         return ::ioctl(fd_, FIONREAD, &n) == 0 ? n : -1;
     };
-    if (!live_.alive(std::chrono::steady_clock::now(), rx_bytes_ + tx_bytes_, rx_bytes_,
-                     sq_.head() != sq_.tail(), unread)) {
+    if (!live_.alive(std::chrono::steady_clock::now(), rx_bytes_ + tx_bytes_, rx_bytes_, !sq_.empty(),
+                     unread)) {
         // The peer has neither answered nor taken any byte for the whole budget of retries.
         complete_sq_head(errc::transport_retry_exceeded, 0);
         fail(connection_state::error, errc::transport_retry_exceeded);
