@@ -235,9 +235,17 @@ void connection_engine::pump() noexcept
                     arm_write(true);
                 break;
             }
-            // EPIPE, ECONNRESET: the peer is gone.
+            // EPIPE, ECONNRESET: the peer is gone. What it sent before it went (the NAK of
+            // a target error, which then closes its socket with our request's payload
+            // unread, so that we meet its reset) is still in our receive queue: read it
+            // first, and the end of the stream ends the connection (rx_error), with the
+            // NAK's cause if one came. A reader that stands still would never get there:
+            // then the peer is gone now.
             tx_done_ = true;
-            peer_gone();
+            if (rx_state_ == rx_state::reading && !closed_)
+                continue_rx();
+            else
+                peer_gone();
             break;
         }
         advance(b, static_cast<std::uint64_t>(n));
