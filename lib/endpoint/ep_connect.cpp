@@ -481,6 +481,8 @@ void endpoint_impl::on_event(const event& ev) noexcept
 void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
 {
     peer_entry& p = *peers_[pi];
+    RDMX_LOG(trace, "endpoint %s: %s: chosen: its %s, %u queued", self_.text.c_str(), p.addr.text.c_str(),
+             c == p.dial.get() ? "dial" : "accepted", p.queued.size);
     const auto before = class_of(p);
     p.chosen = c;
     reclass(before, p);
@@ -494,7 +496,7 @@ void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
     p.last_cause.clear();
     p.tx = p.peer_delivered = p.told = 0;
     p.peer_credit = p.told_grant = initial_credit; // both sides' start on a new connection
-    p.delivered_posted = false;
+    p.delivered_posted = p.nudge_due = false;
     credit_moved(pi); // what came before it was chosen
     if (c == p.dial.get()) {
         // The ready message goes first (before anything queued), so that the acceptor
@@ -504,6 +506,19 @@ void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
                      self_.text.c_str(), p.addr.text.c_str(), ec.message().c_str());
         else
             ++p.posted_wrs;
+        // On iWARP, until the acceptor answers: siw (Linux 6.1) sends its MPA reply before
+        // it hands the socket to the QP, and what we send in between stays unread in the
+        // acceptor's socket until more data comes. So, with backoff, one more header
+        // (nudge()) until something comes back, which the acceptor's answer to the ready
+        // (below) makes prompt. The acceptor cannot speak first: RFC 5044 7.1.2, and siw
+        // fails the dial when it does ("Found on siw", docs/endpoints.md).
+        if (delivery_acks_ && !p.dial_heard) {
+            p.nudge_every = first_nudge;
+            p.nudge_at = clock::now() + first_nudge;
+            need_timers(pi);
+        }
+    } else if (delivery_acks_) {
+        nudge(pi); // the answer to the dialler's first message: it may stop nudging
     }
     flush_queue(pi);
 }
@@ -511,6 +526,10 @@ void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
 void endpoint_impl::heard_on(std::uint32_t pi, connection* c) noexcept
 {
     peer_entry& p = *peers_[pi];
+    if (c == p.dial.get()) {
+        p.dial_heard = true; // the acceptor took our first message: it answers only then
+        return;
+    }
     if (p.chosen || c != p.accepted.get() || p.accepted_heard)
         return;
     p.accepted_heard = true;
@@ -518,11 +537,24 @@ void endpoint_impl::heard_on(std::uint32_t pi, connection* c) noexcept
         on_connected(pi, c);
 }
 
+void endpoint_impl::nudge(std::uint32_t pi) noexcept
+{
+    // A `delivered` message now, whatever the counts say (on_connected says why).
+    peers_[pi]->nudge_due = true;
+    need_ack(pi);
+}
+
+bool endpoint_impl::nudging(const peer_entry& p) const noexcept
+{
+    return delivery_acks_ && p.chosen && p.chosen == p.dial.get() && !p.dial_heard;
+}
+
 void endpoint_impl::start_dial(std::uint32_t pi) noexcept
 {
     peer_entry& p = *peers_[pi];
     if (p.dial || p.accepted || p.chosen)
         return;
+    p.dial_heard = false;
     p.next_dial = clock::time_point::max();
     connection_options o = opts_.connection;
     o.send_cq = cq_;
@@ -531,6 +563,7 @@ void endpoint_impl::start_dial(std::uint32_t pi) noexcept
     o.events = events_;
     o.context = static_cast<std::uint64_t>(handle_of(pi));
     auto pd = encode(identity{incarnation_, self_.key});
+    RDMX_LOG(trace, "endpoint %s: dialling %s", self_.text.c_str(), p.addr.text.c_str());
     try {
         const auto before = class_of(p);
         p.dial = dom_.start_connect(p.addr.text, o, pd);
@@ -546,6 +579,9 @@ void endpoint_impl::start_dial(std::uint32_t pi) noexcept
 void endpoint_impl::on_dial_failed(std::uint32_t pi, std::error_code cause, reject_reason why) noexcept
 {
     peer_entry& p = *peers_[pi];
+    RDMX_LOG(trace, "endpoint %s: %s: dial failed: %s (%s), chosen %d accepted %d queued %u",
+             self_.text.c_str(), p.addr.text.c_str(), cause.message().c_str(), to_string(why),
+             p.chosen != nullptr, p.accepted != nullptr, p.queued.size);
     if (p.chosen || p.accepted)
         return; // the peer's own connection is (being) set up: ours was the duplicate
     if (cause == errc::rejected && why == reject_reason::duplicate) {
@@ -610,7 +646,13 @@ void endpoint_impl::run_timers() noexcept
             if (p.queued.size != 0)
                 start_dial(pi);
         }
-        bool keep = !p.chosen && (p.queued.size != 0 || p.next_dial != clock::time_point::max());
+        if (nudging(p) && now >= p.nudge_at) {
+            nudge(pi);
+            p.nudge_every = std::min(max_nudge, p.nudge_every * 2);
+            p.nudge_at = now + p.nudge_every;
+        }
+        bool keep =
+            (!p.chosen && (p.queued.size != 0 || p.next_dial != clock::time_point::max())) || nudging(p);
         if (!keep) {
             p.in_timers = false;
             timers_[k] = timers_.back();
@@ -629,6 +671,8 @@ void endpoint_impl::arm_timerfd() noexcept
         if (p.queued.size != 0 && !p.chosen)
             next = std::min(next, p.deadline);
         next = std::min(next, p.next_dial);
+        if (nudging(p))
+            next = std::min(next, p.nudge_at);
     }
     // Set only when it changes (a system call per poll() otherwise), or when it is due
     // already: the fd must be readable again for a deadline that is still pending.

@@ -48,6 +48,8 @@ bool endpoint_impl::ack_wanted(const peer_entry& p) const noexcept
 {
     if (!p.live || !p.chosen)
         return false;
+    if (p.nudge_due)
+        return true;
     const std::uint32_t rx = rx_count(p, p.chosen);
     if (delivery_acks_ && rx != p.told)
         return true;
@@ -125,6 +127,7 @@ void endpoint_impl::send_due_acks() noexcept
                 std::error_code ec = p.chosen->post({&wr, 1});
                 if (!ec) {
                     note_told(p, h);
+                    p.nudge_due = false;
                     p.delivered_posted = true;
                     ++p.posted_wrs;
                 } else {

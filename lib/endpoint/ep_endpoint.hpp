@@ -34,6 +34,9 @@ inline constexpr std::size_t max_sges = 8;
 /// First redial delay after refused / unreachable / duplicate; doubles up to the maximum.
 inline constexpr std::chrono::milliseconds first_backoff{10};
 inline constexpr std::chrono::milliseconds max_backoff{500};
+/// iWARP: the dialler's nudges until its acceptor answers (on_connected).
+inline constexpr std::chrono::milliseconds first_nudge{20};
+inline constexpr std::chrono::milliseconds max_nudge{1000};
 
 /// What a work request id names (its top byte); the low 32 bits are a pool index.
 enum class wr_kind : std::uint8_t { srq = 1, op = 2, rndv_read = 3, ack = 4, ready = 5, delivered = 6 };
@@ -118,8 +121,13 @@ struct peer_entry {
     std::uint64_t remote_inc = 0; ///< 0: not known yet
     std::unique_ptr<connection> dial, accepted;
     connection* chosen = nullptr;
-    bool accepted_up = false;     ///< `accepted`'s established event was seen
-    bool accepted_heard = false;  ///< a message came over `accepted`
+    bool accepted_up = false;    ///< `accepted`'s established event was seen
+    bool accepted_heard = false; ///< a message came over `accepted`
+    /// On iWARP (siw's accept race, on_connected): whether anything came over `dial`;
+    /// until it does, a `delivered` message (nudge_due) at nudge_at, with backoff.
+    bool dial_heard = false, nudge_due = false;
+    clock::time_point nudge_at = clock::time_point::max();
+    std::chrono::milliseconds nudge_every{0};
     std::uint32_t posted_wrs = 0; ///< on `chosen`, all signalled
     std::uint32_t user_budget = 0, sq_depth = 0;
     op_chain queued, outstanding;
@@ -202,6 +210,8 @@ private:
     /// A message came over `c`: when it is the accepted connection, not chosen yet, its
     /// dialler is up; it is chosen once its established event was seen too.
     void heard_on(std::uint32_t pi, connection* c) noexcept;
+    void nudge(std::uint32_t pi) noexcept;
+    bool nudging(const peer_entry& p) const noexcept;
     void on_dial_failed(std::uint32_t pi, std::error_code cause, reject_reason why) noexcept;
     /// Ends `c` (one of the peer's): fails what was posted on it with `cause`, drops it.
     void drop_connection(std::uint32_t pi, connection* c, std::error_code cause) noexcept;
