@@ -11,6 +11,7 @@
 #include <rdmx/asio.hpp>
 #include <rdmx/rdmx.hpp>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,20 @@ public:
     int served = 0, sunk = 0, peers_down = 0, peers_restarted = 0, reply_failures = 0;
     std::string error;
 
+    /// What its request slots are doing and what its endpoint holds: for a test that
+    /// failed, to say where requests stopped.
+    std::string describe() const
+    {
+        std::size_t posted = 0, replying = 0, idle = 0;
+        for (auto st : slot_state_)
+            (st == slot::posted ? posted : st == slot::replying ? replying : idle) += 1;
+        const auto s = ep_->statistics();
+        return "slots: " + std::to_string(posted) + " receiving, " + std::to_string(replying) +
+               " replying, " + std::to_string(idle) + " between; endpoint: " + std::to_string(s.peers) +
+               " peers, " + std::to_string(s.connected) + " connected, " + std::to_string(s.connecting) +
+               " connecting, " + std::to_string(s.unexpected) + " messages held";
+    }
+
 private:
     // Contexts: a request slot's receive or reply, a sink slot's receive.
     enum class kind : std::uint64_t { request = 1, reply = 2, sink = 3 };
@@ -86,6 +101,8 @@ private:
         // Every tag with bit 63 set: the requests.
         if (auto ec = ep_->recv(any_peer, request_bit, ~request_bit, {&r, 1}, ctx(kind::request, s)))
             note("recv: " + ec.message());
+        else
+            slot_state_[s] = slot::posted;
     }
     void post_sink(std::size_t s)
     {
@@ -142,6 +159,7 @@ private:
                 later([this, s] { post_sink(s); });
                 return;
             }
+            slot_state_[s] = slot::between;
             if (c.status) { // truncated, say: the slot goes back
                 later([this, s] { post_request(s); });
                 return;
@@ -149,8 +167,10 @@ private:
             {
                 // The echo: the request's bytes back to its source, with its tag.
                 sge back{mr_.get(), s * slot_size, c.length};
+                slot_state_[s] = slot::replying;
                 if (ep_->send(c.peer, c.tag, {&back, 1}, ctx(kind::reply, s))) {
                     ++reply_failures; // a peer removed meanwhile: the client asks again
+                    slot_state_[s] = slot::between;
                     later([this, s] { post_request(s); });
                 }
             }
@@ -160,6 +180,7 @@ private:
                 ++reply_failures; // the client died or the connection ended: it asks again
             else
                 ++served;
+            slot_state_[s] = slot::between;
             // The slot's buffer is free again: its receive goes back, outside the loop.
             later([this, s] { post_request(s); });
             return;
@@ -172,6 +193,8 @@ private:
     std::vector<std::byte> mem_;
     std::unique_ptr<memory_region> mr_;
     rdmx::asio::endpoint_watch watch_;
+    enum class slot : std::uint8_t { between, posted, replying };
+    std::array<slot, request_slots> slot_state_{};
     bool stopping_ = false, ended_ = false;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -116,6 +116,8 @@ TEST_P(asio_endpoint_service, one_thread_serves_clients_that_die_a_flooder_and_i
             restarted = true;
         }
     }
+    if (!all_done())
+        std::printf("[ service  ] %s: clients unfinished; %s\n", to_string(b_), svc->describe().c_str());
     for (int i = 0; i < clients; ++i)
         EXPECT_TRUE(finished[static_cast<std::size_t>(i)])
             << "client " << i + 1 << ": " << progress[static_cast<std::size_t>(i)] << " of " << requests;

@@ -80,7 +80,15 @@ int rpc_client(const std::string& addr, const std::string& server, int id, int c
         auto mr =
             d->register_memory(mem.data(), mem.size(), rdmx::access::local_write | rdmx::access::remote_read);
         const rdmx::peer srv = e->insert(server);
-        const auto give_up = steady_clock::now() + seconds(150);
+        const auto start = steady_clock::now();
+        const auto give_up = start + seconds(150);
+        // Each attempt that brought no echo, on stderr: what a failed run shows of its path.
+        auto retry_note = [&](int k, std::uint64_t attempt, const char* what, const std::error_code& ec) {
+            std::fprintf(stderr, "rpc client %d: request %d attempt %llu at %.1f s: %s%s%s\n", id, k,
+                         static_cast<unsigned long long>(attempt),
+                         duration<double>(steady_clock::now() - start).count(), what, ec ? ": " : "",
+                         ec ? ec.message().c_str() : "");
+        };
         rdmx::endpoint_completion out[16];
         for (int k = 0; k < count; ++k) {
             const std::size_t len = sizes[static_cast<std::size_t>(id + k) % sizes.size()];
@@ -99,21 +107,29 @@ int rpc_client(const std::string& addr, const std::string& server, int id, int c
                 std::fill(mem.begin() + static_cast<std::ptrdiff_t>(max_size),
                           mem.begin() + static_cast<std::ptrdiff_t>(max_size + len), std::byte{0});
                 rdmx::sge r{mr.get(), max_size, len}, s{mr.get(), 0, len};
-                if (e->recv(srv, tag, 0, {&r, 1}, rctx) || e->send(srv, tag, {&s, 1}, rctx | 1)) {
+                std::error_code posted = e->recv(srv, tag, 0, {&r, 1}, rctx);
+                if (!posted)
+                    posted = e->send(srv, tag, {&s, 1}, rctx | 1);
+                if (posted) {
+                    if (posted != rdmx::errc::would_block)
+                        retry_note(k, attempt, "not posted", posted);
                     e->cancel_recv(rctx);
                     std::this_thread::sleep_for(milliseconds(20));
                     continue;
                 }
                 bool sent = false, got = false, failed = false;
+                std::error_code send_status, recv_status;
                 const auto attempt_end = steady_clock::now() + seconds(10);
                 while (!(sent && (got || failed)) && steady_clock::now() < attempt_end) {
                     std::size_t n = e->wait(out, milliseconds(50));
                     for (std::size_t j = 0; j < n; ++j) {
                         if (out[j].context == (rctx | 1)) {
                             sent = true;
+                            send_status = out[j].status;
                             failed |= static_cast<bool>(out[j].status);
                         } else if (out[j].context == rctx) {
                             if (out[j].status) {
+                                recv_status = out[j].status;
                                 failed = true;
                                 continue;
                             }
@@ -138,6 +154,13 @@ int rpc_client(const std::string& addr, const std::string& server, int id, int c
                 }
                 done = got;
                 if (!got) {
+                    if (send_status)
+                        retry_note(k, attempt, "the send failed", send_status);
+                    else if (recv_status)
+                        retry_note(k, attempt, "the receive failed", recv_status);
+                    else
+                        retry_note(k, attempt, sent ? "sent, no echo within 10 s" : "not sent within 10 s",
+                                   {});
                     e->cancel_recv(rctx);
                     // The send must be over before its buffer is written again.
                     while (!sent && steady_clock::now() < give_up) {
