@@ -795,6 +795,53 @@ TEST_P(conformance, read_only_region_rejects_writes)
     EXPECT_EQ(target, std::vector<std::byte>(128, std::byte{1}));
 }
 
+TEST_P(conformance, a_refused_write_with_requests_behind_it_fails_with_its_own_cause)
+{
+    // The requests behind a refused one left before the initiator knew: the target drops
+    // them, and the initiator learns why (remote_access), whichever of the target's threads
+    // reads them (here the test thread polls the target while they arrive, as a busy
+    // poller does). On TCP the poller used to read them as out of sequence, a protocol
+    // violation whose end of the connection came before the NAK: peer_lost at the
+    // initiator, 1 run in 75 of an endpoint test under load.
+    auto p = connect_pair();
+    std::vector<std::byte> target(128, std::byte{1}), src(128, std::byte{9}), in(4 * 128);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(), access::remote_read);
+    auto imr = server_dom_->register_memory(in.data(), in.size(), access::local_write);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    for (std::uint64_t i = 0; i < 4; ++i) {
+        sge r{imr.get(), i * 128, 128};
+        ASSERT_FALSE(p.server->post_recv({&r, 1}, 100 + i));
+    }
+    sge s{smr.get(), 0, 128};
+    work_request wr[4];
+    wr[0] = {.opcode = opcode::write, .wr_id = 1, .local = {&s, 1}, .remote = tmr->remote()};
+    for (std::uint64_t i = 1; i < 4; ++i)
+        wr[i] = {.opcode = opcode::send, .wr_id = 1 + i, .local = {&s, 1}};
+    completion srv[8];
+    p.server->poll(srv); // the target's poller is running when the requests come
+    ASSERT_FALSE(p.client->post(wr));
+    if (iwarp()) {
+        expect_torn_down(*p.server, *p.client, errc::remote_access);
+        EXPECT_EQ(target, std::vector<std::byte>(128, std::byte{1}));
+        return;
+    }
+    std::vector<completion> got;
+    completion buf[8];
+    for (auto deadline = std::chrono::steady_clock::now() + 15s;
+         got.size() < 4 && std::chrono::steady_clock::now() < deadline;) {
+        p.server->poll(srv);
+        std::size_t n = p.client->poll(buf);
+        got.insert(got.end(), buf, buf + n);
+    }
+    ASSERT_EQ(got.size(), 4u) << "every request completes";
+    EXPECT_EQ(got[0].wr_id, 1u);
+    EXPECT_EQ(got[0].status, errc::remote_access) << got[0].status.message();
+    for (std::size_t i = 1; i < 4; ++i)
+        EXPECT_EQ(got[i].status, errc::flushed) << "wr " << got[i].wr_id << ": " << got[i].status.message();
+    EXPECT_EQ(p.client->last_error(), errc::remote_access) << p.client->last_error().message();
+    EXPECT_EQ(target, std::vector<std::byte>(128, std::byte{1}));
+}
+
 TEST_P(conformance, disconnect_flushes_posted_work_on_both_sides)
 {
     auto p = connect_pair();
