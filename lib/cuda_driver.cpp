@@ -145,6 +145,8 @@ std::unique_ptr<cuda_driver> load_cuda_driver(const char* path, std::string& why
         resolve(lib, gpa, {"cuMemAllocManaged", "cuMemAllocManaged", true}, d->mem_alloc_managed, why) &&
         resolve(lib, gpa, {"cuMemcpyHtoD", "cuMemcpyHtoD_v2", true}, d->memcpy_htod, why) &&
         resolve(lib, gpa, {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", true}, d->memcpy_dtoh, why) &&
+        resolve(lib, gpa, {"cuMemHostAlloc", "cuMemHostAlloc", false}, d->mem_host_alloc, why) &&
+        resolve(lib, gpa, {"cuMemFreeHost", "cuMemFreeHost", false}, d->mem_free_host, why) &&
         resolve(lib, gpa, {"cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity", true},
                 d->mem_get_allocation_granularity, why) &&
         resolve(lib, gpa, {"cuMemCreate", "cuMemCreate", true}, d->mem_create, why) &&
@@ -169,6 +171,25 @@ std::unique_ptr<cuda_driver> load_cuda_driver(const char* path, std::string& why
         return nullptr;
     }
     return d;
+}
+
+bool copy_device(bool to_host, int device, void* dst, const void* src, std::size_t n,
+                 std::string& why) noexcept
+{
+    const cuda_driver* d = cuda(&why);
+    if (!d)
+        return false;
+    try {
+        device_scope scope(*d, device);
+        const cu_result rc = to_host ? d->memcpy_dtoh(dst, reinterpret_cast<cu_deviceptr>(src), n)
+                                     : d->memcpy_htod(reinterpret_cast<cu_deviceptr>(dst), src, n);
+        if (rc == cu_success)
+            return true;
+        why = d->describe(to_host ? "cuMemcpyDtoH" : "cuMemcpyHtoD", rc);
+    } catch (const std::exception& e) {
+        why = e.what();
+    }
+    return false;
 }
 
 const cuda_driver* cuda(std::string* why) noexcept

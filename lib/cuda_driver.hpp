@@ -44,6 +44,7 @@ inline constexpr int cu_mem_location_type_device = 1;
 inline constexpr int cu_mem_access_flags_prot_readwrite = 3;
 inline constexpr int cu_mem_alloc_granularity_minimum = 0;
 inline constexpr unsigned cu_mem_attach_global = 1;
+inline constexpr unsigned cu_memhostalloc_portable = 1;
 
 struct cu_mem_location {
     int type;
@@ -85,6 +86,9 @@ struct cuda_driver {
     cu_result (*mem_alloc_managed)(cu_deviceptr* ptr, std::size_t size, unsigned flags);
     cu_result (*memcpy_htod)(cu_deviceptr dst, const void* src, std::size_t size);
     cu_result (*memcpy_dtoh)(void* dst, cu_deviceptr src, std::size_t size);
+    /// Page-locked host memory (the TCP backend's staging chunks); null if the driver lacks it.
+    cu_result (*mem_host_alloc)(void** ptr, std::size_t size, unsigned flags);
+    cu_result (*mem_free_host)(void* ptr);
     // CUDA virtual memory (cuMemCreate + cuMemMap: PyTorch's expandable segments).
     cu_result (*mem_get_allocation_granularity)(std::size_t* granularity, const cu_mem_allocation_prop* prop,
                                                 int option);
@@ -126,6 +130,13 @@ private:
     const cuda_driver& d_;
     cu_context previous_;
 };
+
+/// Copies `n` bytes from device memory of `device` at `src` to host memory at `dst`
+/// (`to_host`), or from host memory at `src` to device memory at `dst`, synchronously in
+/// the device's primary context (the thread's own context left as it was). false, and
+/// `why` naming the call and its error ("cuMemcpyDtoH: CUDA_ERROR_..."), if it failed.
+bool copy_device(bool to_host, int device, void* dst, const void* src, std::size_t n,
+                 std::string& why) noexcept;
 
 /// Whether libcuda.so.1 is loaded in this process (asked without loading it).
 bool cuda_in_process() noexcept;

@@ -107,7 +107,8 @@ std::unique_ptr<memory_region> protection_domain::register_memory(void* addr, st
     if (any(rights & (access::remote_write | access::remote_atomic)))
         rights = rights | access::local_write;
     return std::make_unique<verbs_region>(*this, std::move(keepalive), std::move(mr),
-                                          static_cast<std::byte*>(addr), rights, type);
+                                          static_cast<std::byte*>(addr), rights, type,
+                                          type == memory_type::cuda ? device : -1);
 }
 
 mr_ptr protection_domain::register_device_memory(void* addr, std::size_t length, int flags, int device) const

@@ -8,8 +8,8 @@ namespace rdmx::verbs
 {
 
 verbs_region::verbs_region(const protection_domain& pd, std::shared_ptr<const void> keepalive, mr_ptr mr,
-                           std::byte* data, rdmx::access acc, rdmx::memory_type type)
-    : memory_region(&pd, backend::verbs, data, mr->length, acc, mr->lkey, mr->rkey, type), pd_(pd),
+                           std::byte* data, rdmx::access acc, rdmx::memory_type type, int device)
+    : memory_region(&pd, backend::verbs, data, mr->length, acc, mr->lkey, mr->rkey, type, device), pd_(pd),
       keepalive_(std::move(keepalive)), mr_(std::move(mr))
 {
 }

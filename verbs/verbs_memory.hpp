@@ -23,7 +23,7 @@ class verbs_region final : public memory_region
 public:
     /// `data` is the registered address (a dma-buf MR's own addr field holds its offset).
     verbs_region(const protection_domain& pd, std::shared_ptr<const void> keepalive, mr_ptr mr,
-                 std::byte* data, rdmx::access acc, rdmx::memory_type type);
+                 std::byte* data, rdmx::access acc, rdmx::memory_type type, int device);
     /// Revokes the windows bound over it (verbs_window::revoke), then deregisters.
     ~verbs_region() override;
     ibv_mr* native() const noexcept override { return mr_.get(); }

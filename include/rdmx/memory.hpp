@@ -97,6 +97,8 @@ public:
     rdmx::backend backend() const noexcept { return backend_; }
     /// host or cuda (never detect): where the registered memory lives.
     rdmx::memory_type memory_type() const noexcept { return type_; }
+    /// The CUDA device of device memory (its ordinal); -1 for host memory.
+    int device() const noexcept { return device_; }
     /// Local key (verbs lkey; unused on TCP).
     std::uint32_t local_key() const noexcept { return lkey_; }
     /// The descriptor for [offset, offset + len) of this region (whole region by default).
@@ -109,9 +111,10 @@ public:
 
 protected:
     memory_region(const void* owner, rdmx::backend b, std::byte* data, std::size_t size, rdmx::access acc,
-                  std::uint32_t lkey, std::uint64_t rkey, rdmx::memory_type type = memory_type::host) noexcept
-        : owner_(owner), backend_(b), type_(type), data_(data), size_(size), access_(acc), lkey_(lkey),
-          rkey_(rkey)
+                  std::uint32_t lkey, std::uint64_t rkey, rdmx::memory_type type = memory_type::host,
+                  int device = -1) noexcept
+        : owner_(owner), backend_(b), type_(type), device_(device), data_(data), size_(size), access_(acc),
+          lkey_(lkey), rkey_(rkey)
     {
     }
 
@@ -119,6 +122,7 @@ private:
     const void* owner_;
     rdmx::backend backend_;
     rdmx::memory_type type_;
+    int device_;
     std::byte* data_;
     std::size_t size_;
     rdmx::access access_;

@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "cuda_driver.hpp"
+#include "log.hpp"
 
 namespace rdmx::ep
 {
@@ -24,7 +28,16 @@ void endpoint_impl::deliver(std::uint32_t ri, std::uint32_t buf) noexcept
         std::uint64_t left = m.hdr.length;
         for (std::uint8_t i = 0; i < r.nsge && left != 0; ++i) {
             std::uint64_t n = std::min<std::uint64_t>(left, r.sges[i].length);
-            std::memcpy(r.sges[i].region->data() + r.sges[i].offset, data, n);
+            const memory_region& mr = *r.sges[i].region;
+            if (mr.memory_type() != memory_type::cuda) {
+                std::memcpy(mr.data() + r.sges[i].offset, data, n);
+            } else if (std::string why;
+                       !detail::copy_device(false, mr.device(), mr.data() + r.sges[i].offset, data, n, why)) {
+                // Device memory is copied by the driver; if it fails, the receive does.
+                RDMX_LOG(warn, "endpoint: an eager message into device memory: %s", why.c_str());
+                r.status = errc::local_protection;
+                break;
+            }
             data += n;
             left -= n;
         }

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backends.hpp"
@@ -37,9 +39,9 @@ class tcp_region final : public memory_region
 {
 public:
     tcp_region(std::shared_ptr<tcp_domain> dom, region_state* st, std::byte* data, std::size_t size,
-               rdmx::access acc, std::uint64_t key) noexcept
-        : memory_region(dom->owner(), backend::tcp, data, size, acc, 0, key), dom_(std::move(dom)), st_(st),
-          tag_(st->tag.load())
+               rdmx::access acc, std::uint64_t key, rdmx::memory_type type, int device) noexcept
+        : memory_region(dom->owner(), backend::tcp, data, size, acc, 0, key, type, device),
+          dom_(std::move(dom)), st_(st), tag_(st->tag.load())
     {
     }
     ~tcp_region() override { dom_->deregister(st_); }
@@ -131,6 +133,8 @@ tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_)
     limits_.max_qp_init_rd_atom = max_rd_atomic;
     limits_.max_mr_size = UINT64_MAX;
     limits_.max_msg_size = static_cast<std::uint32_t>(detail::max_message_size);
+    if (const char* f = std::getenv("RDMX_TCP_FORCE_STAGING"); f && std::strcmp(f, "1") == 0)
+        force_staging_ = true;
     engine_ = std::thread([this] {
         // Handlers are noexcept in spirit; an exception escaping one would be a bug, and
         // losing the engine silently would be worse than reporting it.
@@ -161,13 +165,18 @@ std::unique_ptr<memory_region> tcp_domain::register_placed(void* addr, std::size
                                                            rdmx::access rights, rdmx::memory_type type,
                                                            int device)
 {
-    // The engine reads and writes registered memory with the CPU (recv, send, memcpy):
-    // device memory needs staging through host buffers, which is not built yet.
-    if (type == memory_type::cuda)
+    // The engine reads and writes registered memory with the CPU (recv, send, memcpy);
+    // device memory it reaches through host chunks and the driver's copies (staging). An
+    // atomic there could not be atomic: the target would read, change and write the value
+    // in three copies, racing the GPU and any other copy.
+    if (type == memory_type::cuda && any(rights & access::remote_atomic))
         throw_error(errc::not_supported,
-                    "register_memory: the TCP backend cannot reach CUDA device memory (device " +
-                        std::to_string(device) +
-                        ") yet: register host memory, or use the verbs backend (GPUDirect RDMA)");
+                    "register_memory: remote_atomic on CUDA device memory (device " + std::to_string(device) +
+                        "): the TCP backend serves atomics with the CPU, which cannot make them atomic "
+                        "on device memory");
+    const staging stage = type == memory_type::cuda ? staging::cuda
+                          : force_staging_          ? staging::host
+                                                    : staging::none;
     if (addr == nullptr && length != 0)
         throw_error(errc::invalid_argument, "register_memory: null address");
     auto a = reinterpret_cast<std::uintptr_t>(addr);
@@ -176,6 +185,8 @@ std::unique_ptr<memory_region> tcp_domain::register_placed(void* addr, std::size
     // remote_write and remote_atomic imply local_write, as on verbs.
     if (any(rights & (access::remote_write | access::remote_atomic)))
         rights = rights | access::local_write;
+    if (stage != staging::none)
+        bounce_.prepare(stage, device);
     std::lock_guard lk(regions_mu_);
     std::uint64_t key;
     do
@@ -192,13 +203,15 @@ std::unique_ptr<memory_region> tcp_domain::register_placed(void* addr, std::size
     st->size = length;
     st->rights = rights;
     st->key = key;
+    st->stage = stage;
+    st->device = device;
     st->tag.store((((st->tag.load() >> 1) + 1) << 1) | 1);
     try {
         // Buckets for every region and window at once: a bind never rehashes.
         keys_.reserve(key_slots_ + 1);
         keys_.emplace(key, key_entry{st, nullptr});
         auto r = std::make_unique<tcp_region>(shared_from_this(), st, static_cast<std::byte*>(addr), length,
-                                              rights, key);
+                                              rights, key, type, device);
         ++key_slots_;
         return r;
     } catch (...) {

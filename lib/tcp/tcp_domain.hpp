@@ -23,6 +23,7 @@
 
 #include "cq_reservation.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
+#include "tcp/tcp_staging.hpp"
 #include "tcp/tcp_wire.hpp"
 
 namespace rdmx::tcp
@@ -45,6 +46,9 @@ struct region_state {
     std::uint64_t size = 0;
     rdmx::access rights = access::none;
     std::uint64_t key = 0;
+    /// Reached through host chunks (device memory; tcp_staging.hpp), not by socket calls.
+    tcp::staging stage = staging::none;
+    int device = -1; ///< the CUDA device of staging::cuda memory
 };
 
 struct window_state;
@@ -177,6 +181,8 @@ public:
     /// engine's read wake that finds it polling another connection counts towards standing
     /// down (tcp_poll_ownership.hpp).
     poll_activity& polls() noexcept { return polls_; }
+    /// The host chunks that socket calls on staged memory go through (tcp_staging.hpp).
+    bounce_pool& bounce() noexcept { return bounce_; }
     /// Sink for payload bytes that must be read and dropped. Engine thread only.
     std::span<std::byte> discard_buffer() noexcept { return discard_; }
 
@@ -212,6 +218,10 @@ private:
     /// (so that a bind's insertion never rehashes).
     std::size_t key_slots_ = 0;
     std::vector<std::byte> discard_;
+    /// RDMX_TCP_FORCE_STAGING=1 when the domain was made: host memory is staged as device
+    /// memory is, so that tests without a GPU run every path of the staging.
+    bool force_staging_ = false;
+    bounce_pool bounce_;
     poll_activity polls_;
     // Every engine made here (expired ones pruned on track()), for deregister(). Lock
     // order: engines_mu_, an engine's mutex, regions_mu_ (find_remote runs under the

@@ -213,6 +213,13 @@ private:
         int npinned = 0;
         bool closed = false;  ///< a frame could not be added whole: nothing may follow it
         bool revoked = false; ///< the last frame's memory was deregistered (pump withdraws it)
+        /// ... or could not be staged (no chunk, or the driver's copy failed): a frame on
+        /// the wire then cannot be finished (revoked_frame), none waits for a copy.
+        bool stage_failed = false;
+        /// The chunk that staged memory of this batch was copied to (tcp_staging.hpp), held
+        /// for the whole pump() and given back at its end; `staged` bytes of it are in use.
+        std::byte* bounce = nullptr;
+        std::uint64_t staged = 0;
     };
     /// What the payload of the frame being received is for.
     enum class rx_action : std::uint8_t {

@@ -89,6 +89,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
     const std::uint64_t depth =
         lim_.send_queue_depth - std::min(held_in_cq(cq_side::send), lim_.send_queue_depth);
     std::size_t i = 0;
+    bool copy_failed = false; // an inline copy of device memory failed (logged)
     for (; i < wrs.size(); ++i) {
         if (sq_.used() >= depth)
             break;
@@ -117,9 +118,20 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             // Copied now, into the slot's own buffer: the caller may reuse its buffer at once.
             std::byte* buf = sq_.inline_buf(sq_.tail());
             for (const sge& s : wr.local) {
-                std::memcpy(buf + total, s.region->data() + s.offset, s.length);
+                if (const seg g = region_seg(*s.region, s.offset, s.length); g.st->stage != staging::none) {
+                    // Device memory: the driver copies it (the caller owns the region now).
+                    if (!stage_out(g.st->stage, g.st->device, buf + total, g.ptr, g.len)) {
+                        copy_failed = true;
+                        break;
+                    }
+                    dom_.bounce().count_out(g.len);
+                } else {
+                    std::memcpy(buf + total, g.ptr, g.len);
+                }
                 total += s.length;
             }
+            if (copy_failed)
+                break; // nothing of this request was posted
             segs[e.nseg++] = {nullptr, 0, buf, total};
         } else {
             for (const sge& s : wr.local) {
@@ -151,6 +163,8 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
     else
         pump();
     ownership_.on_call_end(std::chrono::steady_clock::now());
+    if (copy_failed)
+        return errc::local_protection;
     if (i < wrs.size())
         return errc::would_block;
     return {};

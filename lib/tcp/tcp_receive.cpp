@@ -10,6 +10,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "tcp/tcp_log.hpp"
 #include "tcp/tcp_syscall.hpp"
 
 namespace rdmx::tcp
@@ -232,6 +233,17 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
     region_state* pinned[max_iov];
     int niov = 0, npinned = 0;
     std::uint64_t planned = 0;
+    // Staged memory (device memory) is read into a chunk and copied to its place after
+    // the call: where each such piece goes, and which iovec holds it.
+    struct staged_piece {
+        int iov;
+        const seg* s;
+        std::byte* dst;
+    };
+    staged_piece staged[max_iov];
+    int nstaged = 0;
+    std::byte* bounce = nullptr;
+    std::uint64_t bounce_used = 0;
     // The domain's sink is the engine's; the application thread (rx_poll) has its own.
     std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
     if (payload_to_memory()) {
@@ -253,6 +265,28 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
             }
             if (s.st)
                 pinned[npinned++] = s.st;
+            if (s.st && s.st->stage != staging::none) {
+                if (!bounce && !(bounce = dom_.bounce().take())) {
+                    log_limited("no memory for a staging buffer: a frame into staged memory fails");
+                    rx_fault_ = true; // dropped, and the request fails when the frame ends
+                    base = sink.data();
+                    n = std::min<std::uint64_t>(n, sink.size());
+                    iov[niov++] = {base, static_cast<std::size_t>(n)};
+                    planned += n;
+                    break;
+                }
+                const std::uint64_t room = dom_.bounce().chunk_size() - bounce_used;
+                if (room == 0)
+                    break; // the chunk is full: the rest in the next call
+                staged[nstaged++] = {niov, &s, static_cast<std::byte*>(base)};
+                base = bounce + bounce_used;
+                if (n > room) { // what the chunk holds now, the rest in the next call
+                    iov[niov++] = {base, static_cast<std::size_t>(room)};
+                    planned += room;
+                    break;
+                }
+                bounce_used += n;
+            }
             iov[niov++] = {base, static_cast<std::size_t>(n)};
             planned += n;
             off = 0;
@@ -275,6 +309,26 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
     mh.msg_iovlen = static_cast<std::size_t>(niov);
     ssize_t n = sys::recvmsg(fd_, &mh, MSG_DONTWAIT);
     int err = errno;
+    if (nstaged > 0) {
+        // What arrived in the chunk goes to its place, while the regions are pinned.
+        std::uint64_t got = n > 0 ? static_cast<std::uint64_t>(n) : 0;
+        std::uint64_t at = 0;
+        for (int k = 0, p = 0; k < niov && p < nstaged; ++k) {
+            const std::uint64_t len = iov[k].iov_len;
+            if (staged[p].iov == k) {
+                const std::uint64_t in = got > at ? std::min(got - at, len) : 0;
+                const seg& s = *staged[p].s;
+                if (in > 0 && !stage_in(s.st->stage, s.st->device, staged[p].dst,
+                                        static_cast<const std::byte*>(iov[k].iov_base), in))
+                    rx_fault_ = true; // the request fails when the frame ends
+                dom_.bounce().count_in(in);
+                ++p;
+            }
+            at += len;
+        }
+    }
+    if (bounce)
+        dom_.bounce().give(bounce);
     for (int i = 0; i < npinned; ++i)
         unpin(pinned[i]);
     if (n <= 0)
@@ -304,6 +358,11 @@ connection_engine::rx_status connection_engine::rx_staged_payload() noexcept
             std::uint64_t step = std::min(s.len - rx_seg_off_, left);
             if (s.st && !pin(s.st, s.tag)) {
                 rx_fault_ = true; // deregistered: dropped, and the request fails at the end
+            } else if (s.st && s.st->stage != staging::none) {
+                if (!stage_in(s.st->stage, s.st->device, s.ptr + rx_seg_off_, src, step))
+                    rx_fault_ = true; // the request fails when the frame ends
+                dom_.bounce().count_in(step);
+                unpin(s.st);
             } else {
                 std::memcpy(s.ptr + rx_seg_off_, src, step);
                 if (s.st)

@@ -102,6 +102,10 @@ std::optional<std::uint64_t> connection_engine::execute_atomic(const frame_heade
         !dom_.find_remote(h.key, h.addr, detail::atomic_size, access::remote_atomic, s, id_) ||
         !pin(s.st, s.tag))
         return std::nullopt;
+    if (s.st->stage == staging::cuda) { // registration refuses remote_atomic there: never
+        unpin(s.st);
+        return std::nullopt;
+    }
     // The one place where this domain serves atomics. Connections of a domain are served
     // on the engine thread and on the threads of applications that busy-poll them, so
     // two of them may be here at once for one target: a CPU atomic (on the 8-byte aligned
@@ -130,9 +134,21 @@ void connection_engine::finish_atomic_response() noexcept
     }
     // Little endian on the wire; the caller reads a native std::uint64_t.
     const std::uint64_t old = load_le64(rx_operands_.data());
-    std::memcpy(sink.ptr, &old, sizeof old);
+    bool ok = true;
+    if (sink.st && sink.st->stage != staging::none) {
+        ok = stage_in(sink.st->stage, sink.st->device, sink.ptr, reinterpret_cast<const std::byte*>(&old),
+                      sizeof old);
+        dom_.bounce().count_in(sizeof old);
+    } else {
+        std::memcpy(sink.ptr, &old, sizeof old);
+    }
     if (sink.st)
         unpin(sink.st);
+    if (!ok) {
+        complete_sq_head(errc::local_protection, 0);
+        fail(connection_state::error, errc::local_protection);
+        return;
+    }
     complete_sq_head({}, atomic_resp_payload);
 }
 

@@ -13,6 +13,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "tcp/tcp_log.hpp"
 #include "tcp/tcp_syscall.hpp"
 
 namespace rdmx::tcp
@@ -94,7 +95,33 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
                 b.revoked = b.closed = true;
                 return;
             }
-            b.pinned[b.npinned++] = st;
+            if (st->stage != staging::none) {
+                // Staged memory (device memory): the socket call sends a host copy, made
+                // now, of as much as the batch's chunk still holds.
+                const std::uint64_t room = dom_.bounce().chunk_size() - b.staged;
+                if (room == 0) {
+                    unpin(st);
+                    b.closed = true;
+                    return;
+                }
+                if (!b.bounce)
+                    b.bounce = dom_.bounce().take();
+                n = std::min(n, room);
+                if (!b.bounce || !stage_out(st->stage, st->device, b.bounce + b.staged,
+                                            static_cast<const std::byte*>(base), n)) {
+                    unpin(st);
+                    if (!b.bounce)
+                        log_limited("no memory for a staging buffer: a frame of staged memory fails");
+                    b.revoked = b.closed = b.stage_failed = true;
+                    return;
+                }
+                unpin(st);
+                dom_.bounce().count_out(n);
+                base = b.bounce + b.staged;
+                b.staged += n;
+            } else {
+                b.pinned[b.npinned++] = st;
+            }
         }
         b.iov[b.niov++] = {base, static_cast<std::size_t>(n)};
         it.added += n;
@@ -143,6 +170,7 @@ bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint6
                                         std::uint64_t skip) noexcept
 {
     int niov = b.niov, npinned = b.npinned, nitems = b.nitems;
+    std::uint64_t staged = b.staged;
     add_frame(b, kind, pos, skip);
     if (!b.revoked)
         return true;
@@ -151,6 +179,7 @@ bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint6
     b.niov = niov;
     b.npinned = npinned;
     b.nitems = nitems;
+    b.staged = staged;
     b.closed = b.revoked = false;
     return false;
 }
@@ -176,11 +205,15 @@ void connection_engine::pump() noexcept
         }
         tx_batch& b = batch_;
         b.niov = b.nitems = b.npinned = 0;
-        b.closed = b.revoked = false;
+        b.closed = b.revoked = b.stage_failed = false;
+        b.staged = 0;
         if (cur_.kind != frame_kind::none && !add_whole_frame(b, cur_.kind, cur_.pos, cur_.skip)) {
             // Its memory is being deregistered: tcp_domain::deregister() copies the rest
             // and sends us on (copy_frame_on_wire), or ends the stream if it cannot.
-            // Nothing may go out before this frame is finished.
+            // Nothing may go out before this frame is finished. Memory that could not be
+            // staged will not be later either: the frame cannot be finished.
+            if (b.stage_failed)
+                revoked_frame(frame_kind::none, 0);
             break;
         }
         // Responses first: they free the peer's resources, and are bounded in number.
@@ -250,6 +283,10 @@ void connection_engine::pump() noexcept
         }
         advance(b, static_cast<std::uint64_t>(n));
         budget -= std::min(budget, static_cast<std::uint64_t>(n));
+    }
+    if (batch_.bounce) {
+        dom_.bounce().give(batch_.bounce);
+        batch_.bounce = nullptr;
     }
     in_pump_ = false;
 }
@@ -393,7 +430,11 @@ void connection_engine::copy_frame_on_wire(const region_state* st, std::uint64_t
                 ok = false;
                 break;
             }
-            std::memcpy(copy.get() + (at + skip - from), s.ptr + skip, s.len - skip);
+            if (s.st && s.st->stage != staging::none)
+                ok = stage_out(s.st->stage, s.st->device, copy.get() + (at + skip - from), s.ptr + skip,
+                               s.len - skip);
+            else
+                std::memcpy(copy.get() + (at + skip - from), s.ptr + skip, s.len - skip);
             if (other)
                 unpin(s.st);
         }

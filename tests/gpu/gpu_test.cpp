@@ -6,8 +6,11 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <future>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -41,6 +44,7 @@ static_assert(cuabi::cu_mem_location_type_device == CU_MEM_LOCATION_TYPE_DEVICE)
 static_assert(cuabi::cu_mem_access_flags_prot_readwrite == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 static_assert(cuabi::cu_mem_alloc_granularity_minimum == CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 static_assert(cuabi::cu_mem_attach_global == CU_MEM_ATTACH_GLOBAL);
+static_assert(cuabi::cu_memhostalloc_portable == CU_MEMHOSTALLOC_PORTABLE);
 static_assert(sizeof(cuabi::cu_deviceptr) == sizeof(CUdeviceptr));
 static_assert(sizeof(cuabi::cu_mem_handle) == sizeof(CUmemGenericAllocationHandle));
 static_assert(sizeof(cuabi::cu_mem_allocation_prop) == sizeof(CUmemAllocationProp));
@@ -163,7 +167,7 @@ TEST_F(gpu, device_buffers_round_trip_plain_and_virtual)
     }
 }
 
-TEST_F(gpu, register_memory_finds_device_memory_and_tcp_refuses_it_naming_it)
+TEST_F(gpu, register_memory_finds_device_memory_and_tcp_takes_it_without_remote_atomics)
 {
     rdmx::gpu::device_buffer buf(1 << 20);
     auto p = detail::place_memory(buf.data(), buf.size(), memory_type::detect, "register_memory");
@@ -171,11 +175,15 @@ TEST_F(gpu, register_memory_finds_device_memory_and_tcp_refuses_it_naming_it)
     EXPECT_EQ(p.device, 0);
     EXPECT_EQ(p.allocations, 1u);
     auto dom = domain::open("tcp://127.0.0.1:0");
+    EXPECT_EQ(dom->register_memory(buf.data(), buf.size(), access::remote_write | access::remote_read)
+                  ->memory_type(),
+              memory_type::cuda);
+    // The TCP target serves atomics with its CPU: on device memory they could not be atomic.
     errc code{};
     std::string w =
-        what_of([&] { dom->register_memory(buf.data(), buf.size(), access::remote_write); }, &code);
+        what_of([&] { dom->register_memory(buf.data(), buf.size(), access::remote_atomic); }, &code);
     EXPECT_EQ(code, errc::not_supported);
-    EXPECT_NE(w.find("TCP backend cannot reach CUDA device memory (device 0)"), std::string::npos) << w;
+    EXPECT_NE(w.find("remote_atomic on CUDA device memory (device 0)"), std::string::npos) << w;
     // Host memory in the same process (the driver loaded) is still host memory.
     std::vector<std::byte> mem(4096);
     EXPECT_EQ(dom->register_memory(mem.data(), mem.size(), access::local_write)->memory_type(),
@@ -186,6 +194,135 @@ TEST_F(gpu, register_memory_finds_device_memory_and_tcp_refuses_it_naming_it)
                 &code);
     EXPECT_EQ(code, errc::invalid_argument);
     EXPECT_NE(w.find("does not know"), std::string::npos) << w;
+}
+
+/// Polls `c` until `n` completions came (10 s at most); each must have succeeded.
+std::vector<completion> completions(connection& c, std::size_t n)
+{
+    std::vector<completion> out;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+        completion buf[8];
+        std::size_t got = c.poll(buf);
+        out.insert(out.end(), buf, buf + got);
+    }
+    EXPECT_EQ(out.size(), n) << "completions missing after 10 s";
+    for (const completion& x : out)
+        EXPECT_FALSE(x.status) << "wr_id " << x.wr_id << ": " << x.status.message();
+    return out;
+}
+
+// TCP moves device memory through host chunks (docs/gpu.md): every operation, device memory
+// at both ends or at one, plain and virtual memory, pieces larger than a chunk.
+TEST_F(gpu, tcp_carries_device_memory_in_every_operation)
+{
+    auto sdom = domain::open("tcp://127.0.0.1:0");
+    auto cdom = domain::open("tcp://127.0.0.1:0");
+    auto lst = sdom->listen("tcp://127.0.0.1:0");
+    const std::string at = "tcp://127.0.0.1:" + std::to_string(lst->port());
+    auto acc = std::async(std::launch::async,
+                          [&] { return lst->get_request(std::chrono::seconds(10))->accept({}); });
+    auto client = cdom->connect(at, {});
+    auto server = acc.get();
+
+    const std::size_t size = 3 << 20;
+    std::vector<unsigned char> pattern(size), back(size);
+    std::iota(pattern.begin(), pattern.end(), 7);
+    for (auto kind : {rdmx::gpu::allocation::plain, rdmx::gpu::allocation::virtual_memory}) {
+        SCOPED_TRACE(kind == rdmx::gpu::allocation::plain ? "plain" : "virtual memory");
+        rdmx::gpu::device_buffer src(size, 0, kind, 2), dst(size, 0, kind, 2);
+        std::vector<unsigned char> host(size);
+        src.copy_from_host(pattern.data(), size);
+        const access rw = access::local_write | access::remote_write | access::remote_read;
+        auto ms = cdom->register_memory(src.data(), size, rw);
+        auto md = sdom->register_memory(dst.data(), size, rw);
+        auto mh = sdom->register_memory(host.data(), size, rw);
+        ASSERT_EQ(ms->memory_type(), memory_type::cuda);
+
+        // Write, device to device, from two SGEs, 2 MiB + 3 bytes to an odd offset.
+        const sge w[] = {{ms.get(), 1, (1 << 20) + 1}, {ms.get(), 2 << 20, (1 << 20) + 2}};
+        ASSERT_FALSE(client->post_write(w, md->remote(5, w[0].length + w[1].length), 1));
+        completions(*client, 1);
+        dst.copy_to_host(back.data(), size);
+        EXPECT_EQ(std::memcmp(back.data() + 5, pattern.data() + 1, w[0].length), 0);
+        EXPECT_EQ(std::memcmp(back.data() + 5 + w[0].length, pattern.data() + (2 << 20), w[1].length), 0);
+
+        // Read, device at the target into host memory at the initiator... and host at the
+        // target into device memory here.
+        std::vector<unsigned char> local(size);
+        auto ml = cdom->register_memory(local.data(), size, rw);
+        const sge r{ml.get(), 0, size};
+        ASSERT_FALSE(client->post_read({&r, 1}, md->remote(), 2));
+        completions(*client, 1);
+        EXPECT_EQ(std::memcmp(local.data(), back.data(), size), 0);
+        std::memcpy(host.data(), pattern.data(), size);
+        const sge r2{ms.get(), 0, size};
+        src.copy_from_host(std::vector<unsigned char>(size).data(), size); // zeros first
+        ASSERT_FALSE(client->post_read({&r2, 1}, mh->remote(), 3));
+        completions(*client, 1);
+        src.copy_to_host(back.data(), size);
+        EXPECT_EQ(back, pattern);
+
+        // Send from device memory into a device receive of two SGEs, then inline from device.
+        const sge rv[] = {{md.get(), 0, 1000}, {md.get(), 1 << 20, 2 << 20}};
+        ASSERT_FALSE(server->post_recv(rv, 10));
+        const sge sd{ms.get(), 9, (1 << 20) + 77};
+        ASSERT_FALSE(client->post_send({&sd, 1}, 4));
+        completions(*client, 1);
+        EXPECT_EQ(completions(*server, 1)[0].byte_len, sd.length);
+        dst.copy_to_host(back.data(), size);
+        EXPECT_EQ(std::memcmp(back.data(), pattern.data() + 9, 1000), 0);
+        EXPECT_EQ(std::memcmp(back.data() + (1 << 20), pattern.data() + 1009, sd.length - 1000), 0);
+        ASSERT_FALSE(server->post_recv({&rv[0], 1}, 11));
+        const sge in{ms.get(), 100, 32};
+        ASSERT_FALSE(client->post_send({&in, 1}, 5, send_flags::signaled | send_flags::inline_data));
+        completions(*client, 1);
+        completions(*server, 1);
+        dst.copy_to_host(back.data(), 32);
+        EXPECT_EQ(std::memcmp(back.data(), pattern.data() + 100, 32), 0);
+    }
+}
+
+// Endpoints over TCP with device memory at both ends: an eager message (copied out of the
+// endpoint's host buffer by the driver) and a rendezvous one (read by the receiver straight
+// into device memory, staged by the connection).
+TEST_F(gpu, tcp_endpoints_carry_device_memory_eager_and_by_rendezvous)
+{
+    auto dom = domain::open("tcp://127.0.0.1:0");
+    auto a = endpoint::open(*dom, "tcp://127.0.0.1:0");
+    auto b = endpoint::open(*dom, "tcp://127.0.0.1:0");
+    const std::size_t size = 2 << 20;
+    std::vector<unsigned char> pattern(size), back(size);
+    std::iota(pattern.begin(), pattern.end(), 3);
+    rdmx::gpu::device_buffer src(size), dst(size);
+    src.copy_from_host(pattern.data(), size);
+    auto ms = dom->register_memory(src.data(), size, access::local_write | access::remote_read);
+    auto md = dom->register_memory(dst.data(), size, access::local_write | access::remote_write);
+    const rdmx::peer to_b = a->insert(b->address());
+    for (std::size_t len : {std::size_t{4000}, size - 1}) { // under and over eager_limit
+        SCOPED_TRACE(len);
+        const sge rs{md.get(), 0, size}, ss{ms.get(), 1, len};
+        ASSERT_FALSE(b->recv(rdmx::any_peer, 7, 0, {&rs, 1}, 1));
+        ASSERT_FALSE(a->send(to_b, 7, {&ss, 1}, 2));
+        bool sent = false, received = false;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!(sent && received) && std::chrono::steady_clock::now() < deadline) {
+            endpoint_completion c[4];
+            for (endpoint* e : {a.get(), b.get()})
+                for (std::size_t i = 0, n = e->poll(c); i < n; ++i) {
+                    if (c[i].op != endpoint_op::send && c[i].op != endpoint_op::recv)
+                        continue;
+                    EXPECT_FALSE(c[i].status) << c[i].status.message();
+                    (c[i].op == endpoint_op::send ? sent : received) = true;
+                    if (c[i].op == endpoint_op::recv) {
+                        EXPECT_EQ(c[i].length, len);
+                    }
+                }
+        }
+        ASSERT_TRUE(sent && received) << "no completion within 10 s";
+        dst.copy_to_host(back.data(), len);
+        EXPECT_EQ(std::memcmp(back.data(), pattern.data() + 1, len), 0);
+    }
 }
 
 TEST_F(gpu, registration_leaves_the_threads_current_context_as_it_was)

@@ -1,0 +1,145 @@
+#include "tcp/tcp_staging.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include <rdmx/error.hpp>
+
+#include "cuda_driver.hpp"
+#include "log.hpp"
+#include "tcp/tcp_log.hpp"
+
+namespace rdmx::tcp
+{
+
+bounce_pool::bounce_pool()
+{
+    if (const char* v = std::getenv("RDMX_TCP_STAGING_CHUNK")) {
+        char* end = nullptr;
+        const unsigned long long n = std::strtoull(v, &end, 10);
+        if (end != v && *end == '\0' && n >= 4096 && n <= (16u << 20))
+            chunk_size_ = static_cast<std::size_t>(n);
+        else
+            RDMX_LOG(warn, "RDMX_TCP_STAGING_CHUNK=%s: not a size from 4096 to 16777216 bytes; %zu used", v,
+                     chunk_size_);
+    }
+}
+
+bounce_pool::~bounce_pool()
+{
+    for (chunk& c : all_) {
+        if (!c.pinned) {
+            ::operator delete (c.p, std::align_val_t{64});
+            continue;
+        }
+        try { // a pinned chunk implies the driver, with both entry points
+            const detail::cuda_driver* d = detail::cuda();
+            detail::device_scope scope(*d, pin_device_);
+            d->mem_free_host(c.p);
+        } catch (...) { // the process keeps the pages: nothing else can be done
+        }
+    }
+}
+
+bounce_pool::chunk bounce_pool::make() noexcept
+{
+    if (pin_) {
+        const detail::cuda_driver* d = detail::cuda();
+        if (d && d->mem_host_alloc && d->mem_free_host) {
+            try {
+                detail::device_scope scope(*d, pin_device_);
+                void* p = nullptr;
+                if (d->mem_host_alloc(&p, chunk_size_, detail::cu_memhostalloc_portable) ==
+                        detail::cu_success &&
+                    p)
+                    return {static_cast<std::byte*>(p), true};
+            } catch (...) {
+            }
+        }
+        // Pageable memory still works with cuMemcpy, more slowly.
+    }
+    return {static_cast<std::byte*>(::operator new (chunk_size_, std::align_val_t{64}, std::nothrow)), false};
+}
+
+void bounce_pool::prepare(staging s, int device)
+{
+    std::lock_guard lk(mu_);
+    if (s == staging::cuda && !pin_) {
+        pin_ = true;
+        pin_device_ = device;
+    }
+    all_.reserve(all_.size() + initial_chunks);
+    free_.reserve(all_.capacity());
+    while (all_.size() < initial_chunks) {
+        chunk c = make();
+        if (!c.p)
+            throw_errno(ENOMEM, "register_memory (the TCP backend's staging buffers)");
+        all_.push_back(c);
+        free_.push_back(c.p);
+    }
+}
+
+std::byte* bounce_pool::take() noexcept
+{
+    std::lock_guard lk(mu_);
+    if (!free_.empty()) {
+        std::byte* p = free_.back();
+        free_.pop_back();
+        return p;
+    }
+    try {
+        all_.reserve(all_.size() + 1);
+        free_.reserve(all_.size() + 1); // give() never allocates
+    } catch (...) {
+        return nullptr;
+    }
+    chunk c = make();
+    if (!c.p)
+        return nullptr;
+    all_.push_back(c);
+    grown_.fetch_add(1, std::memory_order_relaxed);
+    return c.p;
+}
+
+void bounce_pool::give(std::byte* chunk) noexcept
+{
+    std::lock_guard lk(mu_);
+    free_.push_back(chunk); // room kept by take()
+}
+
+namespace
+{
+
+bool cuda_copy(bool out, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept
+{
+    std::string why;
+    if (detail::copy_device(out, device, dst, src, n, why))
+        return true;
+    log_limited("staging device memory: %s", why.c_str());
+    return false;
+}
+
+} // namespace
+
+bool stage_out(staging s, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept
+{
+    if (s != staging::cuda) {
+        std::memcpy(dst, src, n);
+        return true;
+    }
+    return cuda_copy(true, device, dst, src, n);
+}
+
+bool stage_in(staging s, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept
+{
+    if (s != staging::cuda) {
+        std::memcpy(dst, src, n);
+        return true;
+    }
+    return cuda_copy(false, device, dst, src, n);
+}
+
+} // namespace rdmx::tcp

@@ -1,0 +1,170 @@
+// The TCP backend's staging (lib/tcp/tcp_staging.hpp), the path CUDA device memory takes,
+// run with host memory: RDMX_TCP_FORCE_STAGING=1 makes a domain stage every region it
+// registers. The conformance suite runs whole under the switch too (tests/meson.build,
+// conformance-tcp-staged); these tests check what it cannot see: that the bytes really went
+// through the chunks, in pieces larger than one chunk and split across SGEs at every
+// boundary, and that a domain without the switch stages nothing.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <vector>
+
+#include "backends.hpp"
+#include "common/test_util.hpp"
+#include "tcp/raw_peer.hpp"
+#include "tcp/tcp_domain.hpp"
+
+namespace rdmx::test
+{
+namespace
+{
+
+constexpr std::size_t chunk = tcp::bounce_pool::default_chunk_size;
+
+tcp::bounce_pool& pool_of(domain& d)
+{
+    return static_cast<tcp::tcp_domain&>(detail::backend_domain(d)).bounce();
+}
+
+/// Bytes that differ at every offset and from one buffer to the next (`seed`).
+void fill(std::vector<std::byte>& v, unsigned seed)
+{
+    for (std::size_t i = 0; i < v.size(); ++i)
+        v[i] = static_cast<std::byte>((i * 131u + seed * 7u + (i >> 9)) & 0xff);
+}
+
+/// Domains made with the switch set (`staged`) or not; the environment is as it was after.
+class tcp_staging : public tcp_loopback
+{
+protected:
+    void open(bool staged)
+    {
+        const char* before = std::getenv("RDMX_TCP_FORCE_STAGING");
+        std::string saved = before ? before : "";
+        if (staged)
+            setenv("RDMX_TCP_FORCE_STAGING", "1", 1);
+        else
+            unsetenv("RDMX_TCP_FORCE_STAGING");
+        tcp_loopback::SetUp();
+        if (before)
+            setenv("RDMX_TCP_FORCE_STAGING", saved.c_str(), 1);
+        else
+            unsetenv("RDMX_TCP_FORCE_STAGING");
+    }
+    void SetUp() override {}
+
+    struct pair {
+        std::unique_ptr<connection> client, server;
+    };
+    pair connect_pair()
+    {
+        auto acc = std::async(std::launch::async, [&] {
+            auto req = listener_->get_request(10s);
+            if (!req)
+                throw std::runtime_error("no request");
+            return req->accept({});
+        });
+        pair p;
+        p.client = client_dom_->connect(addr(), {});
+        p.server = acc.get();
+        return p;
+    }
+};
+
+TEST_F(tcp_staging, every_operation_moves_staged_memory_through_the_chunks_intact)
+{
+    open(true);
+    const std::size_t size = 3 * chunk + 4096;
+    std::vector<std::byte> a(size), b(size);
+    fill(a, 1);
+    fill(b, 2);
+    const access all =
+        access::local_write | access::remote_write | access::remote_read | access::remote_atomic;
+    auto ma = client_dom_->register_memory(a.data(), a.size(), all);
+    auto mb = server_dom_->register_memory(b.data(), b.size(), all);
+    EXPECT_EQ(ma->memory_type(), memory_type::host); // staged, and still host memory
+    auto p = connect_pair();
+    const std::uint64_t out0 = pool_of(*client_dom_).bytes_out(), in0 = pool_of(*server_dom_).bytes_in();
+
+    // A write of more than two chunks from three SGEs whose boundaries fall inside chunks,
+    // to an odd offset.
+    const sge w[] = {{ma.get(), 3, chunk - 5}, {ma.get(), chunk + 100, 17}, {ma.get(), 2 * chunk, chunk + 9}};
+    const std::size_t wlen = w[0].length + w[1].length + w[2].length;
+    ASSERT_FALSE(p.client->post_write(w, mb->remote(11, wlen), 1));
+    expect_ok(*p.client, 1);
+    std::size_t at = 11;
+    for (const sge& s : w) {
+        ASSERT_EQ(std::memcmp(b.data() + at, a.data() + s.offset, s.length), 0)
+            << "write: the piece from offset " << s.offset << " differs";
+        at += s.length;
+    }
+    EXPECT_GE(pool_of(*client_dom_).bytes_out() - out0, wlen);
+    EXPECT_GE(pool_of(*server_dom_).bytes_in() - in0, wlen);
+
+    // A read of more than a chunk into two SGEs (the response is staged at the target,
+    // the payload at the initiator).
+    fill(b, 3);
+    const sge r[] = {{ma.get(), 1, chunk / 2 + 3}, {ma.get(), 2 * chunk + 1, chunk}};
+    const std::size_t rlen = r[0].length + r[1].length;
+    const std::uint64_t sout = pool_of(*server_dom_).bytes_out(), cin = pool_of(*client_dom_).bytes_in();
+    ASSERT_FALSE(p.client->post_read(r, mb->remote(7, rlen), 2));
+    expect_ok(*p.client, 1);
+    ASSERT_EQ(std::memcmp(a.data() + r[0].offset, b.data() + 7, r[0].length), 0);
+    ASSERT_EQ(std::memcmp(a.data() + r[1].offset, b.data() + 7 + r[0].length, r[1].length), 0);
+    EXPECT_GE(pool_of(*server_dom_).bytes_out() - sout, rlen);
+    EXPECT_GE(pool_of(*client_dom_).bytes_in() - cin, rlen);
+
+    // A send into a receive of three SGEs, then an inline send from staged memory.
+    fill(a, 4);
+    const sge rv[] = {{mb.get(), 0, 1000}, {mb.get(), chunk, chunk}, {mb.get(), 3 * chunk, 4096}};
+    ASSERT_FALSE(p.server->post_recv(rv, 10));
+    const sge sd[] = {{ma.get(), 5, chunk + 500}};
+    ASSERT_FALSE(p.client->post_send(sd, 3));
+    expect_ok(*p.client, 1);
+    auto got = expect_ok(*p.server, 1);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].byte_len, sd[0].length);
+    EXPECT_EQ(std::memcmp(b.data(), a.data() + 5, 1000), 0);
+    EXPECT_EQ(std::memcmp(b.data() + chunk, a.data() + 1005, sd[0].length - 1000), 0);
+    ASSERT_FALSE(p.server->post_recv({&rv[0], 1}, 11));
+    const sge in[] = {{ma.get(), 40, 24}};
+    const std::vector<std::byte> expect(a.begin() + 40, a.begin() + 64);
+    ASSERT_FALSE(p.client->post_send(in, 4, send_flags::signaled | send_flags::inline_data));
+    std::memset(a.data() + 40, 0, 24); // the copy was made at the post
+    expect_ok(*p.client, 1);
+    expect_ok(*p.server, 1);
+    EXPECT_EQ(std::memcmp(b.data(), expect.data(), 24), 0);
+
+    // An atomic whose old value lands in staged memory.
+    std::uint64_t v = 40;
+    std::memcpy(b.data() + 64, &v, 8);
+    ASSERT_FALSE(p.client->post_fetch_add({ma.get(), 8, 8}, mb->remote(64, 8), 2, 5));
+    expect_ok(*p.client, 1);
+    std::uint64_t old = 0, now = 0;
+    std::memcpy(&old, a.data() + 8, 8);
+    std::memcpy(&now, b.data() + 64, 8);
+    EXPECT_EQ(old, 40u);
+    EXPECT_EQ(now, 42u);
+    EXPECT_EQ(pool_of(*client_dom_).grown(), 0u) << "one thread at a time needs no chunk beyond the pool";
+}
+
+TEST_F(tcp_staging, a_domain_without_the_switch_stages_nothing)
+{
+    open(false);
+    std::vector<std::byte> a(2 * chunk), b(2 * chunk);
+    fill(a, 5);
+    auto ma = client_dom_->register_memory(a.data(), a.size(), access::local_write);
+    auto mb = server_dom_->register_memory(b.data(), b.size(), access::local_write | access::remote_write);
+    auto p = connect_pair();
+    const sge w{ma.get(), 0, a.size()};
+    ASSERT_FALSE(p.client->post_write({&w, 1}, mb->remote(), 1));
+    expect_ok(*p.client, 1);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(pool_of(*client_dom_).bytes_out(), 0u);
+    EXPECT_EQ(pool_of(*server_dom_).bytes_in(), 0u);
+}
+
+} // namespace
+} // namespace rdmx::test
