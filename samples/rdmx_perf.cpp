@@ -82,6 +82,7 @@
 #include <utility>
 #include <vector>
 
+#include <rdmx/gpu.hpp>
 #include <rdmx/rdmx.hpp>
 
 namespace
@@ -185,6 +186,11 @@ bool is_atomic(test t)
     return t == test::fetch_add_lat || t == test::compare_swap_lat || t == test::fetch_add_bw ||
            t == test::compare_swap_bw;
 }
+/// The tests whose buffers this process never reads or writes itself: the ones --cuda allows.
+bool is_bandwidth(test t)
+{
+    return t == test::send_bw || t == test::write_bw || t == test::read_bw || t == test::write_imm_bw;
+}
 /// The size of an atomic's operand and of its old value.
 constexpr std::size_t atomic_size = 8;
 /// As perftest's --cq-mod: request k of total is signalled if it is one in `every`, or the last.
@@ -234,7 +240,17 @@ struct options {
     std::string congestion;                 ///< connection_options::tcp.congestion
     std::uint32_t qps = 1;                  ///< measured connections (-q)
     bool shared_cq = false;                 ///< -q N: one completion queue for all of them
+    bool cuda = false;                      ///< this side's buffer in CUDA device memory
 };
+
+/// --cuda with a test that would touch the buffer with the CPU: refused, naming why.
+void check_cuda(const options& o, test t)
+{
+    if (o.cuda && !is_bandwidth(t))
+        throw std::invalid_argument(std::string("--cuda: ") + name_of(t) +
+                                    " touches its buffer with the CPU; device memory serves the bandwidth "
+                                    "tests only (send_bw, write_bw, write_imm_bw, read_bw)");
+}
 
 std::size_t parse_size(const std::string& s)
 {
@@ -380,6 +396,9 @@ struct session {
         std::size_t size() const { return n; }
     };
     page_buffer buf;
+    /// --cuda: the buffer in device memory instead (buf then stays empty).
+    std::unique_ptr<rdmx::gpu::device_buffer> device_buf;
+    bool cuda = false;
     std::vector<std::byte> ctl_buf;
     std::unique_ptr<rdmx::memory_region> mr, ctl_mr;
     rdmx::remote_buffer peer{}; ///< the first half of the peer's buffer
@@ -392,7 +411,7 @@ struct session {
     /// client knows it holds between tests (it starts at 0 and only the client changes it).
     std::uint64_t counter = 0;
 
-    std::byte* target() { return buf.data(); }
+    std::byte* target() { return buf.data(); } // host memory only (not with --cuda)
     std::byte* source() { return buf.data() + half; }
 
     /// `atomics`: the peer may target the buffer with atomics too (only then: a device
@@ -401,12 +420,17 @@ struct session {
     void register_buffers(std::size_t max, bool atomics, bool windows = false)
     {
         half = page_buffer::padded(max);
-        buf.assign(2 * half);
         auto rights = rdmx::access::local_write | rdmx::access::remote_write | rdmx::access::remote_read;
         if (atomics)
             rights = rights | rdmx::access::remote_atomic;
         if (windows)
             rights = rights | rdmx::access::bind_window;
+        if (cuda) {
+            device_buf = std::make_unique<rdmx::gpu::device_buffer>(2 * half);
+            mr = dom->register_memory(device_buf->data(), 2 * half, rights, rdmx::memory_type::cuda);
+            return;
+        }
+        buf.assign(2 * half);
         mr = dom->register_memory(buf.data(), buf.size(), rights);
     }
     void setup_control()
@@ -1275,6 +1299,7 @@ rdmx::connection_options multi_opts(const options& o, session& s, std::size_t i)
 int run_server(const options& o)
 {
     session s;
+    s.cuda = o.cuda;
     s.timeout = std::chrono::milliseconds(o.timeout_ms);
     s.dom = rdmx::domain::open(o.address);
     auto lst = s.dom->listen(o.address);
@@ -1310,6 +1335,7 @@ int run_server(const options& o)
             break;
         }
         case control::start: {
+            check_cuda(o, m.t);
             // Receives must be posted before the client starts: the test functions say
             // ready once they are.
             const std::uint64_t total = m.warmup + m.iters;
@@ -1361,7 +1387,9 @@ int run_client(const options& o)
     if (is_atomic(o.t) && (sizes.size() != 1 || sizes[0] != atomic_size))
         throw std::invalid_argument(std::string(name_of(o.t)) + ": atomics are 8 bytes (-s 8 or no -s)");
 
+    check_cuda(o, o.t);
     session s;
+    s.cuda = o.cuda;
     s.timeout = std::chrono::milliseconds(o.timeout_ms);
     s.dom = rdmx::domain::open(o.address);
     if (is_atomic(o.t) && !s.dom->limits().atomics) // siw: atomic_cap is IBV_ATOMIC_NONE
@@ -1493,6 +1521,8 @@ int main(int argc, char** argv)
                  "atomics: the server busy-polls its connection while they run (as ucx_perftest's "
                  "responder; on TCP its thread then serves them; default: it sleeps, as perftest's)");
     app.add_option("--cpu", o.cpus, "pin to these CPUs (taskset list: 0 | 0,1 | 0-1)");
+    app.add_flag("--cuda", o.cuda,
+                 "this side's buffer in CUDA device memory (device 0; the bandwidth tests only)");
     app.add_flag("--json", o.json, "print one JSON document instead of the table");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on connecting and on every wait")
         ->capture_default_str();
