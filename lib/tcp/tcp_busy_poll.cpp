@@ -229,14 +229,7 @@ bool connection_engine::rx_read() noexcept
         state() != connection_state::established)
         return false;
     rx_short_ = false;
-    // Established at every step, as rx_run checks: a frame that failed the connection (a
-    // target error) leaves the frames staged behind it uninterpreted; they were sent
-    // before the peer learnt of the failure (their sequence numbers run past the failed
-    // one, which is not carried out: interpreted, they read as a protocol violation that
-    // ends the connection without the NAK that says why).
-    for (int budget = 0; budget < rx_budget; ++budget)
-        if (state() != connection_state::established || rx_step() != rx_status::again)
-            break;
+    rx_steps(false);           // the engine drains what follows a failure
     keep_rcvlowat_reachable(); // the engine's wait may be armed for a payload read here
     // Budget spent with frames staged: no socket event will announce them.
     if (staged_work())

@@ -325,7 +325,12 @@ private:
     // engine's rx_run, or a polling application's rx_read).
     void arm_read() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     void rx_run() noexcept RDMX_REQUIRES(mu_, engine_thread_);
-    rx_status rx_drain() noexcept RDMX_REQUIRES(mu_, engine_thread_);
+    /// The one loop of both readers: up to rx_budget steps of framing while established;
+    /// once the connection left it, the rest of the stream is drained (`drain`, the
+    /// engine) or left (an application's read) and never interpreted. The last step's
+    /// status; `again` when the budget ran out.
+    rx_status rx_steps(bool drain) noexcept RDMX_REQUIRES(mu_);
+    rx_status rx_drain() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_step() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_payload() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_staged_payload() noexcept RDMX_REQUIRES(mu_);

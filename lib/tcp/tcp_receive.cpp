@@ -121,21 +121,32 @@ void connection_engine::rx_run() noexcept
     if (closed_ || rx_state_ != rx_state::reading)
         return;
     rx_short_ = false;
-    for (int budget = 0; budget < rx_budget; ++budget) {
-        rx_status s = state() == connection_state::established ? rx_step() : rx_drain();
-        if (s == rx_status::again)
-            continue;
-        keep_rcvlowat_reachable();
-        pump();
-        if (s == rx_status::wait)
-            arm_read();
-        return;
-    }
-    // Budget used up: let the engine serve other connections; readiness is re-checked
-    // when the wait is armed, and staged frames continue by a post, so nothing is lost.
+    const rx_status s = rx_steps(true);
     keep_rcvlowat_reachable();
     pump();
-    arm_read();
+    // Waiting for data, or the budget used up (the engine serves its other connections:
+    // readiness is re-checked when the wait is armed, and staged frames continue by a
+    // post, so nothing is lost).
+    if (s != rx_status::stop)
+        arm_read();
+}
+
+connection_engine::rx_status connection_engine::rx_steps(bool drain) noexcept
+{
+    // Established at every step: a frame that failed the connection (a target error)
+    // leaves the frames staged behind it uninterpreted. They were sent before the peer
+    // learnt of the failure (their sequence numbers run past the failed one, which is not
+    // carried out): interpreted, they would read as a protocol violation that ends the
+    // connection without the NAK that says why.
+    for (int budget = 0; budget < rx_budget; ++budget) {
+        const bool established = state() == connection_state::established;
+        if (!established && !drain)
+            return rx_status::stop;
+        const rx_status s = established ? rx_step() : rx_drain();
+        if (s != rx_status::again)
+            return s;
+    }
+    return rx_status::again;
 }
 
 connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noexcept
@@ -151,7 +162,7 @@ connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noe
 
 connection_engine::rx_status connection_engine::rx_drain() noexcept
 {
-    auto sink = dom_.discard_buffer();
+    std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
     ssize_t n = sys::recv(fd_, sink.data(), sink.size(), MSG_DONTWAIT);
     if (n > 0)
         return rx_status::again;
