@@ -213,6 +213,11 @@ std::unique_ptr<memory_region> tcp_domain::register_placed(void* addr, std::size
         auto r = std::make_unique<tcp_region>(shared_from_this(), st, static_cast<std::byte*>(addr), length,
                                               rights, key, type, device);
         ++key_slots_;
+        if (stage == staging::cuda)
+            RDMX_LOG(info,
+                     "register_memory: %zu bytes of CUDA device %d memory at %p registered on tcp, staged "
+                     "through host chunks of %zu bytes (cuMemcpy on every transfer)",
+                     length, device, addr, bounce_.chunk_size());
         return r;
     } catch (...) {
         keys_.erase(key);
