@@ -128,6 +128,12 @@ inline errc check_send(const work_request& wr, const void* owner, rdmx::backend 
         return e;
     if (has(wr.flags, send_flags::inline_data) && (lands_locally || total > lim.max_inline))
         return errc::invalid_argument;
+    // A verbs provider copies inline data with the CPU, which cannot read device memory
+    // (TCP stages it: docs/gpu.md).
+    if (has(wr.flags, send_flags::inline_data) && b != backend::tcp)
+        for (const sge& s : wr.local)
+            if (s.region->memory_type() == memory_type::cuda)
+                return errc::invalid_argument;
     // An atomic returns exactly one 8-byte value into one SGE, and its target must be
     // naturally aligned (verbs requires it; the TCP target serves it as a native atomic).
     if (atomic && (wr.local.size() != 1 || total != atomic_size || wr.remote.addr % atomic_size != 0))

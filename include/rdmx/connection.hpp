@@ -67,10 +67,12 @@ const char* to_string(opcode op) noexcept;
 /// Send-queue flags (a bit set).
 enum class send_flags : std::uint32_t {
     none = 0,
-    signaled = 1u << 0,    ///< produce a completion for this request
-    fence = 1u << 1,       ///< start only after all earlier reads and atomics on this connection completed
-    inline_data = 1u << 2, ///< copy the payload into the request (size <= limits().max_inline)
-    solicited = 1u << 3,   ///< wake a peer waiting with request_notify(solicited_only)
+    signaled = 1u << 0, ///< produce a completion for this request
+    fence = 1u << 1,    ///< start only after all earlier reads and atomics on this connection completed
+    /// Copy the payload into the request (size <= limits().max_inline). Not from CUDA device
+    /// memory on verbs (invalid_argument: the provider copies with the CPU); TCP stages it.
+    inline_data = 1u << 2,
+    solicited = 1u << 3, ///< wake a peer waiting with request_notify(solicited_only)
 };
 constexpr send_flags operator|(send_flags a, send_flags b) noexcept
 {
