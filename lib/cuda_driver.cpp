@@ -147,6 +147,12 @@ std::unique_ptr<cuda_driver> load_cuda_driver(const char* path, std::string& why
         resolve(lib, gpa, {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", true}, d->memcpy_dtoh, why) &&
         resolve(lib, gpa, {"cuMemHostAlloc", "cuMemHostAlloc", false}, d->mem_host_alloc, why) &&
         resolve(lib, gpa, {"cuMemFreeHost", "cuMemFreeHost", false}, d->mem_free_host, why) &&
+        resolve(lib, gpa, {"cuStreamCreate", "cuStreamCreate", false}, d->stream_create, why) &&
+        resolve(lib, gpa, {"cuStreamDestroy", "cuStreamDestroy_v2", false}, d->stream_destroy, why) &&
+        resolve(lib, gpa, {"cuStreamSynchronize", "cuStreamSynchronize", false}, d->stream_synchronize,
+                why) &&
+        resolve(lib, gpa, {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", false}, d->memcpy_htod_async, why) &&
+        resolve(lib, gpa, {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", false}, d->memcpy_dtoh_async, why) &&
         resolve(lib, gpa, {"cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity", true},
                 d->mem_get_allocation_granularity, why) &&
         resolve(lib, gpa, {"cuMemCreate", "cuMemCreate", true}, d->mem_create, why) &&

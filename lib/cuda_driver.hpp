@@ -25,6 +25,7 @@ using cu_device = int;
 using cu_deviceptr = unsigned long long;
 using cu_context = struct cu_context_st*;
 using cu_mem_handle = unsigned long long;
+using cu_stream = struct cu_stream_st*;
 
 inline constexpr cu_result cu_success = 0;
 inline constexpr cu_result cu_error_invalid_value = 1;
@@ -45,6 +46,7 @@ inline constexpr int cu_mem_access_flags_prot_readwrite = 3;
 inline constexpr int cu_mem_alloc_granularity_minimum = 0;
 inline constexpr unsigned cu_mem_attach_global = 1;
 inline constexpr unsigned cu_memhostalloc_portable = 1;
+inline constexpr unsigned cu_stream_non_blocking = 1;
 
 struct cu_mem_location {
     int type;
@@ -89,6 +91,13 @@ struct cuda_driver {
     /// Page-locked host memory (the TCP backend's staging chunks); null if the driver lacks it.
     cu_result (*mem_host_alloc)(void** ptr, std::size_t size, unsigned flags);
     cu_result (*mem_free_host)(void* ptr);
+    /// Asynchronous copies on a stream of rdmx's own (the TCP backend's staging); null if
+    /// the driver lacks any of them (then the copies are synchronous).
+    cu_result (*stream_create)(cu_stream* stream, unsigned flags);
+    cu_result (*stream_destroy)(cu_stream stream);
+    cu_result (*stream_synchronize)(cu_stream stream);
+    cu_result (*memcpy_htod_async)(cu_deviceptr dst, const void* src, std::size_t size, cu_stream stream);
+    cu_result (*memcpy_dtoh_async)(void* dst, cu_deviceptr src, std::size_t size, cu_stream stream);
     // CUDA virtual memory (cuMemCreate + cuMemMap: PyTorch's expandable segments).
     cu_result (*mem_get_allocation_granularity)(std::size_t* granularity, const cu_mem_allocation_prop* prop,
                                                 int option);

@@ -133,8 +133,12 @@ tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_)
     limits_.max_qp_init_rd_atom = max_rd_atomic;
     limits_.max_mr_size = UINT64_MAX;
     limits_.max_msg_size = static_cast<std::uint32_t>(detail::max_message_size);
-    if (const char* f = std::getenv("RDMX_TCP_FORCE_STAGING"); f && std::strcmp(f, "1") == 0)
+    if (const char* f = std::getenv("RDMX_TCP_FORCE_STAGING");
+        f && (!std::strcmp(f, "1") || !std::strcmp(f, "2"))) {
         force_staging_ = true;
+        if (f[0] == '2')
+            bounce_.defer_host_copies(); // copies land only when waited for, as a GPU's may
+    }
     engine_ = std::thread([this] {
         // Handlers are noexcept in spirit; an exception escaping one would be a bug, and
         // losing the engine silently would be worse than reporting it.

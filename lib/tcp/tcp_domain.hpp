@@ -218,8 +218,9 @@ private:
     /// (so that a bind's insertion never rehashes).
     std::size_t key_slots_ = 0;
     std::vector<std::byte> discard_;
-    /// RDMX_TCP_FORCE_STAGING=1 when the domain was made: host memory is staged as device
-    /// memory is, so that tests without a GPU run every path of the staging.
+    /// RDMX_TCP_FORCE_STAGING=1 (or 2: copies deferred to their wait) when the domain was
+    /// made: host memory is staged as device memory is, so that tests without a GPU run
+    /// every path of the staging.
     bool force_staging_ = false;
     bounce_pool bounce_;
     poll_activity polls_;

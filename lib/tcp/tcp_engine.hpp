@@ -203,6 +203,24 @@ private:
         std::uint64_t total = 0; ///< bytes of the whole frame, header included
         bool was_current = false;
     };
+    /// A chunk that staged memory is sent from (tcp_staging.hpp). A pump() holds two, so
+    /// that the copy for its next batch runs while this batch's sendmsg does.
+    struct tx_chunk {
+        std::byte* p = nullptr;  ///< from the domain's pool, for the pump() call
+        std::uint64_t fill = 0;  ///< bytes of it holding copies
+        std::uint64_t stamp = 0; ///< when its range was set: the older chunk is reused first
+        /// The range a batch finds in it: [src, src + len) of region `st` (generation
+        /// `tag`), at p + off. Its copy may still be in flight (`copy`, with `copy_pin`
+        /// pinned until it finished).
+        region_state* st = nullptr;
+        std::uint64_t tag = 0;
+        const std::byte* src = nullptr;
+        std::uint64_t len = 0;
+        std::uint64_t off = 0;
+        copy_batch copy;
+        region_state* copy_pin = nullptr;
+        bool in_batch = false; ///< the batch being built sends from it
+    };
     struct tx_batch {
         iovec iov[max_iov];
         int niov = 0;
@@ -216,10 +234,14 @@ private:
         /// ... or could not be staged (no chunk, or the driver's copy failed): a frame on
         /// the wire then cannot be finished (revoked_frame), none waits for a copy.
         bool stage_failed = false;
-        /// The chunk that staged memory of this batch was copied to (tcp_staging.hpp), held
-        /// for the whole pump() and given back at its end; `staged` bytes of it are in use.
-        std::byte* bounce = nullptr;
-        std::uint64_t staged = 0;
+        tx_chunk chunks[2];
+        std::uint64_t stamps = 0;
+        /// Where the batch's last staged piece was cut short by the end of a chunk: the
+        /// next batch starts there, and its copy can start before this batch is sent.
+        region_state* cut_st = nullptr;
+        std::uint64_t cut_tag = 0;
+        const std::byte* cut_src = nullptr;
+        std::uint64_t cut_len = 0; ///< bytes of that piece's segment after the cut
     };
     /// What the payload of the frame being received is for.
     enum class rx_action : std::uint8_t {
@@ -309,6 +331,16 @@ private:
     bool add_whole_frame(tx_batch& b, frame_kind kind, std::uint64_t pos, std::uint64_t skip) noexcept
         RDMX_REQUIRES(mu_);
     void advance(tx_batch& b, std::uint64_t sent) noexcept RDMX_REQUIRES(mu_);
+    /// Staged memory [src, src + n) of `st` (pinned by the caller) for the batch: where a
+    /// chunk holds its first `n` bytes (n shrinks where a chunk ends first). Null with
+    /// b.closed when no chunk has room left, with b.stage_failed when no chunk or copy
+    /// could be had.
+    std::byte* stage_tx(tx_batch& b, region_state* st, std::uint64_t tag, const std::byte* src,
+                        std::uint64_t& n) noexcept RDMX_REQUIRES(mu_);
+    /// Starts copying what follows the batch's cut (if any) into a chunk it does not use.
+    void prefetch_tx(tx_batch& b) noexcept RDMX_REQUIRES(mu_);
+    /// Waits for `c`'s copy in flight (unpinning its region); false if it failed.
+    bool settle(tx_chunk& c) noexcept RDMX_REQUIRES(mu_);
     /// The memory a frame's payload comes from, in order (empty: no payload).
     std::span<const seg> payload_segs(frame_kind kind, std::uint64_t pos) noexcept RDMX_REQUIRES(mu_);
     /// Continues transmitting on the engine: `would_block` after EAGAIN, else after the
@@ -331,6 +363,9 @@ private:
     /// status; `again` when the budget ran out.
     rx_status rx_steps(bool drain) noexcept RDMX_REQUIRES(mu_);
     rx_status rx_drain() noexcept RDMX_REQUIRES(mu_);
+    /// Finishes the copies from the receive chunks to staged memory (a failed one faults
+    /// the frame); with `release`, gives the chunks back too (the end of a read run).
+    void settle_rx(bool release) noexcept RDMX_REQUIRES(mu_);
     rx_status rx_step() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_payload() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_staged_payload() noexcept RDMX_REQUIRES(mu_);
@@ -618,6 +653,17 @@ private:
     std::uint32_t rx_seg_i_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t rx_seg_off_ RDMX_GUARDED_BY(mu_) = 0;
     bool rx_fault_ RDMX_GUARDED_BY(mu_) = false; ///< a destination region vanished during the payload
+    /// Chunks that payload bound for staged memory is received into (tcp_staging.hpp), two
+    /// so that one's copy to its place runs while the next recvmsg fills the other; held
+    /// for one read run (rx_steps), their copies finished before a frame ends.
+    struct rx_chunk {
+        std::byte* p = nullptr;
+        copy_batch copy;
+        region_state* pins[copy_batch::max_copies]; ///< the destinations, pinned till copied
+        int npins = 0;
+    };
+    rx_chunk rx_chunks_[2] RDMX_GUARDED_BY(mu_);
+    int rx_turn_ RDMX_GUARDED_BY(mu_) = 0; ///< the chunk the next staged read fills
     seg rx_target_ RDMX_GUARDED_BY(mu_);
     /// The payload of the atomic frame being received (its operands, or the old value);
     /// rx_target_ names it then.

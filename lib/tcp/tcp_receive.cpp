@@ -138,15 +138,31 @@ connection_engine::rx_status connection_engine::rx_steps(bool drain) noexcept
     // learnt of the failure (their sequence numbers run past the failed one, which is not
     // carried out): interpreted, they would read as a protocol violation that ends the
     // connection without the NAK that says why.
-    for (int budget = 0; budget < rx_budget; ++budget) {
+    rx_status s = rx_status::again;
+    for (int budget = 0; budget < rx_budget && s == rx_status::again; ++budget) {
         const bool established = state() == connection_state::established;
         if (!established && !drain)
-            return rx_status::stop;
-        const rx_status s = established ? rx_step() : rx_drain();
-        if (s != rx_status::again)
-            return s;
+            s = rx_status::stop;
+        else
+            s = established ? rx_step() : rx_drain();
     }
-    return rx_status::again;
+    settle_rx(true);
+    return s;
+}
+
+void connection_engine::settle_rx(bool release) noexcept
+{
+    for (rx_chunk& c : rx_chunks_) {
+        if (!c.copy.empty() && !dom_.bounce().finish(c.copy))
+            rx_fault_ = true; // the frame they belong to fails when it ends
+        for (int i = 0; i < c.npins; ++i)
+            unpin(c.pins[i]);
+        c.npins = 0;
+        if (release && c.p) {
+            dom_.bounce().give(c.p);
+            c.p = nullptr;
+        }
+    }
 }
 
 connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noexcept
@@ -251,9 +267,9 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
         const seg* s;
         std::byte* dst;
     };
-    staged_piece staged[max_iov];
+    staged_piece staged[copy_batch::max_copies];
     int nstaged = 0;
-    std::byte* bounce = nullptr;
+    rx_chunk* chunk = nullptr; // the one this call fills, its earlier copies finished
     std::uint64_t bounce_used = 0;
     // The domain's sink is the engine's; the application thread (rx_poll) has its own.
     std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
@@ -274,29 +290,43 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
                 planned += n;
                 break;
             }
-            if (s.st)
-                pinned[npinned++] = s.st;
             if (s.st && s.st->stage != staging::none) {
-                if (!bounce && !(bounce = dom_.bounce().take())) {
-                    log_limited("no memory for a staging buffer: a frame into staged memory fails");
-                    rx_fault_ = true; // dropped, and the request fails when the frame ends
-                    base = sink.data();
-                    n = std::min<std::uint64_t>(n, sink.size());
-                    iov[niov++] = {base, static_cast<std::size_t>(n)};
-                    planned += n;
-                    break;
+                if (!chunk) {
+                    chunk = &rx_chunks_[rx_turn_];
+                    if (!chunk->copy.empty() || chunk->npins > 0) { // its previous read's copy
+                        if (!dom_.bounce().finish(chunk->copy))
+                            rx_fault_ = true;
+                        for (int k = 0; k < chunk->npins; ++k)
+                            unpin(chunk->pins[k]);
+                        chunk->npins = 0;
+                    }
+                    if (!chunk->p && !(chunk->p = dom_.bounce().take())) {
+                        unpin(s.st);
+                        log_limited("no memory for a staging buffer: a frame into staged memory fails");
+                        rx_fault_ = true; // dropped, and the request fails when the frame ends
+                        base = sink.data();
+                        n = std::min<std::uint64_t>(n, sink.size());
+                        iov[niov++] = {base, static_cast<std::size_t>(n)};
+                        planned += n;
+                        break;
+                    }
                 }
                 const std::uint64_t room = dom_.bounce().chunk_size() - bounce_used;
-                if (room == 0)
+                if (room == 0 || nstaged == copy_batch::max_copies) {
+                    unpin(s.st);
                     break; // the chunk is full: the rest in the next call
+                }
+                // Pinned until its copy to its place finished (after the call).
                 staged[nstaged++] = {niov, &s, static_cast<std::byte*>(base)};
-                base = bounce + bounce_used;
+                base = chunk->p + bounce_used;
                 if (n > room) { // what the chunk holds now, the rest in the next call
                     iov[niov++] = {base, static_cast<std::size_t>(room)};
                     planned += room;
                     break;
                 }
                 bounce_used += n;
+            } else if (s.st) {
+                pinned[npinned++] = s.st;
             }
             iov[niov++] = {base, static_cast<std::size_t>(n)};
             planned += n;
@@ -321,7 +351,9 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
     ssize_t n = sys::recvmsg(fd_, &mh, MSG_DONTWAIT);
     int err = errno;
     if (nstaged > 0) {
-        // What arrived in the chunk goes to its place, while the regions are pinned.
+        // What arrived in the chunk goes to its place: the copies start now and run while
+        // the next read fills the other chunk; finish_frame (or the end of the read run)
+        // waits for them. Each destination stays pinned till then.
         std::uint64_t got = n > 0 ? static_cast<std::uint64_t>(n) : 0;
         std::uint64_t at = 0;
         for (int k = 0, p = 0; k < niov && p < nstaged; ++k) {
@@ -329,17 +361,18 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
             if (staged[p].iov == k) {
                 const std::uint64_t in = got > at ? std::min(got - at, len) : 0;
                 const seg& s = *staged[p].s;
-                if (in > 0 && !stage_in(s.st->stage, s.st->device, staged[p].dst,
-                                        static_cast<const std::byte*>(iov[k].iov_base), in))
+                if (in > 0 &&
+                    !dom_.bounce().start(chunk->copy, false, s.st->stage, s.st->device, staged[p].dst,
+                                         static_cast<const std::byte*>(iov[k].iov_base), in))
                     rx_fault_ = true; // the request fails when the frame ends
                 dom_.bounce().count_in(in);
+                chunk->pins[chunk->npins++] = s.st;
                 ++p;
             }
             at += len;
         }
+        rx_turn_ ^= 1;
     }
-    if (bounce)
-        dom_.bounce().give(bounce);
     for (int i = 0; i < npinned; ++i)
         unpin(pinned[i]);
     if (n <= 0)

@@ -30,6 +30,15 @@ bounce_pool::bounce_pool()
 
 bounce_pool::~bounce_pool()
 {
+    if (const detail::cuda_driver* d = pin_ ? detail::cuda() : nullptr; d && d->stream_destroy)
+        for (int dev = 0; dev < 32; ++dev)
+            if (streams_[dev]) {
+                try {
+                    detail::device_scope scope(*d, dev);
+                    d->stream_destroy(static_cast<detail::cu_stream>(streams_[dev]));
+                } catch (...) {
+                }
+            }
     for (chunk& c : all_) {
         if (!c.pinned) {
             ::operator delete (c.p, std::align_val_t{64});
@@ -70,6 +79,21 @@ void bounce_pool::prepare(staging s, int device)
     if (s == staging::cuda && !pin_) {
         pin_ = true;
         pin_device_ = device;
+    }
+    if (s == staging::cuda && device >= 0 && device < 32 && !streams_[device]) {
+        // Without a stream of its own (a driver that lacks the entry points, or refuses),
+        // the device's copies are synchronous: slower, never wrong.
+        const detail::cuda_driver* d = detail::cuda();
+        if (d && d->stream_create && d->stream_synchronize && d->memcpy_dtoh_async && d->memcpy_htod_async) {
+            detail::device_scope scope(*d, device);
+            detail::cu_stream st = nullptr;
+            if (detail::cu_result rc = d->stream_create(&st, detail::cu_stream_non_blocking);
+                rc == detail::cu_success)
+                streams_[device] = st;
+            else
+                RDMX_LOG(info, "tcp staging: %s: copies of device %d memory are synchronous",
+                         d->describe("cuStreamCreate", rc).c_str(), device);
+        }
     }
     all_.reserve(all_.size() + initial_chunks);
     free_.reserve(all_.capacity());
@@ -123,6 +147,69 @@ bool cuda_copy(bool out, int device, std::byte* dst, const std::byte* src, std::
 }
 
 } // namespace
+
+bool bounce_pool::start(copy_batch& b, bool out, staging s, int device, std::byte* dst, const std::byte* src,
+                        std::size_t n) noexcept
+{
+    if (s == staging::host) {
+        if (defer_ && b.n_ < copy_batch::max_copies) {
+            b.copies_[b.n_++] = {dst, src, n};
+            return true;
+        }
+        std::memcpy(dst, src, n);
+        return true;
+    }
+    if (s != staging::cuda)
+        return false;
+    void* stream = device >= 0 && device < 32 ? streams_[device] : nullptr;
+    if (!stream) // no stream for this device: a synchronous copy
+        return out ? stage_out(s, device, dst, src, n) : stage_in(s, device, dst, src, n);
+    const detail::cuda_driver* d = detail::cuda();
+    try {
+        detail::device_scope scope(*d, device);
+        const auto st = static_cast<detail::cu_stream>(stream);
+        const detail::cu_result rc =
+            out ? d->memcpy_dtoh_async(dst, reinterpret_cast<detail::cu_deviceptr>(src), n, st)
+                : d->memcpy_htod_async(reinterpret_cast<detail::cu_deviceptr>(dst), src, n, st);
+        if (rc == detail::cu_success) {
+            b.devices_ |= 1u << device;
+            return true;
+        }
+        log_limited("staging device memory: %s",
+                    d->describe(out ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync", rc).c_str());
+    } catch (const std::exception& e) {
+        log_limited("staging device memory: %s", e.what());
+    }
+    return false;
+}
+
+bool bounce_pool::finish(copy_batch& b) noexcept
+{
+    for (int i = 0; i < b.n_; ++i)
+        std::memcpy(b.copies_[i].dst, b.copies_[i].src, b.copies_[i].n);
+    b.n_ = 0;
+    bool ok = true;
+    for (int dev = 0; b.devices_ != 0; ++dev) {
+        if ((b.devices_ & (1u << dev)) == 0)
+            continue;
+        b.devices_ &= ~(1u << dev);
+        // The stream is shared by the domain's connections: this waits for their copies
+        // too, which were started earlier and are as short.
+        const detail::cuda_driver* d = detail::cuda();
+        try {
+            detail::device_scope scope(*d, dev);
+            if (detail::cu_result rc = d->stream_synchronize(static_cast<detail::cu_stream>(streams_[dev]));
+                rc != detail::cu_success) {
+                log_limited("staging device memory: %s", d->describe("cuStreamSynchronize", rc).c_str());
+                ok = false;
+            }
+        } catch (const std::exception& e) {
+            log_limited("staging device memory: %s", e.what());
+            ok = false;
+        }
+    }
+    return ok;
+}
 
 bool stage_out(staging s, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept
 {

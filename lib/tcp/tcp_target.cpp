@@ -154,6 +154,9 @@ void connection_engine::finish_atomic_response() noexcept
 
 void connection_engine::finish_frame() noexcept
 {
+    // Payload bound for staged memory is in place only once its copies finished: before
+    // the completion, the ACK, or the read's or atomic's result is reported.
+    settle_rx(false);
     rx_action a = rx_action_;
     rx_action_ = rx_action::none;
     const frame_header& h = rx_hdr_;

@@ -96,29 +96,22 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
                 return;
             }
             if (st->stage != staging::none) {
-                // Staged memory (device memory): the socket call sends a host copy, made
-                // now, of as much as the batch's chunk still holds.
-                const std::uint64_t room = dom_.bounce().chunk_size() - b.staged;
-                if (room == 0) {
-                    unpin(st);
-                    b.closed = true;
-                    return;
-                }
-                if (!b.bounce)
-                    b.bounce = dom_.bounce().take();
-                n = std::min(n, room);
-                if (!b.bounce || !stage_out(st->stage, st->device, b.bounce + b.staged,
-                                            static_cast<const std::byte*>(base), n)) {
-                    unpin(st);
-                    if (!b.bounce)
-                        log_limited("no memory for a staging buffer: a frame of staged memory fails");
-                    b.revoked = b.closed = b.stage_failed = true;
-                    return;
-                }
+                // Staged memory (device memory): the socket call sends a host copy.
+                const std::uint64_t want = n;
+                std::byte* copy = stage_tx(b, st, tag, static_cast<const std::byte*>(base), n);
                 unpin(st);
-                dom_.bounce().count_out(n);
-                base = b.bounce + b.staged;
-                b.staged += n;
+                if (!copy) {
+                    if (b.stage_failed)
+                        b.revoked = b.closed = true;
+                    return;
+                }
+                if (n < want) { // cut by the chunk's end: the next batch goes on from here
+                    b.cut_st = st;
+                    b.cut_tag = tag;
+                    b.cut_src = static_cast<const std::byte*>(base) + n;
+                    b.cut_len = want - n;
+                }
+                base = copy;
             } else {
                 b.pinned[b.npinned++] = st;
             }
@@ -170,7 +163,6 @@ bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint6
                                         std::uint64_t skip) noexcept
 {
     int niov = b.niov, npinned = b.npinned, nitems = b.nitems;
-    std::uint64_t staged = b.staged;
     add_frame(b, kind, pos, skip);
     if (!b.revoked)
         return true;
@@ -179,8 +171,7 @@ bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint6
     b.niov = niov;
     b.npinned = npinned;
     b.nitems = nitems;
-    b.staged = staged;
-    b.closed = b.revoked = false;
+    b.closed = b.revoked = false; // (chunks it filled keep their copies: unused, harmless)
     return false;
 }
 
@@ -206,7 +197,9 @@ void connection_engine::pump() noexcept
         tx_batch& b = batch_;
         b.niov = b.nitems = b.npinned = 0;
         b.closed = b.revoked = b.stage_failed = false;
-        b.staged = 0;
+        b.cut_st = nullptr;
+        for (tx_chunk& c : b.chunks)
+            c.in_batch = false;
         if (cur_.kind != frame_kind::none && !add_whole_frame(b, cur_.kind, cur_.pos, cur_.skip)) {
             // Its memory is being deregistered: tcp_domain::deregister() copies the rest
             // and sends us on (copy_frame_on_wire), or ends the stream if it cannot.
@@ -251,6 +244,7 @@ void connection_engine::pump() noexcept
             maybe_shutdown();
             break;
         }
+        prefetch_tx(b); // runs during the sendmsg (device memory)
         msghdr mh{};
         mh.msg_iov = b.iov;
         mh.msg_iovlen = static_cast<std::size_t>(b.niov);
@@ -284,11 +278,117 @@ void connection_engine::pump() noexcept
         advance(b, static_cast<std::uint64_t>(n));
         budget -= std::min(budget, static_cast<std::uint64_t>(n));
     }
-    if (batch_.bounce) {
-        dom_.bounce().give(batch_.bounce);
-        batch_.bounce = nullptr;
-    }
+    for (tx_chunk& c : batch_.chunks)
+        if (c.p) {
+            settle(c);
+            dom_.bounce().give(c.p);
+            c = {};
+        }
     in_pump_ = false;
+}
+
+bool connection_engine::settle(tx_chunk& c) noexcept
+{
+    // (A host copy is done at once: nothing in flight, but its region is pinned all the same.)
+    const bool ok = c.copy.empty() || dom_.bounce().finish(c.copy);
+    if (c.copy_pin)
+        unpin(c.copy_pin);
+    c.copy_pin = nullptr;
+    if (!ok)
+        c.st = nullptr; // its range holds nothing
+    return ok;
+}
+
+std::byte* connection_engine::stage_tx(tx_batch& b, region_state* st, std::uint64_t tag, const std::byte* src,
+                                       std::uint64_t& n) noexcept
+{
+    bounce_pool& pool = dom_.bounce();
+    // A chunk holding these bytes already: the previous batch's, whose sendmsg took only
+    // part of them, or the copy started while that batch was sent (prefetch_tx).
+    for (tx_chunk& c : b.chunks)
+        if (c.st == st && c.tag == tag && src >= c.src && src < c.src + c.len && settle(c) && c.st) {
+            n = std::min<std::uint64_t>(n, c.src + c.len - src);
+            c.in_batch = true;
+            return c.p + c.off + (src - c.src);
+        }
+    // Else a copy now: appended to a chunk this batch fills already, or into the chunk
+    // whose range is older (none of this batch points into it).
+    tx_chunk* f = nullptr;
+    for (tx_chunk& c : b.chunks)
+        if (c.in_batch && c.p && c.fill < pool.chunk_size())
+            f = &c;
+    if (!f) {
+        for (tx_chunk& c : b.chunks)
+            if (!c.in_batch && (!f || c.stamp < f->stamp))
+                f = &c;
+        if (!f) { // both chunks are this batch's, full: the rest in the next batch
+            b.closed = true;
+            return nullptr;
+        }
+        settle(*f);
+        if (!f->p && !(f->p = pool.take())) {
+            log_limited("no memory for a staging buffer: a frame of staged memory fails");
+            b.stage_failed = true;
+            return nullptr;
+        }
+        f->fill = 0;
+        f->st = nullptr;
+    }
+    n = std::min<std::uint64_t>(n, pool.chunk_size() - f->fill);
+    std::byte* at = f->p + f->fill;
+    if (!pool.start(f->copy, true, st->stage, st->device, at, src, n) || !settle(*f)) {
+        b.stage_failed = true;
+        return nullptr;
+    }
+    pool.count_out(n);
+    *f = {.p = f->p,
+          .fill = f->fill + n,
+          .stamp = ++b.stamps,
+          .st = st,
+          .tag = tag,
+          .src = src,
+          .len = n,
+          .off = f->fill,
+          .copy = {},
+          .copy_pin = nullptr,
+          .in_batch = true};
+    return at;
+}
+
+void connection_engine::prefetch_tx(tx_batch& b) noexcept
+{
+    if (!b.cut_st)
+        return;
+    for (const tx_chunk& x : b.chunks)
+        if (x.st == b.cut_st && x.tag == b.cut_tag && b.cut_src >= x.src && b.cut_src < x.src + x.len)
+            return; // copied (or being copied) already
+    tx_chunk* c = nullptr;
+    for (tx_chunk& x : b.chunks)
+        if (!x.in_batch && (!c || x.stamp < c->stamp))
+            c = &x;
+    if (!c) // both hold this batch's bytes
+        return;
+    bounce_pool& pool = dom_.bounce();
+    settle(*c);
+    if (!c->p && !(c->p = pool.take()))
+        return; // the next batch copies (or fails) as it goes
+    if (!pin(b.cut_st, b.cut_tag))
+        return; // deregistered: the next batch withdraws the frame
+    const std::uint64_t n = std::min<std::uint64_t>(b.cut_len, pool.chunk_size());
+    c->st = nullptr;
+    if (!pool.start(c->copy, true, b.cut_st->stage, b.cut_st->device, c->p, b.cut_src, n)) {
+        unpin(b.cut_st);
+        return;
+    }
+    pool.count_out(n);
+    c->copy_pin = b.cut_st;
+    c->fill = n;
+    c->stamp = ++b.stamps;
+    c->st = b.cut_st;
+    c->tag = b.cut_tag;
+    c->src = b.cut_src;
+    c->len = n;
+    c->off = 0;
 }
 
 void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept

@@ -45,6 +45,7 @@ static_assert(cuabi::cu_mem_access_flags_prot_readwrite == CU_MEM_ACCESS_FLAGS_P
 static_assert(cuabi::cu_mem_alloc_granularity_minimum == CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 static_assert(cuabi::cu_mem_attach_global == CU_MEM_ATTACH_GLOBAL);
 static_assert(cuabi::cu_memhostalloc_portable == CU_MEMHOSTALLOC_PORTABLE);
+static_assert(cuabi::cu_stream_non_blocking == CU_STREAM_NON_BLOCKING);
 static_assert(sizeof(cuabi::cu_deviceptr) == sizeof(CUdeviceptr));
 static_assert(sizeof(cuabi::cu_mem_handle) == sizeof(CUmemGenericAllocationHandle));
 static_assert(sizeof(cuabi::cu_mem_allocation_prop) == sizeof(CUmemAllocationProp));

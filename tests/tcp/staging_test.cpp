@@ -35,16 +35,18 @@ void fill(std::vector<std::byte>& v, unsigned seed)
         v[i] = static_cast<std::byte>((i * 131u + seed * 7u + (i >> 9)) & 0xff);
 }
 
-/// Domains made with the switch set (`staged`) or not; the environment is as it was after.
-class tcp_staging : public tcp_loopback
+/// Domains made with the switch set to `mode` ("1": copies at once; "2": copies land
+/// only when the engine waits for them, as a GPU's asynchronous ones may) or unset (""); the
+/// environment is as it was after.
+class tcp_staging : public tcp_loopback, public testing::WithParamInterface<const char*>
 {
 protected:
-    void open(bool staged)
+    void open(const char* mode)
     {
         const char* before = std::getenv("RDMX_TCP_FORCE_STAGING");
         std::string saved = before ? before : "";
-        if (staged)
-            setenv("RDMX_TCP_FORCE_STAGING", "1", 1);
+        if (*mode)
+            setenv("RDMX_TCP_FORCE_STAGING", mode, 1);
         else
             unsetenv("RDMX_TCP_FORCE_STAGING");
         tcp_loopback::SetUp();
@@ -73,9 +75,9 @@ protected:
     }
 };
 
-TEST_F(tcp_staging, every_operation_moves_staged_memory_through_the_chunks_intact)
+TEST_P(tcp_staging, every_operation_moves_staged_memory_through_the_chunks_intact)
 {
-    open(true);
+    open(GetParam());
     const std::size_t size = 3 * chunk + 4096;
     std::vector<std::byte> a(size), b(size);
     fill(a, 1);
@@ -150,9 +152,18 @@ TEST_F(tcp_staging, every_operation_moves_staged_memory_through_the_chunks_intac
     EXPECT_EQ(pool_of(*client_dom_).grown(), 0u) << "one thread at a time needs no chunk beyond the pool";
 }
 
-TEST_F(tcp_staging, a_domain_without_the_switch_stages_nothing)
+INSTANTIATE_TEST_SUITE_P(modes, tcp_staging, testing::Values("1", "2"),
+                         [](const testing::TestParamInfo<const char*>& i) {
+                             return std::string(i.param[0] == '1' ? "copies_at_once" : "copies_deferred");
+                         });
+
+class tcp_staging_off : public tcp_staging
 {
-    open(false);
+};
+
+TEST_F(tcp_staging_off, a_domain_without_the_switch_stages_nothing)
+{
+    open("");
     std::vector<std::byte> a(2 * chunk), b(2 * chunk);
     fill(a, 5);
     auto ma = client_dom_->register_memory(a.data(), a.size(), access::local_write);
