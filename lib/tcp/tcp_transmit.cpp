@@ -74,7 +74,7 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
           .was_current = skip > 0};
     std::uint64_t off = skip; // position within the frame where this batch starts
     std::uint64_t at = 0;     // start of the current piece within the frame
-    auto add = [&](std::byte* p, std::uint64_t len, region_state* st, std::uint64_t tag) {
+    auto add = [&](std::byte* p, std::uint64_t len, region_state* st, std::uint64_t tag) RDMX_REQUIRES(mu_) {
         if (b.closed || len == 0)
             return;
         if (off >= at + len) {
