@@ -522,18 +522,31 @@ std::error_code verbs_connection::request_notify(bool solicited_only) noexcept
     return {};
 }
 
+namespace
+{
+
+/// Consumes every event pending on `channel` (non-blocking: EAGAIN ends it). Each arming
+/// that fired queues one event, and an event loop that armed, then found work and did not
+/// sleep, leaves events behind: taking only one per wake left the descriptor readable,
+/// and the next sleeps woke at once for nothing, where TCP's eventfd is quiet once read.
+std::error_code drain_cq_events(ibv_comp_channel* channel) noexcept
+{
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    while (ibv_get_cq_event(channel, &cq, &ctx) == 0)
+        ibv_ack_cq_events(cq, 1);
+    if (errno != EAGAIN)
+        return {errno, std::system_category()};
+    return {};
+}
+
+} // namespace
+
 std::error_code verbs_connection::ack_notify() noexcept
 {
     if (!channel_)
         return {};
-    ibv_cq* cq = nullptr;
-    void* ctx = nullptr;
-    // The channel fd is non-blocking: EAGAIN simply means no event is pending.
-    if (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0)
-        ibv_ack_cq_events(cq, 1);
-    else if (errno != EAGAIN)
-        return {errno, std::system_category()};
-    return {};
+    return drain_cq_events(channel_.get());
 }
 
 // --- shared completion queues (verbs/completion_queue.hpp) ---
@@ -643,14 +656,7 @@ std::error_code completion_queue::request_notify(bool solicited_only) noexcept
 
 std::error_code completion_queue::ack_notify() noexcept
 {
-    ibv_cq* cq = nullptr;
-    void* ctx = nullptr;
-    // The channel fd is non-blocking: EAGAIN simply means no event is pending.
-    if (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0)
-        ibv_ack_cq_events(cq, 1);
-    else if (errno != EAGAIN)
-        return {errno, std::system_category()};
-    return {};
+    return drain_cq_events(channel_.get());
 }
 
 } // namespace rdmx::verbs

@@ -429,7 +429,9 @@ public:
     virtual int completion_fd() const noexcept = 0;
     /// Arms the notification (ibv_req_notify_cq). Poll again after arming to close the race.
     virtual std::error_code request_notify(bool solicited_only = false) noexcept = 0;
-    /// Consumes a notification (ibv_get_cq_event + ibv_ack_cq_events); no-op if none is pending.
+    /// Consumes the pending notifications, all of them (ibv_get_cq_event + ibv_ack_cq_events
+    /// until none is left), so that the descriptor is quiet until the next arming fires;
+    /// no-op if none is pending.
     virtual std::error_code ack_notify() noexcept = 0;
 
     /// Event-mode helper: polls; if nothing is there, arms, re-polls, and sleeps on

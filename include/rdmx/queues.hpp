@@ -53,7 +53,7 @@ public:
     virtual std::size_t poll(std::span<completion> out) noexcept = 0;
 
     /// Event mode, as on a connection: arm with request_notify(), poll again, wait for fd()
-    /// to become readable, ack_notify(), poll.
+    /// to become readable, ack_notify() (which consumes every pending notification), poll.
     virtual int fd() const noexcept = 0;
     virtual std::error_code request_notify(bool solicited_only = false) noexcept = 0;
     virtual std::error_code ack_notify() noexcept = 0;
