@@ -2,8 +2,12 @@
 // the verbs run (on soft-RoCE) and the TCP run check the same promises.
 #include <gtest/gtest.h>
 
+#include <poll.h>
+
 #include <algorithm>
 #include <cstring>
+#include <future>
+#include <thread>
 #include <numeric>
 
 #include <rdmx/config.hpp>
@@ -1008,6 +1012,80 @@ TEST_P(conformance, event_mode_wakes_on_completion)
     EXPECT_FALSE(c[0].status);
     EXPECT_EQ(dst, src);
     expect_ok(*p.client, 1);
+}
+
+// An event loop arms, finds work in the poll after arming, serves it without sleeping, and
+// arms again: each arming fires. One ack_notify() then consumes them all, on a connection
+// and on a shared queue, so that the next sleep waits for the next completion rather than
+// waking at once for ones already served (verbs took one event per ack: CI saw a sleeper
+// woken three times for nothing).
+TEST_P(conformance, one_ack_notify_consumes_every_notification_that_fired)
+{
+    auto q = server_dom_->create_completion_queue({.depth = 64});
+    connection_options shared;
+    shared.send_queue_depth = shared.recv_queue_depth = 8; // room for them on the queue
+    shared.send_cq = shared.recv_cq = q;
+    auto p = connect_pair();
+    std::vector<std::byte> src(32, std::byte{5}), dst(4 * 32);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    auto readable = [](int fd) {
+        pollfd pf{fd, POLLIN, 0};
+        return ::poll(&pf, 1, 0) == 1;
+    };
+    // The last arming's notification may come a little after its completion was polled.
+    auto becomes_readable = [&](int fd) {
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (!readable(fd) && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        return readable(fd);
+    };
+    auto fire_twice = [&](connection& server, connection& client, auto arm, auto take) {
+        sge s{smr.get(), 0, 32};
+        for (int round = 0; round < 2; ++round) {
+            sge r{dmr.get(), std::size_t(round) * 32, 32};
+            ASSERT_FALSE(server.post_recv({&r, 1}, round));
+            ASSERT_FALSE(arm());
+            ASSERT_FALSE(client.post_send({&s, 1}, round));
+            expect_ok(client, 1);
+            ASSERT_EQ(take(), 1u) << "round " << round; // served without sleeping
+        }
+    };
+    completion c[4];
+    auto take_conn = [&] {
+        auto got = poll_n(*p.server, 1);
+        return got.size();
+    };
+    fire_twice(
+        *p.server, *p.client, [&] { return p.server->request_notify(); }, take_conn);
+    ASSERT_TRUE(becomes_readable(p.server->completion_fd()));
+    EXPECT_FALSE(p.server->ack_notify());
+    EXPECT_FALSE(readable(p.server->completion_fd()))
+        << "the connection's descriptor stays readable after ack_notify(): the next sleep wakes for nothing";
+    EXPECT_EQ(p.server->poll(c), 0u);
+
+    // The same on a shared queue.
+    auto acc = std::async(std::launch::async, [&] {
+        auto req = listener_->get_request(10s);
+        return req ? req->accept(shared) : nullptr;
+    });
+    auto client2 = client_dom_->connect(server_address(), {});
+    auto server2 = acc.get();
+    ASSERT_NE(server2, nullptr);
+    auto take_q = [&] {
+        std::size_t n = 0;
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (n == 0 && std::chrono::steady_clock::now() < deadline)
+            n = q->poll(c);
+        return n;
+    };
+    fire_twice(
+        *server2, *client2, [&] { return q->request_notify(); }, take_q);
+    ASSERT_TRUE(becomes_readable(q->fd()));
+    EXPECT_FALSE(q->ack_notify());
+    EXPECT_FALSE(readable(q->fd())) << "the shared queue's descriptor stays readable after ack_notify(): the "
+                                       "next sleep wakes for nothing";
+    EXPECT_EQ(q->poll(c), 0u);
 }
 
 TEST_P(conformance, bad_work_requests_are_rejected_before_posting)
