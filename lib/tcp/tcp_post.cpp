@@ -120,7 +120,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             for (const sge& s : wr.local) {
                 if (const seg g = region_seg(*s.region, s.offset, s.length); g.st->stage != staging::none) {
                     // Device memory: the driver copies it (the caller owns the region now).
-                    if (!stage_out(g.st->stage, g.st->device, buf + total, g.ptr, g.len)) {
+                    if (!dom_.bounce().copy_now(true, g.st->stage, g.st->device, buf + total, g.ptr, g.len)) {
                         copy_failed = true;
                         break;
                     }

@@ -403,7 +403,7 @@ connection_engine::rx_status connection_engine::rx_staged_payload() noexcept
             if (s.st && !pin(s.st, s.tag)) {
                 rx_fault_ = true; // deregistered: dropped, and the request fails at the end
             } else if (s.st && s.st->stage != staging::none) {
-                if (!stage_in(s.st->stage, s.st->device, s.ptr + rx_seg_off_, src, step))
+                if (!dom_.bounce().copy_now(false, s.st->stage, s.st->device, s.ptr + rx_seg_off_, src, step))
                     rx_fault_ = true; // the request fails when the frame ends
                 dom_.bounce().count_in(step);
                 unpin(s.st);

@@ -26,6 +26,25 @@ bounce_pool::bounce_pool()
             RDMX_LOG(warn, "RDMX_TCP_STAGING_CHUNK=%s: not a size from 4096 to 16777216 bytes; %zu used", v,
                      chunk_size_);
     }
+    if (const char* v = std::getenv("RDMX_TCP_STAGING_FAIL"))
+        fail_every_ = std::strtoull(v, nullptr, 10);
+}
+
+bool bounce_pool::injected_failure(staging s) noexcept
+{
+    if (s != staging::host || fail_every_ == 0 ||
+        (copies_.fetch_add(1, std::memory_order_relaxed) + 1) % fail_every_ != 0)
+        return false;
+    log_limited("staging: a copy failed as RDMX_TCP_STAGING_FAIL asks (a test)");
+    return true;
+}
+
+bool bounce_pool::copy_now(bool out, staging s, int device, std::byte* dst, const std::byte* src,
+                           std::size_t n) noexcept
+{
+    if (injected_failure(s))
+        return false;
+    return out ? stage_out(s, device, dst, src, n) : stage_in(s, device, dst, src, n);
 }
 
 bounce_pool::~bounce_pool()
@@ -151,6 +170,8 @@ bool cuda_copy(bool out, int device, std::byte* dst, const std::byte* src, std::
 bool bounce_pool::start(copy_batch& b, bool out, staging s, int device, std::byte* dst, const std::byte* src,
                         std::size_t n) noexcept
 {
+    if (injected_failure(s))
+        return false;
     if (s == staging::host) {
         if (defer_ && b.n_ < copy_batch::max_copies) {
             b.copies_[b.n_++] = {dst, src, n};

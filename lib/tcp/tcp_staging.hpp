@@ -88,6 +88,9 @@ public:
                std::size_t n) noexcept;
     /// Waits for `b`'s copies (or makes the deferred ones); false if one failed (logged).
     bool finish(copy_batch& b) noexcept;
+    /// A copy made now (stage_out or stage_in), where nothing runs beside it.
+    bool copy_now(bool out, staging s, int device, std::byte* dst, const std::byte* src,
+                  std::size_t n) noexcept;
     /// RDMX_TCP_FORCE_STAGING=2: host copies wait for finish() (tests).
     void defer_host_copies() noexcept { defer_ = true; }
     /// Chunks made on the data path because all were in use (tests, statistics).
@@ -112,6 +115,11 @@ private:
     bool pin_ = false;    ///< device memory was registered: new chunks are page-locked
     int pin_device_ = -1; ///< whose primary context allocates and frees them
     bool defer_ = false;
+    /// RDMX_TCP_STAGING_FAIL=N: every Nth copy of host memory staged for tests fails, as a
+    /// driver's copy can, so that tests reach the failure paths without a GPU.
+    std::uint64_t fail_every_ = 0;
+    std::atomic<std::uint64_t> copies_{0};
+    bool injected_failure(staging s) noexcept;
     /// Per device (< 32), the stream that asynchronous copies run on (cuStreamCreate,
     /// non-blocking); made when the device's first region is registered, written under
     /// mu_ before that region's key is published, read without it after.

@@ -136,8 +136,8 @@ void connection_engine::finish_atomic_response() noexcept
     const std::uint64_t old = load_le64(rx_operands_.data());
     bool ok = true;
     if (sink.st && sink.st->stage != staging::none) {
-        ok = stage_in(sink.st->stage, sink.st->device, sink.ptr, reinterpret_cast<const std::byte*>(&old),
-                      sizeof old);
+        ok = dom_.bounce().copy_now(false, sink.st->stage, sink.st->device, sink.ptr,
+                                    reinterpret_cast<const std::byte*>(&old), sizeof old);
         dom_.bounce().count_in(sizeof old);
     } else {
         std::memcpy(sink.ptr, &old, sizeof old);

@@ -531,8 +531,8 @@ void connection_engine::copy_frame_on_wire(const region_state* st, std::uint64_t
                 break;
             }
             if (s.st && s.st->stage != staging::none)
-                ok = stage_out(s.st->stage, s.st->device, copy.get() + (at + skip - from), s.ptr + skip,
-                               s.len - skip);
+                ok = dom_.bounce().copy_now(true, s.st->stage, s.st->device, copy.get() + (at + skip - from),
+                                            s.ptr + skip, s.len - skip);
             else
                 std::memcpy(copy.get() + (at + skip - from), s.ptr + skip, s.len - skip);
             if (other)

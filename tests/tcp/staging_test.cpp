@@ -177,5 +177,114 @@ TEST_F(tcp_staging_off, a_domain_without_the_switch_stages_nothing)
     EXPECT_EQ(pool_of(*server_dom_).bytes_in(), 0u);
 }
 
+/// Both domains stage (RDMX_TCP_FORCE_STAGING=1), and every copy of one of them fails
+/// (RDMX_TCP_STAGING_FAIL=1), as a driver's copy can: the failure paths without a GPU.
+class tcp_staging_faults : public testing::Test
+{
+protected:
+    void open(bool client_fails)
+    {
+        auto with = [](const char* name, const char* value, auto make) {
+            const char* before = std::getenv(name);
+            std::string saved = before ? before : "";
+            if (value)
+                setenv(name, value, 1);
+            else
+                unsetenv(name);
+            auto d = make();
+            if (before)
+                setenv(name, saved.c_str(), 1);
+            else
+                unsetenv(name);
+            return d;
+        };
+        auto staged = [&](bool fails) {
+            return with("RDMX_TCP_FORCE_STAGING", "1", [&] {
+                return with("RDMX_TCP_STAGING_FAIL", fails ? "1" : nullptr,
+                            [] { return domain::open("tcp://127.0.0.1:0"); });
+            });
+        };
+        client_dom_ = staged(client_fails);
+        server_dom_ = staged(!client_fails);
+        listener_ = server_dom_->listen("tcp://127.0.0.1:0");
+    }
+    struct pair {
+        std::unique_ptr<connection> client, server;
+    };
+    pair connect_pair()
+    {
+        auto acc = std::async(std::launch::async, [&] { return listener_->get_request(10s)->accept({}); });
+        pair p;
+        p.client = client_dom_->connect("tcp://127.0.0.1:" + std::to_string(listener_->port()), {});
+        p.server = acc.get();
+        return p;
+    }
+    /// The one completion of `c` within 10 s; its status.
+    static std::error_code status_of(connection& c)
+    {
+        auto cs = poll_n(c, 1, 10s);
+        EXPECT_EQ(cs.size(), 1u) << "no completion within 10 s";
+        return cs.empty() ? std::error_code{} : cs[0].status;
+    }
+    std::unique_ptr<domain> client_dom_, server_dom_;
+    std::unique_ptr<listener> listener_;
+};
+
+TEST_F(tcp_staging_faults, a_copy_that_fails_at_the_initiator_fails_its_request_with_local_protection)
+{
+    open(true);
+    std::vector<std::byte> a(1 << 20), b(1 << 20);
+    auto ma = client_dom_->register_memory(a.data(), a.size(), access::local_write);
+    auto mb = server_dom_->register_memory(b.data(), b.size(), access::local_write | access::remote_write);
+    for (std::size_t size : {std::size_t{64}, a.size()}) {
+        SCOPED_TRACE(size);
+        auto p = connect_pair();
+        const sge w{ma.get(), 0, size};
+        ASSERT_FALSE(p.client->post_write({&w, 1}, mb->remote(0, size), 1));
+        EXPECT_EQ(status_of(*p.client), errc::local_protection);
+    }
+    // An inline send copies at the post: the post itself says so, and nothing is posted.
+    auto p = connect_pair();
+    const sge in{ma.get(), 0, 16};
+    std::size_t posted = 9;
+    const work_request wr{.opcode = opcode::send,
+                          .wr_id = 1,
+                          .local = {&in, 1},
+                          .flags = send_flags::signaled | send_flags::inline_data};
+    EXPECT_EQ(p.client->post({&wr, 1}, &posted), errc::local_protection);
+    EXPECT_EQ(posted, 0u);
+}
+
+TEST_F(tcp_staging_faults, a_copy_that_fails_at_the_target_fails_the_request_as_an_access_error)
+{
+    open(false);
+    std::vector<std::byte> a(1 << 20), b(1 << 20);
+    auto ma = client_dom_->register_memory(a.data(), a.size(), access::local_write);
+    const access rw = access::local_write | access::remote_write | access::remote_read;
+    auto mb = server_dom_->register_memory(b.data(), b.size(), rw);
+    // Writes: a small payload comes with its header (copied from the stage), a large one
+    // straight into the chunks.
+    for (std::size_t size : {std::size_t{64}, a.size()}) {
+        SCOPED_TRACE(size);
+        auto p = connect_pair();
+        const sge w{ma.get(), 0, size};
+        ASSERT_FALSE(p.client->post_write({&w, 1}, mb->remote(0, size), 1));
+        EXPECT_EQ(status_of(*p.client), errc::remote_access);
+    }
+    {
+        auto p = connect_pair(); // the target cannot copy out its response
+        const sge r{ma.get(), 0, 4096};
+        ASSERT_FALSE(p.client->post_read({&r, 1}, mb->remote(0, 4096), 2));
+        EXPECT_EQ(status_of(*p.client), errc::remote_access);
+    }
+    // A send whose receive cannot be filled: the receive fails, and the sender learns of it.
+    auto p = connect_pair();
+    const sge rv{mb.get(), 0, 4096}, sd{ma.get(), 0, 2048};
+    ASSERT_FALSE(p.server->post_recv({&rv, 1}, 3));
+    ASSERT_FALSE(p.client->post_send({&sd, 1}, 4));
+    EXPECT_EQ(status_of(*p.server), errc::local_protection);
+    EXPECT_EQ(status_of(*p.client), errc::remote_operation);
+}
+
 } // namespace
 } // namespace rdmx::test
