@@ -243,6 +243,14 @@ private:
         const std::byte* cut_src = nullptr;
         std::uint64_t cut_len = 0; ///< bytes of that piece's segment after the cut
     };
+    /// A chunk that payload bound for staged memory is received into (tcp_staging.hpp),
+    /// and the copies from it to their places still running.
+    struct rx_chunk {
+        std::byte* p = nullptr;
+        copy_batch copy;
+        region_state* pins[copy_batch::max_copies]; ///< the destinations, pinned till copied
+        int npins = 0;
+    };
     /// What the payload of the frame being received is for.
     enum class rx_action : std::uint8_t {
         none,          ///< reading a header
@@ -366,6 +374,8 @@ private:
     /// Finishes the copies from the receive chunks to staged memory (a failed one faults
     /// the frame); with `release`, gives the chunks back too (the end of a read run).
     void settle_rx(bool release) noexcept RDMX_REQUIRES(mu_);
+    /// Finishes `c`'s copies and unpins their destinations (a failed copy faults the frame).
+    void settle(rx_chunk& c) noexcept RDMX_REQUIRES(mu_);
     rx_status rx_step() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_payload() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_staged_payload() noexcept RDMX_REQUIRES(mu_);
@@ -653,15 +663,9 @@ private:
     std::uint32_t rx_seg_i_ RDMX_GUARDED_BY(mu_) = 0;
     std::uint64_t rx_seg_off_ RDMX_GUARDED_BY(mu_) = 0;
     bool rx_fault_ RDMX_GUARDED_BY(mu_) = false; ///< a destination region vanished during the payload
-    /// Chunks that payload bound for staged memory is received into (tcp_staging.hpp), two
-    /// so that one's copy to its place runs while the next recvmsg fills the other; held
-    /// for one read run (rx_steps), their copies finished before a frame ends.
-    struct rx_chunk {
-        std::byte* p = nullptr;
-        copy_batch copy;
-        region_state* pins[copy_batch::max_copies]; ///< the destinations, pinned till copied
-        int npins = 0;
-    };
+    /// Chunks that payload bound for staged memory is received into (rx_chunk), two so
+    /// that one's copy to its place runs while the next recvmsg fills the other; held for
+    /// one read run (rx_steps), their copies finished before a frame ends.
     rx_chunk rx_chunks_[2] RDMX_GUARDED_BY(mu_);
     int rx_turn_ RDMX_GUARDED_BY(mu_) = 0; ///< the chunk the next staged read fills
     seg rx_target_ RDMX_GUARDED_BY(mu_);

@@ -150,14 +150,19 @@ connection_engine::rx_status connection_engine::rx_steps(bool drain) noexcept
     return s;
 }
 
+void connection_engine::settle(rx_chunk& c) noexcept
+{
+    if (!c.copy.empty() && !dom_.bounce().finish(c.copy))
+        rx_fault_ = true; // the frame they belong to fails when it ends
+    for (int i = 0; i < c.npins; ++i)
+        unpin(c.pins[i]);
+    c.npins = 0;
+}
+
 void connection_engine::settle_rx(bool release) noexcept
 {
     for (rx_chunk& c : rx_chunks_) {
-        if (!c.copy.empty() && !dom_.bounce().finish(c.copy))
-            rx_fault_ = true; // the frame they belong to fails when it ends
-        for (int i = 0; i < c.npins; ++i)
-            unpin(c.pins[i]);
-        c.npins = 0;
+        settle(c);
         if (release && c.p) {
             dom_.bounce().give(c.p);
             c.p = nullptr;
@@ -293,13 +298,7 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
             if (s.st && s.st->stage != staging::none) {
                 if (!chunk) {
                     chunk = &rx_chunks_[rx_turn_];
-                    if (!chunk->copy.empty() || chunk->npins > 0) { // its previous read's copy
-                        if (!dom_.bounce().finish(chunk->copy))
-                            rx_fault_ = true;
-                        for (int k = 0; k < chunk->npins; ++k)
-                            unpin(chunk->pins[k]);
-                        chunk->npins = 0;
-                    }
+                    settle(*chunk); // its previous read's copies
                     if (!chunk->p && !(chunk->p = dom_.bounce().take())) {
                         unpin(s.st);
                         log_limited("no memory for a staging buffer: a frame into staged memory fails");

@@ -15,6 +15,26 @@
 namespace rdmx::tcp
 {
 
+namespace
+{
+
+/// bounce_pool::copy_now without the injected failures: staged memory at `src` to the
+/// host at `dst` (`out`), or host bytes at `src` to staged memory at `dst`.
+bool copy_sync(bool out, staging s, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept
+{
+    if (s != staging::cuda) {
+        std::memcpy(dst, src, n);
+        return true;
+    }
+    std::string why;
+    if (detail::copy_device(out, device, dst, src, n, why))
+        return true;
+    log_limited("staging device memory: %s", why.c_str());
+    return false;
+}
+
+} // namespace
+
 bounce_pool::bounce_pool()
 {
     if (const char* v = std::getenv("RDMX_TCP_STAGING_CHUNK")) {
@@ -44,7 +64,7 @@ bool bounce_pool::copy_now(bool out, staging s, int device, std::byte* dst, cons
 {
     if (injected_failure(s))
         return false;
-    return out ? stage_out(s, device, dst, src, n) : stage_in(s, device, dst, src, n);
+    return copy_sync(out, s, device, dst, src, n);
 }
 
 bounce_pool::~bounce_pool()
@@ -153,20 +173,6 @@ void bounce_pool::give(std::byte* chunk) noexcept
     free_.push_back(chunk); // room kept by take()
 }
 
-namespace
-{
-
-bool cuda_copy(bool out, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept
-{
-    std::string why;
-    if (detail::copy_device(out, device, dst, src, n, why))
-        return true;
-    log_limited("staging device memory: %s", why.c_str());
-    return false;
-}
-
-} // namespace
-
 bool bounce_pool::start(copy_batch& b, bool out, staging s, int device, std::byte* dst, const std::byte* src,
                         std::size_t n) noexcept
 {
@@ -184,7 +190,7 @@ bool bounce_pool::start(copy_batch& b, bool out, staging s, int device, std::byt
         return false;
     void* stream = device >= 0 && device < 32 ? streams_[device] : nullptr;
     if (!stream) // no stream for this device: a synchronous copy
-        return out ? stage_out(s, device, dst, src, n) : stage_in(s, device, dst, src, n);
+        return copy_sync(out, s, device, dst, src, n);
     const detail::cuda_driver* d = detail::cuda();
     try {
         detail::device_scope scope(*d, device);
@@ -230,24 +236,6 @@ bool bounce_pool::finish(copy_batch& b) noexcept
         }
     }
     return ok;
-}
-
-bool stage_out(staging s, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept
-{
-    if (s != staging::cuda) {
-        std::memcpy(dst, src, n);
-        return true;
-    }
-    return cuda_copy(true, device, dst, src, n);
-}
-
-bool stage_in(staging s, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept
-{
-    if (s != staging::cuda) {
-        std::memcpy(dst, src, n);
-        return true;
-    }
-    return cuda_copy(false, device, dst, src, n);
 }
 
 } // namespace rdmx::tcp

@@ -88,7 +88,9 @@ public:
                std::size_t n) noexcept;
     /// Waits for `b`'s copies (or makes the deferred ones); false if one failed (logged).
     bool finish(copy_batch& b) noexcept;
-    /// A copy made now (stage_out or stage_in), where nothing runs beside it.
+    /// Copies `n` bytes as start() does, finished when this returns (memcpy for host
+    /// memory, cuMemcpyDtoH / cuMemcpyHtoD for device memory), where nothing runs beside
+    /// it. false if the driver failed (logged, rate-limited, naming the call and its error).
     bool copy_now(bool out, staging s, int device, std::byte* dst, const std::byte* src,
                   std::size_t n) noexcept;
     /// RDMX_TCP_FORCE_STAGING=2: host copies wait for finish() (tests).
@@ -126,11 +128,5 @@ private:
     void* streams_[32] = {};
     std::atomic<std::uint64_t> grown_{0}, out_{0}, in_{0};
 };
-
-/// Copies `n` bytes of staged memory at `src` (of kind `s`, on CUDA device `device`) to
-/// the host at `dst`, or host bytes at `src` into staged memory at `dst`. false if the
-/// driver failed (logged, rate-limited, naming the call and its error).
-bool stage_out(staging s, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept;
-bool stage_in(staging s, int device, std::byte* dst, const std::byte* src, std::size_t n) noexcept;
 
 } // namespace rdmx::tcp

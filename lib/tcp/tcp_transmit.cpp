@@ -336,7 +336,7 @@ std::byte* connection_engine::stage_tx(tx_batch& b, region_state* st, std::uint6
     }
     n = std::min<std::uint64_t>(n, pool.chunk_size() - f->fill);
     std::byte* at = f->p + f->fill;
-    if (!pool.start(f->copy, true, st->stage, st->device, at, src, n) || !settle(*f)) {
+    if (!pool.copy_now(true, st->stage, st->device, at, src, n)) { // nothing to overlap with yet
         b.stage_failed = true;
         return nullptr;
     }
