@@ -469,6 +469,14 @@ TEST_P(srq, the_domain_may_go_before_its_queue_and_connections)
     p.client.reset();
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool sanitized_allocator = true;
+#elif defined(__has_feature)
+constexpr bool sanitized_allocator = __has_feature(address_sanitizer);
+#else
+constexpr bool sanitized_allocator = false;
+#endif
+
 /// Resident set size of this process, in bytes.
 std::size_t rss_bytes()
 {
@@ -563,6 +571,12 @@ TEST_P(srq, memory_per_connection_with_and_without_a_shared_queue)
     RecordProperty("heap_kib_per_connection_own_queues", static_cast<int>(each(own.heap, own.buffers)));
     RecordProperty("heap_kib_per_connection_shared_queue",
                    static_cast<int>(each(shared.heap, shared.buffers)));
+    // Under ASan the process's RSS is its allocator's: freed blocks wait in a quarantine
+    // (256 MiB) whose oldest are unmapped as new ones come in, so a run late in the suite
+    // allocates its 32 MiB of buffers while as much leaves the quarantine (CI saw +3 MiB).
+    // The connections above still ran under ASan; only the comparison is meaningless there.
+    if (sanitized_allocator)
+        GTEST_SKIP() << "RSS under ASan's allocator counts its quarantine, not this test's growth";
     // The buffers dominate: 32 MiB of them against 4 MiB.
     EXPECT_LT(shared.rss, own.rss);
 }
