@@ -45,10 +45,9 @@ class echo_service
 {
 public:
     echo_service(net::io_context& io, domain& d, const std::string& address, const endpoint_options& o)
-        : io_(io), ep_(endpoint::open(d, address, o)),
-          mem_(request_slots * slot_size + sink_slots * sink_size),
+        : io_(io), mem_(request_slots * slot_size + sink_slots * sink_size),
           mr_(d.register_memory(mem_.data(), mem_.size(), access::local_write | access::remote_read)),
-          watch_(io, *ep_)
+          ep_(endpoint::open(d, address, o)), watch_(io, *ep_)
     {
         // A few receives now; the rest from a handler, as an application that fills its
         // receives from elsewhere than its progress loop.
@@ -189,9 +188,14 @@ private:
     }
 
     net::io_context& io_;
-    std::unique_ptr<endpoint> ep_;
+    // The memory before the endpoint, so that it goes after it: a stopped service may have a
+    // reply out whose receiver is still reading it, and a provider may go on serving a read
+    // it started after the region's deregistration (siw does), so the bytes must stay as
+    // they are until the endpoint's connections are gone. (Freed first, malloc's own list
+    // pointers once landed in byte 0 of an echo in flight.)
     std::vector<std::byte> mem_;
     std::unique_ptr<memory_region> mr_;
+    std::unique_ptr<endpoint> ep_;
     rdmx::asio::endpoint_watch watch_;
     enum class slot : std::uint8_t { between, posted, replying };
     std::array<slot, request_slots> slot_state_{};

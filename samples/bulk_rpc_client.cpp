@@ -45,9 +45,9 @@ class client
 {
 public:
     client(const std::string& server, std::size_t depth, std::chrono::milliseconds timeout)
-        : dom_(rdmx::domain::open(server)), ep_(rdmx::endpoint::open(*dom_, own_address(server))),
-          timeout_(timeout), msgs_(depth * 2 * br::message_size), bulk_(depth * object_store::max_object),
-          depth_(depth)
+        : dom_(rdmx::domain::open(server)), msgs_(depth * 2 * br::message_size),
+          bulk_(depth * object_store::max_object), ep_(rdmx::endpoint::open(*dom_, own_address(server))),
+          timeout_(timeout), depth_(depth)
     {
         server_ = ep_->insert(server);
         msg_mr_ = dom_->register_memory(msgs_.data(), msgs_.size(), rdmx::access::local_write);
@@ -132,10 +132,10 @@ private:
     }
 
     std::unique_ptr<rdmx::domain> dom_;
-    std::unique_ptr<rdmx::endpoint> ep_;
-    std::chrono::milliseconds timeout_;
     std::vector<std::byte> msgs_, bulk_;
     std::unique_ptr<rdmx::memory_region> msg_mr_, bulk_mr_;
+    std::unique_ptr<rdmx::endpoint> ep_; // after the memory: destroyed before it
+    std::chrono::milliseconds timeout_;
     std::size_t depth_;
     rdmx::peer server_{};
     std::uint64_t seq_ = 0;

@@ -44,9 +44,9 @@ class server
 {
 public:
     server(const std::string& address, std::size_t slots, std::size_t recvs)
-        : dom_(rdmx::domain::open(address)), ep_(rdmx::endpoint::open(*dom_, address)),
-          inbox_(recvs * br::message_size), outbox_(slots * br::message_size),
-          staging_(slots * object_store::max_object), slots_(slots)
+        : dom_(rdmx::domain::open(address)), inbox_(recvs * br::message_size),
+          outbox_(slots * br::message_size), staging_(slots * object_store::max_object),
+          ep_(rdmx::endpoint::open(*dom_, address)), slots_(slots)
     {
         in_mr_ = dom_->register_memory(inbox_.data(), inbox_.size(), rdmx::access::local_write);
         out_mr_ = dom_->register_memory(outbox_.data(), outbox_.size(), rdmx::access::none);
@@ -213,9 +213,9 @@ private:
     }
 
     std::unique_ptr<rdmx::domain> dom_;
-    std::unique_ptr<rdmx::endpoint> ep_;
     std::vector<std::byte> inbox_, outbox_, staging_;
     std::unique_ptr<rdmx::memory_region> in_mr_, out_mr_, staging_mr_;
+    std::unique_ptr<rdmx::endpoint> ep_; // after the memory: destroyed before it
     std::vector<slot> slots_;
     std::deque<call> pending_;
     std::map<std::uint64_t, std::vector<std::byte>> store_;

@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -67,6 +68,29 @@ std::byte pattern_byte(int id, int k, std::size_t i)
         (i * 131 + static_cast<std::size_t>(id) * 7919 + static_cast<std::size_t>(k) * 31 + 5) & 0xff);
 }
 
+/// Whether `echo` is request `k` of client `id`; if not, says on stderr where and how it
+/// differs (the first and last wrong byte, how many, the first one's value and what it
+/// should be), which tells a buffer reused under a read from a torn transfer.
+bool echo_right(int id, int k, std::span<const std::byte> echo)
+{
+    std::size_t first = echo.size(), last = 0, wrong = 0;
+    for (std::size_t i = 0; i < echo.size(); ++i)
+        if (echo[i] != pattern_byte(id, k, i)) {
+            first = std::min(first, i);
+            last = i;
+            ++wrong;
+        }
+    if (wrong == 0)
+        return true;
+    std::fprintf(
+        stderr,
+        "rpc client %d: request %d: byte %zu of the echo wrong (0x%02x, not 0x%02x); %zu of %zu bytes "
+        "wrong, the last at %zu\n",
+        id, k, first, static_cast<unsigned>(echo[first]), static_cast<unsigned>(pattern_byte(id, k, first)),
+        wrong, echo.size(), last);
+    return false;
+}
+
 int rpc_client(const std::string& addr, const std::string& server, int id, int count)
 {
     using namespace std::chrono;
@@ -74,11 +98,13 @@ int rpc_client(const std::string& addr, const std::string& server, int id, int c
     constexpr std::size_t max_size = 300000;
     try {
         auto d = rdmx::domain::open(domain_address(addr));
-        auto o = rdmx::test::small_endpoint_options();
-        auto e = rdmx::endpoint::open(*d, addr, o);
+        // The memory before the endpoint, so that it goes after the connections that may
+        // still read it (samples/asio_ep_service.hpp says why).
         std::vector<std::byte> mem(2 * max_size);
         auto mr =
             d->register_memory(mem.data(), mem.size(), rdmx::access::local_write | rdmx::access::remote_read);
+        auto o = rdmx::test::small_endpoint_options();
+        auto e = rdmx::endpoint::open(*d, addr, o);
         const rdmx::peer srv = e->insert(server);
         const auto start = steady_clock::now();
         const auto give_up = start + seconds(150);
@@ -139,13 +165,8 @@ int rpc_client(const std::string& addr, const std::string& server, int id, int c
                                              k, static_cast<unsigned long long>(out[j].length), len);
                                 return 1;
                             }
-                            for (std::size_t i = 0; i < len; ++i)
-                                if (mem[max_size + i] != pattern_byte(id, k, i)) {
-                                    std::fprintf(stderr,
-                                                 "rpc client %d: request %d: byte %zu of the echo wrong\n",
-                                                 id, k, i);
-                                    return 1;
-                                }
+                            if (!echo_right(id, k, {mem.data() + max_size, len}))
+                                return 1;
                             got = true;
                         }
                     }
