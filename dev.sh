@@ -133,20 +133,14 @@ test_asan() {
 # ThreadSanitizer on the TCP backend's threaded tests. clang, not g++: g++ 12 warns
 # (-Wtsan) inside Boost.Asio's headers. Only the two test programs are built, and the
 # helper programs their tests spawn.
-build_tsan() {
+test_tsan() {
+    log "ThreadSanitizer (tcp-unit, conformance on tcp)"
     if [ ! -f "$TSAN_BUILD/build.ninja" ]; then
-        log "configuring $TSAN_BUILD (clang 14, ThreadSanitizer)"
         CXX=clang++-14 meson setup "$TSAN_BUILD" -Drdma=disabled -Dcuda=disabled -Dtests=enabled \
             -Dsamples=disabled --werror -Db_sanitize=thread -Db_lundef=false || return
     fi
-    log "building $TSAN_BUILD"
     # (set -e does not apply in a function called with ||: failures return explicitly.)
-    ninja -C "$TSAN_BUILD" tests/conformance_test tests/tcp/tcp_unit_test tests/disconnect_peer tests/endpoint_peer
-}
-
-test_tsan() {
-    log "ThreadSanitizer (tcp-unit, conformance on tcp)"
-    build_tsan || return
+    ninja -C "$TSAN_BUILD" tests/conformance_test tests/tcp/tcp_unit_test tests/disconnect_peer tests/endpoint_peer || return
     local rc=0 results=$BUILD/tests/results
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
     GTEST_OUTPUT="xml:$results/tsan-tcp-unit.xml" "$TSAN_BUILD/tests/tcp/tcp_unit_test" || rc=$?
@@ -252,34 +246,18 @@ summary() {
 test_all() {
     deps
     build
+    build_clang
     rm -rf "$BUILD/tests/results"
-    # The clang trees (ASan + UBSan with the fuzz targets, TSan) build in the background at
-    # the lowest priority while the main pass runs: its guests leave about half of the two
-    # CPUs idle (vmstat during conformance-verbs: 45 % idle), and at nice 19 the compilers
-    # take almost nothing from a test that wants the CPU. Their output follows the pass's.
-    local rc=0 failed=() bg_log=$BUILD/sanitizer-builds.log bg
-    (
-        renice -n 19 -p "$BASHPID" >/dev/null
-        build_clang && build_tsan
-    ) >"$bg_log" 2>&1 &
-    bg=$!
     log "meson test (suites: unit, tcp, verbs and fault on soft-RoCE guests, gpu)"
+    local rc=0 failed=()
     # The staged TCP conformance run (suite staged) runs in the ASan pass only.
     meson test -C "$BUILD" --print-errorlogs --num-processes 1 --no-suite staged ||
         { rc=$?; failed+=("meson test"); }
     local main_log
     main_log=$(grep -h '^\[rdmx\]' "$BUILD/meson-logs/testlog.txt" | sort -u || true)
-    log "the sanitizer builds (in the background since the main pass began)"
-    if wait "$bg"; then
-        cat "$bg_log"
-        test_asan || { rc=$?; failed+=("ASan+UBSan"); }
-        test_tsan || { rc=$?; failed+=("TSan"); }
-        test_fuzz || { rc=$?; failed+=("fuzzing"); }
-    else
-        rc=1
-        cat "$bg_log"
-        failed+=("clang/sanitizer builds (so ASan+UBSan, TSan, fuzzing did not run)")
-    fi
+    test_asan || { rc=$?; failed+=("ASan+UBSan"); }
+    test_tsan || { rc=$?; failed+=("TSan"); }
+    test_fuzz || { rc=$?; failed+=("fuzzing"); }
     test_format || { rc=$?; failed+=("format"); }
     log "summary (GoogleTest cases over all suites, sanitizer passes included)"
     [ -z "$main_log" ] || echo "$main_log"
