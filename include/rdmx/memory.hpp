@@ -83,8 +83,8 @@ struct remote_buffer {
 /// registered it: it keeps what it needs of the domain alive (see rdmx::domain).
 /// TCP: the destructor never waits for a peer; a frame partly sent from the region is
 /// finished from a copy of its rest, and reads not yet answered fail with
-/// `remote_access` (docs/wire-format.md section 5). verbs: new requests are refused at
-/// once, but siw finishes a read response it had started, from the pages it pinned, after
+/// `remote_access` (docs/wire-format.md section 5). verbs: the region's keys stop
+/// working, but siw finishes a read response it had started, from the pages it pinned, after
 /// the destructor returns. So keep the memory's bytes until the connections (or the
 /// endpoint) that may still read it are destroyed: declare the memory first.
 class memory_region
