@@ -260,6 +260,8 @@ private:
     void unhold(std::uint32_t buf) noexcept;
     /// poll()'s end: a `delivered` message to each peer whose count no header carried yet.
     void send_due_acks() noexcept;
+    /// Moves completions from the ring into `out`; returns how many.
+    std::size_t take_ready(std::span<endpoint_completion> out) noexcept;
     /// The registered header slot of peer `i` for its `delivered` messages (grows in blocks).
     void ensure_delivered_slot(std::uint32_t i);
     /// Completes the posted receives directed at peer `pi` (not yet matched) with `cause`.
@@ -420,6 +422,8 @@ private:
     /// Spinning (busy_poll, or fd() never asked for): poll() calls since it last looked at
     /// fd()'s set (it does every 16th).
     std::uint32_t polls_since_scan_ = 0;
+    /// poll() calls in a row answered from the ring alone, without progress (at most 15).
+    std::uint32_t polls_from_ring_ = 0;
     /// fd() was handed out: a caller may sleep on it, so poll() keeps the queue armed and
     /// the eventfd raised for it (unless busy_poll). Set by fd(), any thread.
     mutable std::atomic<bool> fd_out_{false};

@@ -38,8 +38,32 @@ void endpoint_impl::scan_fds() noexcept
     }
 }
 
+std::size_t endpoint_impl::take_ready(std::span<endpoint_completion> out) noexcept
+{
+    std::size_t n = 0;
+    while (n < out.size() && ring_count_ != 0) {
+        out[n++] = ring_[ring_head_];
+        ring_head_ = (ring_head_ + 1) % ring_.size();
+        --ring_count_;
+    }
+    return n;
+}
+
 std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
 {
+    // Completions already due fill `out`: they are handed out without progress, which
+    // costs at least one system call (the queue's epoll_wait(0)) whether anything came
+    // or not. A caller that takes one completion per call from a batch that one read
+    // completed made that call for every completion of the batch. Progress still runs
+    // when the ring runs short, and at least every 16th call, so that a caller that never
+    // drains the ring does not stop its connections, timers and credits.
+    if (ring_count_ >= out.size() && !out.empty() && ++polls_from_ring_ < 16) {
+        std::size_t n = take_ready(out);
+        if (ring_count_ != 0)
+            raise_wake(); // fd() stays readable
+        return n;
+    }
+    polls_from_ring_ = 0;
     // Spinning: the queue is polled directly every call; the rest of fd()'s set (new
     // connection requests; the timerfd and eventfd are only for sleepers) every 16th.
     const bool spin = spinning();
@@ -72,12 +96,7 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
         send_due_acks();
     if (!event_peers_.empty())
         emit_peer_events();
-    std::size_t n = 0;
-    while (n < out.size() && ring_count_ != 0) {
-        out[n++] = ring_[ring_head_];
-        ring_head_ = (ring_head_ + 1) % ring_.size();
-        --ring_count_;
-    }
+    std::size_t n = take_ready(out);
     arm_timerfd();
     if (ring_count_ != 0)
         raise_wake(); // fd() stays readable
