@@ -6,7 +6,7 @@
 #                            with -F, fd() taken: the queue kept armed for a sleeper)
 #                            vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -m tagged (and -m msg),
 #                            fabtests' fi_rdm_tagged_pingpong, ucx_perftest tag_lat
-#   64 B message rate        rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw
+#   64 B message rate        rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw, fi_rdm_tagged_bw
 #   rendezvous 1 MiB, 4 MiB  rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw (UCX's rendezvous),
 #                            fi_rdm_tagged_bw -p "tcp;ofi_rxm" (rxm's rendezvous), and
 #                            fi_rma_bw -o read at 1 MiB (rxm's RMA read: what rdmx's rendezvous
@@ -122,6 +122,7 @@ for r in $(seq 1 "$rounds"); do
     ucx ucx_tag_bw_4M tag_bw 4194304 500
     rdmx first_msg -t first_msg -n 50
     fab fi_rdm_tagged_pingpong_8B fi_rdm_tagged_pingpong -S 8 -I 20000 -w 1000
+    fab fi_rdm_tagged_bw_64B fi_rdm_tagged_bw -S 64 -I 200000 -W 64
     fab fi_rdm_tagged_bw_1M fi_rdm_tagged_bw -S 1048576 -I 2000 -W 16
     fab fi_rdm_tagged_bw_4M fi_rdm_tagged_bw -S 4194304 -I 500 -W 8
     fab fi_rma_bw_read_1M fi_rma_bw -e rdm -o read -S 1048576 -I 2000 -W 16
