@@ -52,7 +52,7 @@ void connection_engine::push_cq(cq_side side, completion c, bool solicited, bool
 void connection_engine::push_shared(tcp_completion_queue& q, cq_side side, const completion& c,
                                     bool solicited, bool from_srq) noexcept
 {
-    if (shared_detached_) { // the connection object is gone (close())
+    if (detached_) { // the connection object is gone (close())
         if (from_srq)
             srq_->retire(1); // nobody polls it: its slot is free
         return;

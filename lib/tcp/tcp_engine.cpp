@@ -121,11 +121,10 @@ void connection_engine::close() noexcept
         // Nothing of a connection the application destroyed is polled from a shared queue
         // (it would name a connection that is gone): its flush goes nowhere, what it left
         // there is dropped, and its room there is free for the next connection.
-        shared_detached_ = true;
+        detached_ = true;
         fail(connection_state::disconnected);
         if (!connecting)
             pump();
-        lingering_ = true;
         // Nobody polls this connection again: its completions of shared receives free
         // their slots now (the receives that were not taken stay in the shared queue).
         std::size_t dropped = 0;
@@ -188,7 +187,7 @@ void connection_engine::start_linger() noexcept
 
 void connection_engine::linger_check() noexcept
 {
-    if (lingering_ && tx_done_ && rx_state_ == rx_state::done && on_engine()) {
+    if (detached_ && tx_done_ && rx_state_ == rx_state::done && on_engine()) {
         assert_on_engine();
         close_socket();
     }
@@ -199,7 +198,7 @@ void connection_engine::close_socket() noexcept
     if (closed_)
         return;
     closed_ = true;
-    if (lingering_)
+    if (detached_)
         dom_.linger_end(); // the domain's destructor may go on
     // Closing the descriptor also cancels its waits.
     boost::system::error_code ignored;

@@ -528,7 +528,7 @@ private:
     /// Room on the shared completion queues (it holds them); given back by close().
     detail::cq_reservation shared_ RDMX_GUARDED_BY(mu_);
     // The shared queues, typed (null: that side completes into cq_). Dereferenced only
-    // under mu_ and until close() (shared_detached_).
+    // under mu_ and until close() (detached_).
     tcp_completion_queue* const send_cq_;
     tcp_completion_queue* const recv_cq_;
     /// A side reports to a shared queue: that queue's polls read this socket (queue_progress)
@@ -621,8 +621,10 @@ private:
     completion_ring cq_ RDMX_GUARDED_BY(mu_);
     notify_arm notify_ RDMX_GUARDED_BY(mu_);
     connection* conn_ RDMX_GUARDED_BY(mu_) = nullptr; ///< set_owner()
-    /// close() ran: nothing of this connection goes to a shared queue any more.
-    bool shared_detached_ RDMX_GUARDED_BY(mu_) = false;
+    /// close() ran, the connection object is gone: nothing of this connection goes to a
+    /// shared queue any more, and the engine lingers to finish what the peer is owed
+    /// (start_linger), counted by the domain while its socket is open.
+    bool detached_ RDMX_GUARDED_BY(mu_) = false;
     // Completions of each side waiting on its shared queue: they hold queue slots until
     // polled (as on verbs), so that a shared queue never holds more of this connection's
     // than it reserved. Counted up under mu_, down by the polling thread.
@@ -688,7 +690,6 @@ private:
         done,    ///< EOF, an error or a violation: nothing more is read
     };
     rx_state rx_state_ RDMX_GUARDED_BY(mu_) = rx_state::reading;
-    bool lingering_ RDMX_GUARDED_BY(mu_) = false; ///< the connection object is gone: finishing what is owed
     /// the socket is closed (or being closed): nothing more happens
     bool closed_ RDMX_GUARDED_BY(mu_) = false;
     bool violation_logged_ RDMX_GUARDED_BY(mu_) = false;

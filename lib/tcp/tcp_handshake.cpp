@@ -134,7 +134,7 @@ bool connection_engine::redial(int& err) noexcept
         }
         // The reactor and the shared queues' epoll sets know the socket by number and by
         // open file: each lets the old one go before dup3 replaces it, and takes the new.
-        const bool queues = queues_reach() && !shared_detached_;
+        const bool queues = queues_reach() && !detached_;
         if (queues)
             for (tcp_completion_queue* q : shared_queues())
                 if (q)

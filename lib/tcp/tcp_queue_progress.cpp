@@ -41,7 +41,7 @@ void connection_engine::detach_queues() noexcept
 
 void connection_engine::unwatch_queues() noexcept
 {
-    if (!queues_reach() || shared_detached_)
+    if (!queues_reach() || detached_)
         return;
     watch_ = queue_watch::gone;
     for (tcp_completion_queue* q : shared_queues())
@@ -51,7 +51,7 @@ void connection_engine::unwatch_queues() noexcept
 
 void connection_engine::pause_queue_watch() noexcept
 {
-    if (watch_ != queue_watch::watched || shared_detached_)
+    if (watch_ != queue_watch::watched || detached_)
         return;
     watch_ = queue_watch::paused;
     for (tcp_completion_queue* q : shared_queues())
@@ -64,7 +64,7 @@ void connection_engine::resume_queue_watch() noexcept
     if (watch_ != queue_watch::paused)
         return;
     watch_ = queue_watch::watched;
-    if (shared_detached_ || closed_)
+    if (detached_ || closed_)
         return;
     for (tcp_completion_queue* q : shared_queues())
         if (q && !q->watch(*this, fd_)) {
@@ -89,7 +89,7 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
     engine_lock lk(mu_);
     if (listed) // off the list now (a run for readiness leaves us there, marked)
         pending_marked_[&q == send_cq_ ? 0 : 1] = false;
-    if (closed_ || shared_detached_ || hs_.owns_socket())
+    if (closed_ || detached_ || hs_.owns_socket())
         return; // the handshake's socket is the engine's; a reply there waits for it
     if (rx_state_ == rx_state::done) {
         unwatch_queues(); // EOF or an error: readable for good, and nothing more to read
@@ -128,7 +128,7 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
 
 bool connection_engine::mark_on_queues() noexcept
 {
-    if (!queues_reach() || shared_detached_)
+    if (!queues_reach() || detached_)
         return false;
     auto queues = shared_queues();
     for (std::size_t i = 0; i < queues.size(); ++i)
@@ -161,7 +161,7 @@ void connection_engine::queue_sleeps() noexcept
 
 void connection_engine::sync_queue_polls() noexcept
 {
-    if (!on_shared_cq_ || shared_detached_)
+    if (!on_shared_cq_ || detached_)
         return;
     std::uint64_t polls = 0;
     auto latest = std::chrono::steady_clock::time_point::min();
@@ -178,7 +178,7 @@ void connection_engine::sync_queue_polls() noexcept
 
 bool connection_engine::queues_armed() const noexcept
 {
-    if (!on_shared_cq_ || shared_detached_)
+    if (!on_shared_cq_ || detached_)
         return false;
     for (tcp_completion_queue* q : shared_queues())
         if (q && q->armed())
@@ -188,7 +188,7 @@ bool connection_engine::queues_armed() const noexcept
 
 bool connection_engine::queues_watched() const noexcept
 {
-    if (!on_shared_cq_ || shared_detached_)
+    if (!on_shared_cq_ || detached_)
         return false;
     for (tcp_completion_queue* q : shared_queues())
         if (q && q->watched())
@@ -216,7 +216,7 @@ void connection_engine::queue_flush(tcp_completion_queue& q) noexcept
 {
     engine_lock lk(mu_);
     pending_marked_[&q == send_cq_ ? 0 : 1] = false;
-    if (closed_ || shared_detached_ || hs_.owns_socket())
+    if (closed_ || detached_ || hs_.owns_socket())
         return;
     if (ownership_.app_owns() && app_may_read())
         rx_read(); // frames a budget left staged: a marking of them fires the arming
@@ -226,7 +226,7 @@ void connection_engine::queue_flush(tcp_completion_queue& q) noexcept
 
 bool connection_engine::queues_polling(std::chrono::steady_clock::time_point now) const noexcept
 {
-    if (!on_shared_cq_ || shared_detached_)
+    if (!on_shared_cq_ || detached_)
         return false;
     for (tcp_completion_queue* q : shared_queues())
         if (q && q->polling(now))
