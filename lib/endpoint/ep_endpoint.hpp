@@ -24,6 +24,8 @@
 #include "endpoint/ep_wire.hpp"
 #include "endpoint/tag_match.hpp"
 
+struct epoll_event; // <sys/epoll.h>
+
 namespace rdmx::ep
 {
 
@@ -317,6 +319,8 @@ private:
     void poll_cq() noexcept;
     /// poll()'s look at fd()'s set: one epoll_wait(0), then what it found ready.
     void scan_fds() noexcept;
+    /// What scan_fds() does with the descriptors epoll reported ready (wait() hands it its own).
+    void take_ready_fds(const epoll_event* evs, int nready) noexcept;
     /// Arms the queue's notification before a sleep on fd(), for a sleeper that watches the
     /// queue's progress descriptor too where it has one (TCP: its sockets).
     void arm_cq() noexcept;
@@ -422,6 +426,8 @@ private:
     /// Spinning (busy_poll, or fd() never asked for): poll() calls since it last looked at
     /// fd()'s set (it does every 16th).
     std::uint32_t polls_since_scan_ = 0;
+    /// wait() has just taken fd()'s ready descriptors: the next poll() does not look again.
+    bool fds_taken_ = false;
     /// poll() calls in a row answered from the ring alone, without progress (at most 15).
     std::uint32_t polls_from_ring_ = 0;
     /// fd() was handed out: a caller may sleep on it, so poll() keeps the queue armed and

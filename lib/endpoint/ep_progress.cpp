@@ -18,9 +18,13 @@ void endpoint_impl::scan_fds() noexcept
     // One system call tells which of fd()'s descriptors need one. A busy-polling caller
     // made five (TCP) or six (rxe) per call before, whether anything had come or not, each
     // a few microseconds under emulation (docs/endpoints.md, "What an endpoint holds").
-    polls_since_scan_ = 0;
     epoll_event evs[8];
-    int nready = ::epoll_wait(epoll_fd_, evs, 8, 0);
+    take_ready_fds(evs, ::epoll_wait(epoll_fd_, evs, 8, 0));
+}
+
+void endpoint_impl::take_ready_fds(const epoll_event* evs, int nready) noexcept
+{
+    polls_since_scan_ = 0;
     for (int i = 0; i < nready; ++i) {
         const int fd = evs[i].data.fd;
         std::uint64_t v;
@@ -67,7 +71,9 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
     // Spinning: the queue is polled directly every call; the rest of fd()'s set (new
     // connection requests; the timerfd and eventfd are only for sleepers) every 16th.
     const bool spin = spinning();
-    if (!spin || ++polls_since_scan_ >= 16)
+    if (fds_taken_)
+        fds_taken_ = false; // wait() took what woke it a moment ago: no second look
+    else if (!spin || ++polls_since_scan_ >= 16)
         scan_fds();
     poll_cq();
     poll_events();
@@ -183,7 +189,14 @@ std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
         int rc = ::epoll_wait(epoll_fd_, evs, 8, static_cast<int>(std::min<long long>(left, 1000)));
         if (rc < 0 && errno != EINTR)
             return 0;
-        polls_since_scan_ = 16; // spinning: the next poll() looks at what woke us
+        if (rc > 0) {
+            // What woke us is taken here, so the poll() that follows makes no second
+            // epoll_wait(0) for it (one system call less per wake-up).
+            take_ready_fds(evs, rc);
+            fds_taken_ = true;
+        } else {
+            polls_since_scan_ = 16; // spinning: the next poll() looks at fd()'s set
+        }
     }
 }
 
