@@ -95,7 +95,7 @@ bool connection_engine::app_took_data(bool app_in_call) noexcept
     sync_queue_polls();
     if (!ownership_.wake_may_count(app_in_call, app_may_read()))
         return false;
-    if (write_armed_)
+    if (tx_.continuation_queued())
         return false; // a transmit continuation is due: not now, but this wake counts neither way
     std::byte probe;
     ssize_t n = sys::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -188,7 +188,7 @@ void connection_engine::reclaim_rx() noexcept
         // epoll_ctl(ADD) failed (out of memory): nobody could wait on this socket.
         log_limited("cannot watch the socket again (%s); connection to error", ec.message().c_str());
         rx_state_ = rx_state::done;
-        tx_done_ = true;
+        tx_.shut();
         ::shutdown(fd_, SHUT_RDWR);
         fail(connection_state::error);
         return;

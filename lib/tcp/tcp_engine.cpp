@@ -187,7 +187,7 @@ void connection_engine::start_linger() noexcept
 
 void connection_engine::linger_check() noexcept
 {
-    if (detached_ && tx_done_ && rx_state_ == rx_state::done && on_engine()) {
+    if (detached_ && tx_.is_shut() && rx_state_ == rx_state::done && on_engine()) {
         assert_on_engine();
         close_socket();
     }

@@ -37,6 +37,7 @@
 #include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_target.hpp"
 #include "tcp/tcp_thread_safety.hpp"
+#include "tcp/tcp_transmit_gate.hpp"
 #include "tcp/tcp_wire.hpp"
 
 namespace rdmx::tcp
@@ -641,9 +642,9 @@ private:
     std::unique_ptr<std::byte[]> wire_copy_ RDMX_GUARDED_BY(mu_);
     std::uint64_t wire_copy_from_ RDMX_GUARDED_BY(mu_) = 0;
     tx_batch batch_ RDMX_GUARDED_BY(mu_);
-    bool write_armed_ RDMX_GUARDED_BY(mu_) = false;
-    bool tx_done_ RDMX_GUARDED_BY(mu_) = false; ///< write side shut down or broken: nothing more is sent
-    bool in_pump_ RDMX_GUARDED_BY(mu_) = false;
+    /// whether a pump may run: the write side open or shut, one pump at a time, the
+    /// engine's continuation queued
+    transmit_gate tx_ RDMX_GUARDED_BY(mu_);
 
     // Receive state.
     // Staging: a read that starts a frame goes here, so that headers, frames without a

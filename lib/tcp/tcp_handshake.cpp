@@ -199,7 +199,7 @@ void connection_engine::handshake_wait(asio::posix::stream_descriptor::wait_type
 void connection_engine::handshake_failed() noexcept
 {
     rx_state_ = rx_state::done;
-    tx_done_ = true;
+    tx_.shut();
     handshake_timer_.cancel();
     fail(connection_state::error, hs_.cause());
     close_socket();

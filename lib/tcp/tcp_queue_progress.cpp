@@ -77,7 +77,7 @@ void connection_engine::resume_queue_watch() noexcept
                         "connection to error",
                         std::strerror(err));
             rx_state_ = rx_state::done;
-            tx_done_ = true;
+            tx_.shut();
             ::shutdown(fd_, SHUT_RDWR);
             fail(connection_state::error);
             return;
@@ -207,7 +207,7 @@ bool connection_engine::sleeper_takes_over() noexcept
     // outstanding: standing down releases the descriptor. The arming counts as it was when
     // the wake came: a completion of the run that served it fires the arming, and the
     // sleeper it wakes arms again before it sleeps (or the stand-down check takes over).
-    return on_shared_cq_ && !write_armed_ && ownership_.wake_found_poller() &&
+    return on_shared_cq_ && !tx_.continuation_queued() && ownership_.wake_found_poller() &&
            state() == connection_state::established && app_may_read() &&
            (wake_saw_sleeper_ || queues_watched());
 }

@@ -34,7 +34,7 @@ void connection_engine::protocol_violation(const char* why, bool blame_head) noe
     fail(connection_state::error, errc::protocol_error);
     // A peer that sends garbage gets no more of our attention: stop reading and writing.
     rx_state_ = rx_state::done;
-    tx_done_ = true;
+    tx_.shut();
     ::shutdown(fd_, SHUT_RDWR);
 }
 

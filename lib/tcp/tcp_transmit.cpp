@@ -177,13 +177,11 @@ bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint6
 
 void connection_engine::pump() noexcept
 {
-    // An application thread sends even while the engine holds a continuation (write_armed_):
-    // the engine may share its CPU and run only when the application yields it, so a busy
-    // application that leaves large transfers to the engine halves its own bandwidth. The
-    // continuation stays armed (arm_write adds none) and finds less or nothing left to do.
-    if (closed_ || tx_done_ || in_pump_ || (write_armed_ && on_engine()) || hs_.owns_socket())
+    // One pump at a time; an application thread sends even while the engine's continuation
+    // is queued (transmit_gate says why), which then finds less or nothing left to do.
+    if (closed_ || !tx_.may_pump(on_engine()) || hs_.owns_socket())
         return;
-    in_pump_ = true;
+    tx_.enter();
     // Bounded work per call: post() must stay short on the application thread, and the
     // engine must not starve its other connections behind one large transfer. What is left
     // continues on the engine once the socket is writable (at once, if it is).
@@ -268,7 +266,7 @@ void connection_engine::pump() noexcept
             // first, and the end of the stream ends the connection (rx_error), with the
             // NAK's cause if one came. A reader that stands still would never get there:
             // then the peer is gone now.
-            tx_done_ = true;
+            tx_.shut();
             if (rx_state_ == rx_state::reading && !closed_)
                 continue_rx();
             else
@@ -284,7 +282,7 @@ void connection_engine::pump() noexcept
             dom_.bounce().give(c.p);
             c = {};
         }
-    in_pump_ = false;
+    tx_.leave();
 }
 
 bool connection_engine::settle(tx_chunk& c) noexcept
@@ -425,7 +423,7 @@ void connection_engine::maybe_shutdown() noexcept
 {
     // After a disconnect or error: once the frame on the wire and the responses owed
     // (a NAK saying why, above all) are out, send FIN so the peer notices.
-    if (state() == connection_state::established || tx_done_ || cur_.kind != frame_kind::none ||
+    if (state() == connection_state::established || tx_.is_shut() || cur_.kind != frame_kind::none ||
         !resp_.empty())
         return;
     if (goodbye_ != goodbye::not_promised) {
@@ -450,7 +448,7 @@ void connection_engine::maybe_shutdown() noexcept
             break; // the peer is gone: FIN (or nothing) is all that is left
         }
     }
-    tx_done_ = true;
+    tx_.shut();
     ::shutdown(fd_, SHUT_WR);
     linger_check();
 }
@@ -486,7 +484,7 @@ void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexce
     cur_ = {};
     wire_copy_.reset();
     fail(connection_state::error);
-    tx_done_ = true;
+    tx_.shut();
     ::shutdown(fd_, SHUT_WR);
     linger_check();
 }
@@ -494,7 +492,7 @@ void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexce
 void connection_engine::copy_frame_on_wire(const region_state* st, std::uint64_t tag) noexcept
 {
     engine_lock lk(mu_);
-    if (closed_ || tx_done_ || cur_.kind == frame_kind::none || wire_copy_)
+    if (closed_ || tx_.is_shut() || cur_.kind == frame_kind::none || wire_copy_)
         return;
     auto segs = payload_segs(cur_.kind, cur_.pos);
     const std::uint64_t from = std::max<std::uint64_t>(cur_.skip, frame_header::wire_size);
@@ -552,9 +550,8 @@ void connection_engine::copy_frame_on_wire(const region_state* st, std::uint64_t
 
 void connection_engine::arm_write(bool would_block) noexcept
 {
-    if (write_armed_)
+    if (!tx_.queue_continuation())
         return; // the engine's continuation (a post, or a wait for space) is still to come
-    write_armed_ = true;
     if (would_block && on_engine()) {
         assert_on_engine();
         reclaim_rx(); // the write wait needs the socket in the engine's epoll set
@@ -564,7 +561,7 @@ void connection_engine::arm_write(bool would_block) noexcept
                          with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
                              engine_lock lk(self->mu_);
                              self->assert_on_engine();
-                             self->write_armed_ = false;
+                             self->tx_.continuation_ran();
                              self->pump();
                          }));
         return;
@@ -579,7 +576,7 @@ void connection_engine::arm_write(bool would_block) noexcept
                    self->assert_on_engine();
                    if (self->closed_)
                        return;
-                   self->write_armed_ = false;
+                   self->tx_.continuation_ran();
                    self->pump();
                }));
 }
