@@ -32,6 +32,7 @@
 #include "tcp/tcp_recv_queue.hpp"
 #include "tcp/tcp_reliability.hpp"
 #include "tcp/tcp_response_queue.hpp"
+#include "tcp/tcp_rx_frame.hpp"
 #include "tcp/tcp_send_queue.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_srq.hpp"
@@ -252,20 +253,6 @@ private:
         region_state* pins[copy_batch::max_copies]; ///< the destinations, pinned till copied
         int npins = 0;
     };
-    /// What the payload of the frame being received is for.
-    enum class rx_action : std::uint8_t {
-        none,          ///< reading a header
-        recv,          ///< send: into the posted receive
-        recv_overflow, ///< send larger than the receive: drain, local_length, NAK
-        rnr,           ///< no receive posted: drain, then NAK rnr
-        drop,          ///< after an RNR NAK, requests until the NAKed one are drained silently
-        write,         ///< into target memory, then ACK
-        write_imm,     ///< into target memory, then consume a receive and ACK
-        write_bad,     ///< access violation: drain, then NAK remote_access
-        read_resp,     ///< into the read's local SGEs
-        atomic,        ///< the operands of an atomic request, into rx_operands_; then execute_atomic
-        atomic_resp,   ///< the old value, into rx_operands_; then into the atomic's local SGE
-    };
     enum class rx_status : std::uint8_t { again, wait, stop };
 
     // Annotations (tcp_thread_safety.hpp): RDMX_REQUIRES(mu_) runs on any thread that holds
@@ -380,30 +367,13 @@ private:
     rx_status rx_step() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_payload() noexcept RDMX_REQUIRES(mu_);
     rx_status rx_staged_payload() noexcept RDMX_REQUIRES(mu_);
-    void rx_advance(std::uint64_t n) noexcept RDMX_REQUIRES(mu_);
-    std::size_t staged() const noexcept RDMX_REQUIRES(mu_) { return stage_end_ - stage_begin_; }
-    /// Consumes n staged bytes; an emptied stage starts again at its front.
-    void unstage(std::size_t n) noexcept RDMX_REQUIRES(mu_)
-    {
-        stage_begin_ += n;
-        if (stage_begin_ == stage_end_)
-            stage_begin_ = stage_end_ = 0;
-    }
+    std::size_t staged() const noexcept RDMX_REQUIRES(mu_) { return stage_.staged(); }
     /// Staged bytes that can be processed without reading: a whole header, or payload.
-    bool staged_work() const noexcept RDMX_REQUIRES(mu_)
-    {
-        return staged() > 0 && (rx_action_ != rx_action::none || staged() >= frame_header::wire_size);
-    }
+    bool staged_work() const noexcept RDMX_REQUIRES(mu_) { return tcp::staged_work(stage_, rx_); }
     void continue_rx() noexcept
         RDMX_REQUIRES(mu_); ///< the engine goes on with staged frames (no socket event will come)
     void resume_rx() noexcept
         RDMX_REQUIRES(mu_); ///< a response went out after a stall: the engine reads again
-    bool payload_to_memory() const noexcept RDMX_REQUIRES(mu_)
-    {
-        return rx_action_ == rx_action::recv || rx_action_ == rx_action::write ||
-               rx_action_ == rx_action::write_imm || rx_action_ == rx_action::read_resp ||
-               rx_action_ == rx_action::atomic || rx_action_ == rx_action::atomic_resp;
-    }
     rx_status rx_error(ssize_t n, int err) noexcept RDMX_REQUIRES(mu_);
     void begin_frame(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
     void set_rcvlowat(int bytes) noexcept RDMX_REQUIRES(mu_); ///< the socket's SO_RCVLOWAT, when it changes
@@ -417,11 +387,11 @@ private:
     void push_ack(std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
     void push_response(const response& r) noexcept RDMX_REQUIRES(mu_);
     void target_fail(nak_code code, std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
-    /// Carries out the atomic request `h` (operands in rx_operands_) on the target memory
+    /// Carries out the atomic request `h` (operands in rx_.operands) on the target memory
     /// and returns the old value; nullopt: bad key, bounds, rights or alignment, or the
     /// region went (NAK REMOTE_ACCESS, target untouched).
     std::optional<std::uint64_t> execute_atomic(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
-    /// The old value of the atomic at the head (in rx_operands_) arrived: into its SGE.
+    /// The old value of the atomic at the head (in rx_.operands) arrived: into its SGE.
     void finish_atomic_response() noexcept RDMX_REQUIRES(mu_);
 
     // --- reliability (tcp_reliability.cpp; any thread, mu_ held) ---
@@ -647,34 +617,16 @@ private:
     transmit_gate tx_ RDMX_GUARDED_BY(mu_);
 
     // Receive state.
-    // Staging: a read that starts a frame goes here, so that headers, frames without a
-    // payload (ACKs, read requests) and small payloads arrive several to one system call.
-    // Payload bytes that came with their header are copied out (at most stage_size per
-    // frame); the rest of a payload is read straight into its destination.
-    static constexpr std::size_t stage_size = 1024;
-    std::byte stage_[stage_size] RDMX_GUARDED_BY(mu_);
-    std::size_t stage_begin_ RDMX_GUARDED_BY(mu_) = 0; ///< unconsumed bytes: [stage_begin_, stage_end_)
-    std::size_t stage_end_ RDMX_GUARDED_BY(mu_) = 0;
+    rx_stage stage_ RDMX_GUARDED_BY(mu_); ///< bytes read ahead of the frame being interpreted
+    rx_frame rx_ RDMX_GUARDED_BY(mu_);    ///< the frame being received, and where its payload goes
     /// a read in this receive run returned less than asked: drained
     bool rx_short_ RDMX_GUARDED_BY(mu_) = false;
     bool rx_cont_posted_ RDMX_GUARDED_BY(mu_) = false; ///< continue_rx() is on its way
-    frame_header rx_hdr_ RDMX_GUARDED_BY(mu_);
-    rx_action rx_action_ RDMX_GUARDED_BY(mu_) = rx_action::none;
-    std::uint64_t rx_left_ RDMX_GUARDED_BY(mu_) = 0;
-    const seg* rx_segs_ RDMX_GUARDED_BY(mu_) = nullptr;
-    std::uint32_t rx_nseg_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint32_t rx_seg_i_ RDMX_GUARDED_BY(mu_) = 0;
-    std::uint64_t rx_seg_off_ RDMX_GUARDED_BY(mu_) = 0;
-    bool rx_fault_ RDMX_GUARDED_BY(mu_) = false; ///< a destination region vanished during the payload
     /// Chunks that payload bound for staged memory is received into (rx_chunk), two so
     /// that one's copy to its place runs while the next recvmsg fills the other; held for
     /// one read run (rx_steps), their copies finished before a frame ends.
     rx_chunk rx_chunks_[2] RDMX_GUARDED_BY(mu_);
-    int rx_turn_ RDMX_GUARDED_BY(mu_) = 0; ///< the chunk the next staged read fills
-    seg rx_target_ RDMX_GUARDED_BY(mu_);
-    /// The payload of the atomic frame being received (its operands, or the old value);
-    /// rx_target_ names it then.
-    std::array<std::byte, compare_swap_payload> rx_operands_ RDMX_GUARDED_BY(mu_){};
+    int rx_turn_ RDMX_GUARDED_BY(mu_) = 0;      ///< the chunk the next staged read fills
     request_sequence seq_ RDMX_GUARDED_BY(mu_); ///< the peer's requests, as the target sees them
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
     int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)

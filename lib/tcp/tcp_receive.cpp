@@ -56,9 +56,9 @@ int connection_engine::wanted_rcvlowat() const noexcept
     // regardless): each wake costs this thread a switch and the sender an IPI. Never more
     // than the payload bytes still to come from the socket: what follows them may never be
     // sent (a peer that waits for our answer), so a larger mark would never be reached.
-    if (rx_action_ == rx_action::none || state() != connection_state::established)
+    if (rx_.action == rx_action::none || state() != connection_state::established)
         return 1;
-    std::uint64_t to_come = rx_left_ - std::min<std::uint64_t>(staged(), rx_left_);
+    std::uint64_t to_come = rx_.left - std::min<std::uint64_t>(staged(), rx_.left);
     return to_come >= rcvlowat_min ? static_cast<int>(std::min<std::uint64_t>(to_come, rcvlowat_max)) : 1;
 }
 
@@ -153,7 +153,7 @@ connection_engine::rx_status connection_engine::rx_steps(bool drain) noexcept
 void connection_engine::settle(rx_chunk& c) noexcept
 {
     if (!c.copy.empty() && !dom_.bounce().finish(c.copy))
-        rx_fault_ = true; // the frame they belong to fails when it ends
+        rx_.fault = true; // the frame they belong to fails when it ends
     for (int i = 0; i < c.npins; ++i)
         unpin(c.pins[i]);
     c.npins = 0;
@@ -192,31 +192,26 @@ connection_engine::rx_status connection_engine::rx_drain() noexcept
 
 connection_engine::rx_status connection_engine::rx_step() noexcept
 {
-    if (rx_action_ != rx_action::none)
+    if (rx_.action != rx_action::none)
         return staged() > 0 ? rx_staged_payload() : rx_payload();
     if (staged() < frame_header::wire_size) {
         // A read that came back short in this run drained the socket: another would only
         // say EAGAIN. (Per run: the next one starts from a wake-up or a poll and reads.)
         if (rx_short_)
             return rx_status::wait;
-        if (stage_begin_ > 0) { // a partial header: to the front, the buffer is ours again
-            std::memmove(stage_, stage_ + stage_begin_, staged());
-            stage_end_ -= stage_begin_;
-            stage_begin_ = 0;
-        }
-        std::size_t want = stage_size - stage_end_;
-        ssize_t n = sys::recv(fd_, stage_ + stage_end_, want, MSG_DONTWAIT);
+        const std::span<std::byte> room = stage_.room_after();
+        ssize_t n = sys::recv(fd_, room.data(), room.size(), MSG_DONTWAIT);
         if (n <= 0)
             return rx_error(n, errno);
         rx_bytes_ += static_cast<std::uint64_t>(n); // the peer sent bytes: alive
-        stage_end_ += static_cast<std::size_t>(n);
-        rx_short_ = static_cast<std::size_t>(n) < want;
+        stage_.filled(static_cast<std::size_t>(n));
+        rx_short_ = static_cast<std::size_t>(n) < room.size();
         if (staged() < frame_header::wire_size)
             return rx_status::again;
     }
     frame_header h;
     const char* why = "";
-    if (frame_header::decode(stage_ + stage_begin_, h, &why)) {
+    if (frame_header::decode(stage_.data(), h, &why)) {
         protocol_violation(why, false);
         return rx_status::stop;
     }
@@ -233,23 +228,16 @@ connection_engine::rx_status connection_engine::rx_step() noexcept
         pause_queue_watch();
         return rx_status::stop;
     }
-    unstage(frame_header::wire_size);
+    stage_.consume(frame_header::wire_size);
     begin_frame(h);
-    if (rx_action_ != rx_action::none && rx_left_ == 0)
+    if (rx_.action != rx_action::none && rx_.left == 0)
         finish_frame();
     return rx_state_ == rx_state::done ? rx_status::stop : rx_status::again;
 }
 
 void connection_engine::begin_frame(const frame_header& h) noexcept
 {
-    rx_hdr_ = h;
-    rx_left_ = h.payload_length();
-    rx_segs_ = nullptr;
-    rx_nseg_ = rx_seg_i_ = 0;
-    rx_seg_off_ = 0;
-    rx_fault_ = false;
-    rx_action_ = rx_action::none;
-
+    rx_.begin(h);
     if (h.is_request())
         begin_request(h);
     else
@@ -259,8 +247,9 @@ void connection_engine::begin_frame(const frame_header& h) noexcept
 connection_engine::rx_status connection_engine::rx_payload() noexcept
 {
     if (rx_short_)
-        return rx_status::wait;    // drained in this run (see rx_step)
-    stage_begin_ = stage_end_ = 0; // empty (rx_step): the read ahead below may fill it
+        return rx_status::wait; // drained in this run (see rx_step)
+    // Empty (rx_step consumed it): the read ahead below may fill it.
+    const std::span<std::byte> ahead = stage_.empty_for_read_ahead();
     iovec iov[max_iov];
     region_state* pinned[max_iov];
     int niov = 0, npinned = 0;
@@ -278,17 +267,17 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
     std::uint64_t bounce_used = 0;
     // The domain's sink is the engine's; the application thread (rx_poll) has its own.
     std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
-    if (payload_to_memory()) {
-        std::uint32_t i = rx_seg_i_;
-        std::uint64_t off = rx_seg_off_;
-        while (planned < rx_left_ && i < rx_nseg_ && niov < max_iov - 1) {
-            const seg& s = rx_segs_[i];
-            std::uint64_t n = std::min(s.len - off, rx_left_ - planned);
+    if (rx_.to_memory()) {
+        std::uint32_t i = rx_.seg_i;
+        std::uint64_t off = rx_.seg_off;
+        while (planned < rx_.left && i < rx_.nseg && niov < max_iov - 1) {
+            const seg& s = rx_.segs[i];
+            std::uint64_t n = std::min(s.len - off, rx_.left - planned);
             void* base = s.ptr + off;
             if (s.st && !pin(s.st, s.tag)) {
                 // Deregistered mid-payload: those bytes are read and dropped, and the
                 // request fails when the frame ends.
-                rx_fault_ = true;
+                rx_.fault = true;
                 base = sink.data();
                 n = std::min<std::uint64_t>(n, sink.size());
                 iov[niov++] = {base, static_cast<std::size_t>(n)};
@@ -302,7 +291,7 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
                     if (!chunk->p && !(chunk->p = dom_.bounce().take())) {
                         unpin(s.st);
                         log_limited("no memory for a staging buffer: a frame into staged memory fails");
-                        rx_fault_ = true; // dropped, and the request fails when the frame ends
+                        rx_.fault = true; // dropped, and the request fails when the frame ends
                         base = sink.data();
                         n = std::min<std::uint64_t>(n, sink.size());
                         iov[niov++] = {base, static_cast<std::size_t>(n)};
@@ -333,16 +322,16 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
             ++i;
         }
     } else {
-        std::uint64_t n = std::min<std::uint64_t>(rx_left_, sink.size());
+        std::uint64_t n = std::min<std::uint64_t>(rx_.left, sink.size());
         iov[niov++] = {sink.data(), static_cast<std::size_t>(n)};
         planned = n;
     }
     // Read ahead into the (empty) stage when this call can finish the payload: the next
     // frames come with it, saving a system call per frame.
     std::uint64_t want = planned;
-    if (planned == rx_left_) {
-        iov[niov++] = {stage_, stage_size};
-        want += stage_size;
+    if (planned == rx_.left) {
+        iov[niov++] = {ahead.data(), ahead.size()};
+        want += ahead.size();
     }
     msghdr mh{};
     mh.msg_iov = iov;
@@ -363,7 +352,7 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
                 if (in > 0 &&
                     !dom_.bounce().start(chunk->copy, false, s.st->stage, s.st->device, staged[p].dst,
                                          static_cast<const std::byte*>(iov[k].iov_base), in))
-                    rx_fault_ = true; // the request fails when the frame ends
+                    rx_.fault = true; // the request fails when the frame ends
                 dom_.bounce().count_in(in);
                 chunk->pins[chunk->npins++] = s.st;
                 ++p;
@@ -379,12 +368,12 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
     rx_bytes_ += static_cast<std::uint64_t>(n); // the peer sent bytes: alive
     std::uint64_t got = static_cast<std::uint64_t>(n);
     rx_short_ = got < want;
-    std::uint64_t payload = std::min(got, rx_left_);
-    stage_end_ = static_cast<std::size_t>(got - payload);
-    rx_left_ -= payload;
-    if (payload_to_memory())
-        rx_advance(payload);
-    if (rx_left_ == 0)
+    std::uint64_t payload = std::min(got, rx_.left);
+    stage_.read_ahead_took(static_cast<std::size_t>(got - payload));
+    rx_.left -= payload;
+    if (rx_.to_memory())
+        rx_.advance(payload);
+    if (rx_.left == 0)
         finish_frame();
     return rx_state_ == rx_state::done ? rx_status::stop : rx_status::again;
 }
@@ -392,49 +381,35 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
 connection_engine::rx_status connection_engine::rx_staged_payload() noexcept
 {
     // The payload bytes that arrived with the header: copied out of the stage.
-    std::uint64_t n = std::min<std::uint64_t>(staged(), rx_left_);
-    if (payload_to_memory()) {
-        const std::byte* src = stage_ + stage_begin_;
+    std::uint64_t n = std::min<std::uint64_t>(staged(), rx_.left);
+    if (rx_.to_memory()) {
+        const std::byte* src = stage_.data();
         std::uint64_t left = n;
-        while (left > 0 && rx_seg_i_ < rx_nseg_) {
-            const seg& s = rx_segs_[rx_seg_i_];
-            std::uint64_t step = std::min(s.len - rx_seg_off_, left);
+        while (left > 0 && rx_.seg_i < rx_.nseg) {
+            const seg& s = rx_.segs[rx_.seg_i];
+            std::uint64_t step = std::min(s.len - rx_.seg_off, left);
             if (s.st && !pin(s.st, s.tag)) {
-                rx_fault_ = true; // deregistered: dropped, and the request fails at the end
+                rx_.fault = true; // deregistered: dropped, and the request fails at the end
             } else if (s.st && s.st->stage != staging::none) {
-                if (!dom_.bounce().copy_now(false, s.st->stage, s.st->device, s.ptr + rx_seg_off_, src, step))
-                    rx_fault_ = true; // the request fails when the frame ends
+                if (!dom_.bounce().copy_now(false, s.st->stage, s.st->device, s.ptr + rx_.seg_off, src, step))
+                    rx_.fault = true; // the request fails when the frame ends
                 dom_.bounce().count_in(step);
                 unpin(s.st);
             } else {
-                std::memcpy(s.ptr + rx_seg_off_, src, step);
+                std::memcpy(s.ptr + rx_.seg_off, src, step);
                 if (s.st)
                     unpin(s.st);
             }
             src += step;
             left -= step;
-            rx_advance(step);
+            rx_.advance(step);
         }
     }
-    unstage(static_cast<std::size_t>(n));
-    rx_left_ -= n;
-    if (rx_left_ == 0)
+    stage_.consume(static_cast<std::size_t>(n));
+    rx_.left -= n;
+    if (rx_.left == 0)
         finish_frame();
     return rx_state_ == rx_state::done ? rx_status::stop : rx_status::again;
-}
-
-void connection_engine::rx_advance(std::uint64_t n) noexcept
-{
-    // Walk the SGE position forward by what arrived (wherever it landed).
-    while (n > 0 && rx_seg_i_ < rx_nseg_) {
-        std::uint64_t step = std::min(rx_segs_[rx_seg_i_].len - rx_seg_off_, n);
-        rx_seg_off_ += step;
-        n -= step;
-        if (rx_seg_off_ == rx_segs_[rx_seg_i_].len) {
-            ++rx_seg_i_;
-            rx_seg_off_ = 0;
-        }
-    }
 }
 
 } // namespace rdmx::tcp

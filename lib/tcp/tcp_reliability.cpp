@@ -73,9 +73,7 @@ void connection_engine::begin_response(const frame_header& h) noexcept
             protocol_violation("read response does not match the read", true);
             return;
         }
-        rx_action_ = rx_action::read_resp;
-        rx_segs_ = sq_.segs(sq_.head());
-        rx_nseg_ = e.nseg;
+        rx_.into(rx_action::read_resp, sq_.segs(sq_.head()), e.nseg);
         return;
     }
     case frame_op::atomic_resp: {
@@ -90,10 +88,7 @@ void connection_engine::begin_response(const frame_header& h) noexcept
         }
         // The value comes to the engine first: it lands in the SGE at the end of the
         // frame, in host byte order (finish_atomic_response).
-        rx_action_ = rx_action::atomic_resp;
-        rx_target_ = {nullptr, 0, rx_operands_.data(), atomic_resp_payload};
-        rx_segs_ = &rx_target_;
-        rx_nseg_ = 1;
+        rx_.into_operands(rx_action::atomic_resp, atomic_resp_payload);
         return;
     }
     default: break;

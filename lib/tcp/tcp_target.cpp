@@ -16,41 +16,38 @@ void connection_engine::begin_request(const frame_header& h) noexcept
     switch (seq_.check(h.seq)) {
     case request_sequence::verdict::serve: break;
     case request_sequence::verdict::drop: // behind an RNR NAK: it comes again after the NAKed one
-        rx_action_ = rx_action::drop;
+        rx_.action = rx_action::drop;
         return;
     case request_sequence::verdict::violation: protocol_violation("request out of sequence", false); return;
     }
     switch (h.op) {
     case frame_op::send:
     case frame_op::send_inv: // the window is revoked when the payload is in (finish_frame)
-        if (!recv_ready()) {
-            rx_action_ = rx_action::rnr;
-        } else if (h.length > recv_head().length) {
-            rx_action_ = rx_action::recv_overflow;
-        } else {
-            rx_action_ = rx_action::recv;
-            rx_segs_ = recv_head_segs();
-            rx_nseg_ = recv_head().nseg;
-        }
+        if (!recv_ready())
+            rx_.action = rx_action::rnr;
+        else if (h.length > recv_head().length)
+            rx_.action = rx_action::recv_overflow;
+        else
+            rx_.into(rx_action::recv, recv_head_segs(), recv_head().nseg);
         return;
     case frame_op::write_imm:
         if (!recv_ready()) {
-            rx_action_ = rx_action::rnr;
+            rx_.action = rx_action::rnr;
             return;
         }
         [[fallthrough]];
-    case frame_op::write:
-        rx_action_ = h.op == frame_op::write ? rx_action::write : rx_action::write_imm;
+    case frame_op::write: {
+        const rx_action a = h.op == frame_op::write ? rx_action::write : rx_action::write_imm;
         // A zero-length write touches nothing, so (as on verbs) it needs no valid key.
+        seg s;
         if (h.length == 0)
-            return;
-        if (!dom_.find_remote(h.key, h.addr, h.length, access::remote_write, rx_target_, id_)) {
-            rx_action_ = rx_action::write_bad;
-            return;
-        }
-        rx_segs_ = &rx_target_;
-        rx_nseg_ = 1;
+            rx_.action = a;
+        else if (!dom_.find_remote(h.key, h.addr, h.length, access::remote_write, s, id_))
+            rx_.action = rx_action::write_bad;
+        else
+            rx_.into_one(a, s);
         return;
+    }
     case frame_op::read_req: {
         seg s;
         if (h.length != 0 && !dom_.find_remote(h.key, h.addr, h.length, access::remote_read, s, id_)) {
@@ -64,10 +61,7 @@ void connection_engine::begin_request(const frame_header& h) noexcept
     case frame_op::fetch_add_req:
     case frame_op::compare_swap_req:
         // The operands first; the target is checked and changed when they are in.
-        rx_action_ = rx_action::atomic;
-        rx_target_ = {nullptr, 0, rx_operands_.data(), h.length};
-        rx_segs_ = &rx_target_;
-        rx_nseg_ = 1;
+        rx_.into_operands(rx_action::atomic, h.length);
         return;
     default: break;
     }
@@ -113,11 +107,11 @@ std::optional<std::uint64_t> connection_engine::execute_atomic(const frame_heade
     // CPU too. Plain writes (the peer's RDMA writes, the owner's stores) are no part of
     // that promise, as on verbs.
     std::atomic_ref<std::uint64_t> target(*reinterpret_cast<std::uint64_t*>(s.ptr));
-    std::uint64_t old = load_le64(rx_operands_.data());
+    std::uint64_t old = load_le64(rx_.operands.data());
     if (h.op == frame_op::fetch_add_req)
         old = target.fetch_add(old);
     else // on failure, `old` becomes the current value; on success it is the compare value
-        target.compare_exchange_strong(old, load_le64(rx_operands_.data() + 8));
+        target.compare_exchange_strong(old, load_le64(rx_.operands.data() + 8));
     unpin(s.st);
     return old;
 }
@@ -127,13 +121,13 @@ void connection_engine::finish_atomic_response() noexcept
     // The local SGE may have been deregistered meanwhile (memory_region's destructor):
     // the value is written under a pin, or not at all, as a read response's bytes.
     const seg& sink = sq_.segs(sq_.head())[0];
-    if (rx_fault_ || (sink.st && !pin(sink.st, sink.tag))) {
+    if (rx_.fault || (sink.st && !pin(sink.st, sink.tag))) {
         complete_sq_head(errc::local_protection, 0);
         fail(connection_state::error, errc::local_protection);
         return;
     }
     // Little endian on the wire; the caller reads a native std::uint64_t.
-    const std::uint64_t old = load_le64(rx_operands_.data());
+    const std::uint64_t old = load_le64(rx_.operands.data());
     bool ok = true;
     if (sink.st && sink.st->stage != staging::none) {
         ok = dom_.bounce().copy_now(false, sink.st->stage, sink.st->device, sink.ptr,
@@ -157,14 +151,14 @@ void connection_engine::finish_frame() noexcept
     // Payload bound for staged memory is in place only once its copies finished: before
     // the completion, the ACK, or the read's or atomic's result is reported.
     settle_rx(false);
-    rx_action a = rx_action_;
-    rx_action_ = rx_action::none;
-    const frame_header& h = rx_hdr_;
+    rx_action a = rx_.action;
+    rx_.action = rx_action::none;
+    const frame_header& h = rx_.hdr;
     bool solicited = (h.flags & flag_solicited) != 0;
     switch (a) {
     case rx_action::none: return;
     case rx_action::recv:
-        if (rx_fault_) {
+        if (rx_.fault) {
             complete_rq_head(
                 {.wr_id = recv_head().wr_id, .opcode = opcode::unknown, .status = errc::local_protection},
                 solicited);
@@ -209,13 +203,13 @@ void connection_engine::finish_frame() noexcept
         return;
     case rx_action::drop: return;
     case rx_action::write:
-        if (rx_fault_) {
+        if (rx_.fault) {
             target_fail(nak_code::remote_access, h.seq);
             return;
         }
         break;
     case rx_action::write_imm:
-        if (rx_fault_) {
+        if (rx_.fault) {
             target_fail(nak_code::remote_access, h.seq);
             return;
         }
@@ -229,7 +223,7 @@ void connection_engine::finish_frame() noexcept
         break;
     case rx_action::write_bad: target_fail(nak_code::remote_access, h.seq); return;
     case rx_action::read_resp:
-        if (rx_fault_) {
+        if (rx_.fault) {
             complete_sq_head(errc::local_protection, 0);
             fail(connection_state::error, errc::local_protection);
             return;
