@@ -78,7 +78,7 @@ void connection_engine::arm_tx_check() noexcept
             return;
         if (self->ownership_.app_owns())
             return; // stood down: the stand-down check rules
-        bool pending = self->cur_.kind != frame_kind::none || self->sq_.unstarted() || !self->resp_.empty();
+        bool pending = self->cur_.busy() || self->sq_.unstarted() || !self->resp_.empty();
         if (pending && self->ownership_.called_since_tx_check()) {
             self->arm_tx_check(); // still calling: its calls go on sending
             return;
@@ -241,7 +241,7 @@ bool connection_engine::only_acks_owed() const noexcept
 {
     // Nothing but ACKs: no frame half sent, no request waiting (an ACK or read response
     // that just arrived may have unblocked a fenced one), no read response or NAK owed.
-    if (cur_.kind != frame_kind::none || sq_.unstarted())
+    if (cur_.busy() || sq_.unstarted())
         return false;
     return resp_.only_acks();
 }

@@ -39,6 +39,7 @@
 #include "tcp/tcp_target.hpp"
 #include "tcp/tcp_thread_safety.hpp"
 #include "tcp/tcp_transmit_gate.hpp"
+#include "tcp/tcp_tx_frame.hpp"
 #include "tcp/tcp_wire.hpp"
 
 namespace rdmx::tcp
@@ -151,7 +152,7 @@ public:
     void close() noexcept RDMX_EXCLUDES(mu_);
     /// tcp_domain::deregister(), on its thread, after revoking the region (`st`, whose live
     /// tag was `tag`) and while its memory is still the caller's: if the rest of the frame
-    /// on the wire reads it, copies that rest into wire_copy_, from which the frame
+    /// on the wire reads it, copies that rest (cur_.keep_copy), from which the frame
     /// finishes (tcp_transmit.cpp). Allocates (this is no data path); without memory the
     /// stream ends inside the frame instead.
     void copy_frame_on_wire(const region_state* st, std::uint64_t tag) noexcept RDMX_EXCLUDES(mu_);
@@ -177,11 +178,10 @@ public:
     void queue_flush(tcp_completion_queue& q) noexcept RDMX_EXCLUDES(mu_);
 
 private:
-    // Fixed batch sizes of one sendmsg / recvmsg; a frame that does not fit continues in
-    // the next call. 128 iovecs hold a header plus the largest SGE list (32) several times over.
-    static constexpr int max_iov = 128;
-    static constexpr int max_batch_frames = 16;
-    static_assert(max_iov >= 2 * (1 + 32), "a batch must hold at least one full frame");
+    // Fixed batch sizes of one sendmsg / recvmsg (tcp_tx_frame.hpp); a frame that does not
+    // fit continues in the next call.
+    static constexpr int max_iov = tx_batch::max_iov;
+    static constexpr int max_batch_frames = tx_batch::max_frames;
     // Receive steps (frames, or reads) per run before yielding to other connections.
     static constexpr int rx_budget = 64;
     // Bytes one pump may send from the application thread / from the engine thread.
@@ -196,55 +196,6 @@ private:
     static constexpr std::uint64_t rcvlowat_min = 64u << 10;
     static constexpr std::uint64_t rcvlowat_max = 256u << 10;
 
-    enum class frame_kind : std::uint8_t { none, request, response };
-    struct tx_item {
-        frame_kind kind = frame_kind::none;
-        std::uint64_t pos = 0;   ///< SQ position (= sequence number) or response ring position
-        std::uint64_t skip = 0;  ///< bytes of the frame sent before this batch
-        std::uint64_t added = 0; ///< bytes of the frame in this batch
-        std::uint64_t total = 0; ///< bytes of the whole frame, header included
-        bool was_current = false;
-    };
-    /// A chunk that staged memory is sent from (tcp_staging.hpp). A pump() holds two, so
-    /// that the copy for its next batch runs while this batch's sendmsg does.
-    struct tx_chunk {
-        std::byte* p = nullptr;  ///< from the domain's pool, for the pump() call
-        std::uint64_t fill = 0;  ///< bytes of it holding copies
-        std::uint64_t stamp = 0; ///< when its range was set: the older chunk is reused first
-        /// The range a batch finds in it: [src, src + len) of region `st` (generation
-        /// `tag`), at p + off. Its copy may still be in flight (`copy`, with `copy_pin`
-        /// pinned until it finished).
-        region_state* st = nullptr;
-        std::uint64_t tag = 0;
-        const std::byte* src = nullptr;
-        std::uint64_t len = 0;
-        std::uint64_t off = 0;
-        copy_batch copy;
-        region_state* copy_pin = nullptr;
-        bool in_batch = false; ///< the batch being built sends from it
-    };
-    struct tx_batch {
-        iovec iov[max_iov];
-        int niov = 0;
-        tx_item items[max_batch_frames];
-        int nitems = 0;
-        std::byte headers[max_batch_frames][frame_header::wire_size];
-        region_state* pinned[max_iov];
-        int npinned = 0;
-        bool closed = false;  ///< a frame could not be added whole: nothing may follow it
-        bool revoked = false; ///< the last frame's memory was deregistered (pump withdraws it)
-        /// ... or could not be staged (no chunk, or the driver's copy failed): a frame on
-        /// the wire then cannot be finished (revoked_frame), none waits for a copy.
-        bool stage_failed = false;
-        tx_chunk chunks[2];
-        std::uint64_t stamps = 0;
-        /// Where the batch's last staged piece was cut short by the end of a chunk: the
-        /// next batch starts there, and its copy can start before this batch is sent.
-        region_state* cut_st = nullptr;
-        std::uint64_t cut_tag = 0;
-        const std::byte* cut_src = nullptr;
-        std::uint64_t cut_len = 0; ///< bytes of that piece's segment after the cut
-    };
     /// A chunk that payload bound for staged memory is received into (tcp_staging.hpp),
     /// and the copies from it to their places still running.
     struct rx_chunk {
@@ -606,12 +557,8 @@ private:
     response_queue resp_ RDMX_GUARDED_BY(mu_);
 
     // Transmit state.
-    tx_item cur_ RDMX_GUARDED_BY(mu_); ///< the frame partly on the wire; it must finish before another starts
-    /// The rest of cur_ from frame offset wire_copy_from_ on, copied when its memory was
-    /// deregistered under it (copy_frame_on_wire); null while cur_ reads the regions.
-    std::unique_ptr<std::byte[]> wire_copy_ RDMX_GUARDED_BY(mu_);
-    std::uint64_t wire_copy_from_ RDMX_GUARDED_BY(mu_) = 0;
-    tx_batch batch_ RDMX_GUARDED_BY(mu_);
+    wire_frame cur_ RDMX_GUARDED_BY(mu_); ///< the frame partly on the wire, and the copy of its rest
+    tx_batch batch_ RDMX_GUARDED_BY(mu_); ///< what the pump's next sendmsg sends
     /// whether a pump may run: the write side open or shut, one pump at a time, the
     /// engine's continuation queued
     transmit_gate tx_ RDMX_GUARDED_BY(mu_);

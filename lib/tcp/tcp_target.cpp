@@ -78,7 +78,7 @@ void connection_engine::push_response(const response& r) noexcept
 void connection_engine::push_ack(std::uint64_t seq) noexcept
 {
     // ACKs are cumulative: extend the last one unless it already started on the wire.
-    resp_.push_ack(seq, cur_.kind == frame_kind::response);
+    resp_.push_ack(seq, cur_.item().kind == frame_kind::response);
 }
 
 void connection_engine::target_fail(nak_code code, std::uint64_t seq) noexcept

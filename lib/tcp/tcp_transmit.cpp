@@ -124,11 +124,11 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
             b.closed = true;
     };
     add(hdr, frame_header::wire_size, nullptr, 0);
-    if (skip > 0 && wire_copy_) {
+    if (skip > 0 && cur_.copy()) {
         // The frame on the wire (the only one added with skip > 0), its memory deregistered
         // under it: the rest comes from the copy.
-        at = wire_copy_from_;
-        add(wire_copy_.get(), it.total - wire_copy_from_, nullptr, 0);
+        at = cur_.copy_from();
+        add(cur_.copy(), it.total - cur_.copy_from(), nullptr, 0);
     } else if (h.payload_length() > 0) {
         for (const seg& s : payload_segs(kind, pos))
             add(s.ptr, s.len, s.st, s.tag);
@@ -162,16 +162,11 @@ std::span<const seg> connection_engine::payload_segs(frame_kind kind, std::uint6
 bool connection_engine::add_whole_frame(tx_batch& b, frame_kind kind, std::uint64_t pos,
                                         std::uint64_t skip) noexcept
 {
-    int niov = b.niov, npinned = b.npinned, nitems = b.nitems;
+    const tx_batch::mark m = b.checkpoint();
     add_frame(b, kind, pos, skip);
     if (!b.revoked)
         return true;
-    for (int i = npinned; i < b.npinned; ++i)
-        unpin(b.pinned[i]);
-    b.niov = niov;
-    b.npinned = npinned;
-    b.nitems = nitems;
-    b.closed = b.revoked = false; // (chunks it filled keep their copies: unused, harmless)
+    b.rollback(m);
     return false;
 }
 
@@ -193,12 +188,8 @@ void connection_engine::pump() noexcept
             break;
         }
         tx_batch& b = batch_;
-        b.niov = b.nitems = b.npinned = 0;
-        b.closed = b.revoked = b.stage_failed = false;
-        b.cut_st = nullptr;
-        for (tx_chunk& c : b.chunks)
-            c.in_batch = false;
-        if (cur_.kind != frame_kind::none && !add_whole_frame(b, cur_.kind, cur_.pos, cur_.skip)) {
+        b.reset();
+        if (cur_.busy() && !add_whole_frame(b, cur_.item().kind, cur_.item().pos, cur_.item().skip)) {
             // Its memory is being deregistered: tcp_domain::deregister() copies the rest
             // and sends us on (copy_frame_on_wire), or ends the stream if it cannot.
             // Nothing may go out before this frame is finished. Memory that could not be
@@ -208,7 +199,7 @@ void connection_engine::pump() noexcept
             break;
         }
         // Responses first: they free the peer's resources, and are bounded in number.
-        std::uint64_t r = resp_.head() + (cur_.kind == frame_kind::response ? 1 : 0);
+        std::uint64_t r = resp_.head() + (cur_.item().kind == frame_kind::response ? 1 : 0);
         for (; !b.closed && b.nitems < max_batch_frames && r < resp_.tail(); ++r)
             if (!add_whole_frame(b, frame_kind::response, r, 0)) {
                 revoked_frame(frame_kind::response, r); // now a NAK, the last response
@@ -248,8 +239,7 @@ void connection_engine::pump() noexcept
         mh.msg_iovlen = static_cast<std::size_t>(b.niov);
         ssize_t n = sys::sendmsg(fd_, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         int err = errno;
-        for (int i = 0; i < b.npinned; ++i)
-            unpin(b.pinned[i]);
+        b.unpin_all();
         if (n > 0)
             tx_bytes_ += static_cast<std::uint64_t>(n); // the peer took bytes: alive
         if (n < 0) {
@@ -404,13 +394,10 @@ void connection_engine::advance(tx_batch& b, std::uint64_t sent) noexcept
         }
         std::uint64_t done = it.skip + take;
         if (done < it.total) {
-            cur_ = it;
-            cur_.skip = done;
-            cur_.was_current = true;
+            cur_.sent_part(it, done);
             return;
         }
-        cur_ = {};
-        wire_copy_.reset();
+        cur_.finished();
         if (it.kind == frame_kind::response) {
             resp_.pop();
             if (rx_state_ == rx_state::stalled)
@@ -423,8 +410,7 @@ void connection_engine::maybe_shutdown() noexcept
 {
     // After a disconnect or error: once the frame on the wire and the responses owed
     // (a NAK saying why, above all) are out, send FIN so the peer notices.
-    if (state() == connection_state::established || tx_.is_shut() || cur_.kind != frame_kind::none ||
-        !resp_.empty())
+    if (state() == connection_state::established || tx_.is_shut() || cur_.busy() || !resp_.empty())
         return;
     if (goodbye_ != goodbye::not_promised) {
         // The last frame before FIN says this end is on purpose (docs/wire-format.md
@@ -481,8 +467,7 @@ void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexce
     // bytes that may no longer be read. It cannot be finished, so nothing can follow it:
     // the connection ends in the middle of that frame (the peer sees end of stream inside
     // it, never made-up bytes), and what is still owed is dropped.
-    cur_ = {};
-    wire_copy_.reset();
+    cur_.finished();
     fail(connection_state::error);
     tx_.shut();
     ::shutdown(fd_, SHUT_WR);
@@ -492,11 +477,12 @@ void connection_engine::revoked_frame(frame_kind kind, std::uint64_t pos) noexce
 void connection_engine::copy_frame_on_wire(const region_state* st, std::uint64_t tag) noexcept
 {
     engine_lock lk(mu_);
-    if (closed_ || tx_.is_shut() || cur_.kind == frame_kind::none || wire_copy_)
+    if (closed_ || tx_.is_shut() || !cur_.busy() || cur_.copy())
         return;
-    auto segs = payload_segs(cur_.kind, cur_.pos);
-    const std::uint64_t from = std::max<std::uint64_t>(cur_.skip, frame_header::wire_size);
-    const std::uint64_t total = cur_.total;
+    const tx_item& it = cur_.item();
+    auto segs = payload_segs(it.kind, it.pos);
+    const std::uint64_t from = std::max<std::uint64_t>(it.skip, frame_header::wire_size);
+    const std::uint64_t total = it.total;
     // Does the rest read this region? The same test as add_frame's: the pieces not sent whole.
     bool reads_it = false;
     std::uint64_t at = frame_header::wire_size;
@@ -542,8 +528,7 @@ void connection_engine::copy_frame_on_wire(const region_state* st, std::uint64_t
         revoked_frame(frame_kind::none, 0);
         return;
     }
-    wire_copy_ = std::move(copy);
-    wire_copy_from_ = from;
+    cur_.keep_copy(std::move(copy), from);
     // A pump may have stopped at this frame meanwhile (its pin failed): go on.
     arm_write(false);
 }
