@@ -149,7 +149,7 @@ void cm_connection::modify_qp(ibv_qp_state to, std::uint8_t rd_atomic)
         while (n < 31 && static_cast<double>(1ull << n) < units)
             ++n;
         attr.timeout = n;
-        attr.retry_cnt = std::min<std::uint8_t>(opts_.retry_count, 7);
+        attr.retry_cnt = std::min(opts_.retry_count, domain_.pd().max_retry_count());
         attr.rnr_retry = std::min<std::uint8_t>(opts_.rnr_retry_count, 7);
         mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
         if (rd_atomic)
@@ -177,7 +177,7 @@ rdma_conn_param cm_connection::conn_param(std::span<const std::byte> user,
     p.initiator_depth = p.responder_resources;
     // Sent for peers that let rdma_cm drive their QP (they take their RNR retry count
     // from us); our own QP gets its values in modify_qp().
-    p.retry_count = std::min<std::uint8_t>(opts_.retry_count, 7);
+    p.retry_count = std::min(opts_.retry_count, domain_.pd().max_retry_count());
     p.rnr_retry_count = std::min<std::uint8_t>(opts_.rnr_retry_count, 7);
     p.qp_num = qp() ? qp()->qp_num : 0;
     return p;

@@ -1388,6 +1388,43 @@ TEST_P(conformance, destroying_a_connection_whose_peer_is_gone_does_not_wait_pas
     EXPECT_LT(took, 1500ms) << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
 }
 
+// With the default retry_count (7), a peer that stops answering fails the requests in
+// flight within ack_timeout x (retry_count + 1), as connection_options promises. rxe takes
+// a retry count of 7 for "retry forever" (drivers/infiniband/sw/rxe/rxe_comp.c), so there
+// the request would wait for ever and a vanished peer would never be noticed.
+TEST_P(conformance, a_silent_peer_fails_requests_within_the_bound_with_the_default_retry_count)
+{
+    if (b_ != backend::verbs)
+        GTEST_SKIP() << "verbs QPs only: TCP's dead-peer rule is tested on a silenced link (tests/fault)";
+#if RDMX_HAVE_RDMA
+    connection_options o;
+    o.ack_timeout = 100ms;
+    ASSERT_EQ(o.retry_count, 7) << "the default this test is about";
+    auto p = connect_pair(o);
+    // The peer's QP stops answering (no DREQ, no FIN on RoCE: as a host that vanished).
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    ASSERT_EQ(ibv_modify_qp(p.server->native().qp, &attr, IBV_QP_STATE), 0);
+    std::vector<std::byte> buf(64);
+    auto mr = client_dom_->register_memory(buf.data(), buf.size(), access::none);
+    sge s{mr.get(), 0, buf.size()};
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 1));
+    // The bound (8 x 134 ms: ack_timeout rounds up to 4.096 us x 2^15), five times over for
+    // an emulated guest.
+    const auto bound = 5 * o.ack_timeout * 2 * (o.retry_count + 1);
+    auto got = poll_n(*p.client, 1, std::chrono::duration_cast<std::chrono::milliseconds>(bound));
+    const auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_EQ(got.size(), 1u) << "no completion within "
+                              << std::chrono::duration_cast<std::chrono::milliseconds>(bound).count()
+                              << " ms: the transport retries never ended";
+    EXPECT_TRUE(got[0].status) << "a send to a silent peer succeeded";
+    std::printf("[ retries  ] the send ended after %lld ms: %s\n",
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()),
+                got[0].status.message().c_str());
+#endif
+}
+
 TEST_P(conformance, domains_may_go_before_their_connections_listeners_and_regions)
 {
     // Everything made from a domain keeps the domain's resources alive (its PD, device

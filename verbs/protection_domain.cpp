@@ -45,8 +45,10 @@ protection_domain::protection_domain(ibv_context* ctx, std::uint8_t port_num)
     limits_.memory_windows =
         (attr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
     // rxe: vendor id RXE_VENDOR_ID (drivers/infiniband/sw/rxe/rxe_param.h).
-    if (attr.vendor_id == 0xffffff || limits_.device_name.starts_with("rxe"))
+    if (attr.vendor_id == 0xffffff || limits_.device_name.starts_with("rxe")) {
         wc_with_inv_ |= 1u << 2; // see wc_with_inv()
+        max_retry_count_ = 6;    // see max_retry_count()
+    }
     probe_max_inline();
 }
 

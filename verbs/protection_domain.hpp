@@ -64,6 +64,10 @@ public:
     bool siw() const noexcept { return siw_; }
     /// Entries a completion queue of this device may have (ibv_device_attr::max_cqe).
     std::uint32_t max_cqe() const noexcept { return max_cqe_; }
+    /// The largest transport retry count (ibv_qp_attr::retry_cnt) that still means a
+    /// number of retries: 7 (IBTA), and 6 on rxe, which takes 7 for "retry forever"
+    /// (drivers/infiniband/sw/rxe/rxe_comp.c): a silent peer would never be noticed.
+    std::uint8_t max_retry_count() const noexcept { return max_retry_count_; }
 
 private:
     void probe_max_inline();
@@ -77,6 +81,7 @@ private:
     bool iwarp_ = false;
     bool siw_ = false;
     std::uint32_t max_cqe_ = 0;
+    std::uint8_t max_retry_count_ = 7;
     unsigned wc_with_inv_ = IBV_WC_WITH_INV;
     mutable std::mutex window_mutex_;
     mutable verbs_window* windows_ = nullptr; ///< all windows allocated here (window_mutex_)

@@ -175,6 +175,7 @@ struct connection_options {
     /// product is at least 1 s, above the kernel's own retransmission timeouts.
     std::chrono::milliseconds ack_timeout{500};
     /// Transport retries before errc::transport_retry_exceeded (verbs retry_count, 0..7).
+    /// rxe takes 7 for "retry forever": there rdmx asks for at most 6.
     std::uint8_t retry_count = 7;
     /// Receiver-not-ready retries before errc::rnr_retry_exceeded (0..7, 7 = forever).
     std::uint8_t rnr_retry_count = 7;
