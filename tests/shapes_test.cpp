@@ -181,8 +181,14 @@ private:
             victim_fails(ready_fd, "post_read: " + ec.message());
         bool told = false;
         completion cs[4];
-        for (;;) {
-            for (std::size_t n = c->poll(cs), k = 0; k < n; ++k) {
+        // A write and a read in flight, then both again once both are done, after a pause
+        // of 1 ms. Without it the target's side never runs out of requests of this peer:
+        // Linux 6.1's rxe runs a QP's responder task as long as it has work, in a softirq
+        // of whichever CPU scheduled it, and a peer that reposts at once on the other vCPU
+        // kept one vCPU there for 22 s and more (a soft lockup; the target and the other
+        // client starved). Later kernels bound those runs (rxe_task.c, RXE_MAX_ITERATIONS).
+        for (int done = 0;;) {
+            for (std::size_t n = c->poll(cs), k = 0; k < n; ++k, ++done) {
                 if (cs[k].status)
                     victim_fails(ready_fd,
                                  "wr_id " + std::to_string(cs[k].wr_id) + ": " + cs[k].status.message());
@@ -190,11 +196,16 @@ private:
                     char x = 'R';
                     told = ::write(ready_fd, &x, 1) == 1;
                 }
-                std::error_code ec =
-                    cs[k].wr_id == 1 ? c->post_write({&w, 1}, *rb, 1) : c->post_read({&r, 1}, *rb, 2);
-                if (ec)
-                    victim_fails(ready_fd, "post: " + ec.message());
             }
+            if (done < 2)
+                continue;
+            done = 0;
+            std::this_thread::sleep_for(1ms);
+            std::error_code ec = c->post_write({&w, 1}, *rb, 1);
+            if (!ec)
+                ec = c->post_read({&r, 1}, *rb, 2);
+            if (ec)
+                victim_fails(ready_fd, "post: " + ec.message());
         }
     } catch (const std::exception& e) {
         victim_fails(ready_fd, e.what());
