@@ -183,7 +183,7 @@ private:
         completion cs[4];
         // A write and a read in flight, then both again once both are done, after a pause
         // of 1 ms. Without it the target's side never runs out of requests of this peer:
-        // Linux 6.1's rxe runs a QP's responder task as long as it has work, in a softirq
+        // Linux 6.1's rxe runs a QP's task as long as it has work, in a softirq
         // of whichever CPU scheduled it, and a peer that reposts at once on the other vCPU
         // kept one vCPU there for 22 s and more (a soft lockup; the target and the other
         // client starved). Later kernels bound those runs (rxe_task.c, RXE_MAX_ITERATIONS).

@@ -14,6 +14,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -389,7 +390,8 @@ TEST_P(fault, lossy_reordering_link_delivers_every_byte)
     // the retries back.
     const std::size_t chunk = b_ == backend::verbs ? 4 * 1024 : 64 * 1024;
     constexpr std::size_t read_chunk = 64 * 1024, total = 1 << 20;
-    opts.send_queue_depth = static_cast<std::uint32_t>(total / chunk) + 1; // the writes and a read
+    // Room for all the writes and a read (verbs: 257; TCP keeps its default of 128).
+    opts.send_queue_depth = std::max(opts.send_queue_depth, static_cast<std::uint32_t>(total / chunk) + 1);
     remote_buffer rb;
     auto c = connect_to(opts, rb);
     // Loss and reordering on both directions of the veth pair.
