@@ -13,14 +13,12 @@
 namespace rdmx::tcp
 {
 
-tcp_completion_queue::tcp_completion_queue(std::uint32_t depth)
+tcp_completion_queue::tcp_completion_queue(std::uint32_t depth, std::shared_ptr<domain_progress> progress)
     : completion_queue_base(std::clamp<std::uint32_t>(depth, 1, max_depth)),
-      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), epfd_(::epoll_create1(EPOLL_CLOEXEC))
+      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), progress_(std::move(progress))
 {
     if (!efd_)
         throw_errno(errno, "eventfd");
-    if (!epfd_)
-        throw_errno(errno, "epoll_create1");
     engine_lock lk(mu_);
     ring_.resize(this->depth());
 }
@@ -47,17 +45,17 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
 {
     if (out.empty())
         return 0;
-    const std::uint64_t k = polls_.fetch_add(1, std::memory_order_relaxed) + 1;
-    activity_.enter(std::chrono::steady_clock::now());
+    const std::uint64_t k = progress_->begin_poll(std::chrono::steady_clock::now());
     std::size_t n = take(out);
-    // Progress when this poll emptied the queue, and every 16th poll regardless: the
-    // engines that left their sockets to the poller are read by nobody else, and a queue
-    // that other connections' engines keep filling would starve them otherwise.
+    // Progress when this poll emptied the queue, and every 16th poll of the domain's
+    // queues regardless: the engines that left their sockets to the pollers are read by
+    // nobody else, and a queue that other connections' engines keep filling would starve
+    // them otherwise.
     if (n < out.size() || k % 16 == 0) {
-        progress();
+        progress_->run();
         n += take(out.subspan(n));
     }
-    activity_.leave(std::chrono::steady_clock::now());
+    progress_->end_poll(std::chrono::steady_clock::now());
     return n;
 }
 
@@ -77,41 +75,6 @@ std::size_t tcp_completion_queue::take(std::span<completion> out) noexcept
     return n;
 }
 
-void tcp_completion_queue::progress() noexcept
-{
-    // Only the sockets with data (one epoll_wait, not a read per connection), at most a
-    // batch per poll; level-triggered, so what a budget left is seen by the next poll.
-    // reg_mu_ keeps every engine named in the set alive and attached meanwhile.
-    engine_lock rl(reg_mu_);
-    if (engines_.empty())
-        return;
-    // First the engines with work pending (mark_pending): their sockets may be silent.
-    {
-        engine_lock sl(pending_mu_);
-        pending_run_.swap(pending_);
-    }
-    for (connection_engine* e : pending_run_)
-        e->queue_progress(*this, true, busy_);
-    pending_run_.clear();
-    epoll_event ev[32];
-    int n = ::epoll_wait(epfd_.get(), ev, 32, 0);
-    for (int i = 0; i < n; ++i)
-        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this, false, busy_);
-    busy_ = n > 0;
-}
-
-bool tcp_completion_queue::mark_pending(connection_engine& e) noexcept
-{
-    {
-        engine_lock sl(pending_mu_);
-        if (pending_.size() == pending_.capacity())
-            return false; // not while each attached engine is marked at most once
-        pending_.push_back(&e);
-    }
-    wake_watcher(); // a sleeper that watches the sockets would not see this work
-    return true;
-}
-
 void tcp_completion_queue::wake_watcher() noexcept
 {
     engine_lock lk(mu_);
@@ -119,43 +82,6 @@ void tcp_completion_queue::wake_watcher() noexcept
         std::uint64_t one = 1;
         [[maybe_unused]] auto r = ::write(efd_.get(), &one, sizeof one);
     }
-}
-
-void tcp_completion_queue::attach(connection_engine& e, int fd)
-{
-    engine_lock rl(reg_mu_);
-    engines_.push_back(&e);
-    {
-        engine_lock sl(pending_mu_);
-        pending_.reserve(engines_.capacity());
-        pending_run_.reserve(engines_.capacity());
-    }
-    if (!watch(e, fd)) {
-        engines_.pop_back();
-        throw_errno(errno, "epoll_ctl(EPOLL_CTL_ADD) of a shared completion queue");
-    }
-}
-
-void tcp_completion_queue::detach(connection_engine& e) noexcept
-{
-    engine_lock rl(reg_mu_);
-    std::erase(engines_, &e);
-    engine_lock sl(pending_mu_);
-    std::erase(pending_, &e);
-}
-
-void tcp_completion_queue::unwatch(int fd) noexcept
-{
-    // Nothing to fail here: the socket is open and in the set (unwatch_queues, once).
-    ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr);
-}
-
-bool tcp_completion_queue::watch(connection_engine& e, int fd) noexcept
-{
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = &e;
-    return ::epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
 }
 
 bool tcp_completion_queue::armed() noexcept
@@ -192,13 +118,14 @@ std::error_code tcp_completion_queue::request_notify(bool solicited_only) noexce
         notify_.arm(solicited_only);
         watching_ = false;
     }
-    // The poller is about to sleep on fd(): connections that left their reads to its polls
-    // (stood down) go back to their engines, which read, complete and notify. An engine
-    // that stands down at this moment sees the arm (connection_engine::stand_down).
-    engine_lock rl(reg_mu_);
-    for (connection_engine* e : engines_)
-        if (e->left_to_queue())
-            e->queue_sleeps();
+    // The poller is about to sleep on fd(): connections of this queue that left their
+    // reads to the domain's polls (stood down) go back to their engines, which read,
+    // complete and notify. An engine that stands down at this moment sees the arm
+    // (connection_engine::stand_down).
+    progress_->for_each([this](connection_engine& e) {
+        if (e.reports_to(*this) && e.left_to_queue())
+            e.queue_sleeps();
+    });
     return {};
 }
 
@@ -213,14 +140,7 @@ std::error_code tcp_completion_queue::request_notify_watching() noexcept
     // that a poll would find only on the pending list (frames staged, an ACK held back, a
     // batch of posts) is done now, without waiting: what it completes fires the arming.
     // An engine that stands down or marks itself pending from now on sees the arming.
-    engine_lock rl(reg_mu_);
-    {
-        engine_lock sl(pending_mu_);
-        pending_run_.swap(pending_);
-    }
-    for (connection_engine* e : pending_run_)
-        e->queue_flush(*this);
-    pending_run_.clear();
+    progress_->flush();
     return {};
 }
 

@@ -505,7 +505,7 @@ tcp_domain::create_shared_receive_queue(const shared_receive_queue_options& opts
 
 std::shared_ptr<completion_queue> tcp_domain::create_completion_queue(const completion_queue_options& opts)
 {
-    return std::make_shared<tcp_completion_queue>(opts.depth);
+    return std::make_shared<tcp_completion_queue>(opts.depth, progress_);
 }
 
 std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const connection_options& opts,

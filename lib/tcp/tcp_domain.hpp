@@ -23,6 +23,7 @@
 
 #include "cq_reservation.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
+#include "tcp/tcp_progress.hpp"
 #include "tcp/tcp_staging.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -181,6 +182,9 @@ public:
     /// engine's read wake that finds it polling another connection counts towards standing
     /// down (tcp_poll_ownership.hpp).
     poll_activity& polls() noexcept { return polls_; }
+    /// The progress of its connections on shared queues, which a poll of any of its
+    /// completion queues runs (tcp_progress.hpp).
+    domain_progress& progress() noexcept { return *progress_; }
     /// The host chunks that socket calls on staged memory go through (tcp_staging.hpp).
     bounce_pool& bounce() noexcept { return bounce_; }
     /// Sink for payload bytes that must be read and dropped. Engine thread only.
@@ -224,6 +228,8 @@ private:
     bool force_staging_ = false;
     bounce_pool bounce_;
     poll_activity polls_;
+    /// Shared with every completion queue made here (which may outlive the domain).
+    const std::shared_ptr<domain_progress> progress_ = std::make_shared<domain_progress>();
     // Every engine made here (expired ones pruned on track()), for deregister(). Lock
     // order: engines_mu_, an engine's mutex, regions_mu_ (find_remote runs under the
     // engine's); deregister() never holds regions_mu_ while it takes the others.

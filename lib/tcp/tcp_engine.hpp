@@ -144,6 +144,8 @@ public:
     std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
         RDMX_EXCLUDES(mu_);
     std::size_t poll(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);
+    /// poll() of this connection's own completions alone, without the domain's progress.
+    std::size_t poll_own(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);
     std::error_code request_notify(bool solicited_only) noexcept RDMX_EXCLUDES(mu_);
     /// Any thread, no lock: it only drains the eventfd.
     std::error_code ack_notify() noexcept;
@@ -157,25 +159,29 @@ public:
     /// stream ends inside the frame instead.
     void copy_frame_on_wire(const region_state* st, std::uint64_t tag) noexcept RDMX_EXCLUDES(mu_);
 
-    // --- progress by the shared queues it reports to (tcp_queue_progress.cpp) ---
-    /// Joins the epoll sets of its shared completion queues (connection set-up; throws).
+    // --- progress by the polls of its domain's queues (tcp_queue_progress.cpp) ---
+    /// Joins the progress of its shared completion queues' domain (connection set-up;
+    /// throws).
     void attach_queues();
-    /// Before close(): leaves them, so that no poll progresses this engine again.
+    /// Before close(): leaves it, so that no poll progresses this engine again.
     void detach_queues() noexcept RDMX_EXCLUDES(mu_);
-    /// A poll of its shared queue `q` found its socket readable, or (`listed`) ran it from
-    /// its pending list (mark_pending; the caller's thread, the queue's registration lock
-    /// held): reads what came and sends what it owes. `queue_busy`: the queue's previous
-    /// round found data on some socket (an ACK may wait a little longer).
-    void queue_progress(tcp_completion_queue& q, bool listed, bool queue_busy) noexcept RDMX_EXCLUDES(mu_);
+    /// A run of the domain's progress `p` (a poll of one of its queues) found the socket
+    /// readable, or (`listed`) ran this engine from its pending list (mark_pending; the
+    /// caller's thread, `p`'s registration lock held): reads what came and sends what it
+    /// owes. `queue_busy`: the previous run found data on some socket (an ACK may wait a
+    /// little longer).
+    void queue_progress(domain_progress& p, bool listed, bool queue_busy) noexcept RDMX_EXCLUDES(mu_);
+    /// A side of it reports to `q` (no lock: fixed at construction).
+    bool reports_to(const tcp_completion_queue& q) const noexcept { return send_cq_ == &q || recv_cq_ == &q; }
     /// The engine stood down for a shared queue's poller (any thread, no lock).
     bool left_to_queue() const noexcept { return left_to_queue_.load(std::memory_order_seq_cst); }
     /// That poller is about to sleep on the queue's fd: the engine takes the socket back.
     void queue_sleeps() noexcept RDMX_EXCLUDES(mu_);
-    /// The poller of `q` is about to sleep on its fd and its sockets (request_notify_watching)
-    /// and ran this engine from its pending list: staged frames are read and what is owed
-    /// leaves now, nothing held back for a poll (the caller's thread, `q`'s registration
-    /// lock held).
-    void queue_flush(tcp_completion_queue& q) noexcept RDMX_EXCLUDES(mu_);
+    /// A poller of the domain of `p` is about to sleep on a queue's fd and the sockets
+    /// (request_notify_watching) and ran this engine from `p`'s pending list: staged frames
+    /// are read and what is owed leaves now, nothing held back for a poll (the caller's
+    /// thread, `p`'s registration lock held).
+    void queue_flush(domain_progress& p) noexcept RDMX_EXCLUDES(mu_);
 
 private:
     // Fixed batch sizes of one sendmsg / recvmsg (tcp_tx_frame.hpp); a frame that does not
@@ -371,7 +377,8 @@ private:
     /// Posts reclaim_rx() to the engine (once): the application is about to sleep.
     void post_reclaim() noexcept RDMX_REQUIRES(mu_);
     // The shared queues' part (tcp_queue_progress.cpp).
-    /// Their polls since the previous look count as the application's (poll_ownership).
+    /// The polls of their domains' queues since the previous look count as the
+    /// application's (poll_ownership).
     void sync_queue_polls() noexcept RDMX_REQUIRES(mu_);
     /// The distinct shared queues of its sides (null where a side has none, or shares the
     /// send side's): each once, for what is done per queue.
@@ -379,26 +386,38 @@ private:
     {
         return {send_cq_, recv_cq_ != send_cq_ ? recv_cq_ : nullptr};
     }
+    /// The distinct progresses of those queues' domains (the second null unless the two
+    /// queues come from two domains): each once, for what is done per set of sockets.
+    std::array<domain_progress*, 2> progresses() const noexcept
+    {
+        domain_progress* s = send_cq_ ? &send_cq_->progress() : nullptr;
+        domain_progress* r = recv_cq_ ? &recv_cq_->progress() : nullptr;
+        if (!s)
+            return {r, nullptr};
+        return {s, r != s ? r : nullptr};
+    }
     /// A notification armed on one of them: its poller is going to sleep.
     bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
     /// A shared queue of its sides is armed for a sleeper that watches its sockets too.
     bool queues_watched() const noexcept RDMX_REQUIRES(mu_);
     /// Instead of waiting for data, leave the socket to that sleeper (arm_read)?
     bool sleeper_takes_over() noexcept RDMX_REQUIRES(mu_, engine_thread_);
-    /// An application thread is in (or just out of) a poll of one of them (poll_activity).
+    /// An application thread is in (or just out of) a poll of a queue of their domains
+    /// (poll_activity).
     bool queues_polling(std::chrono::steady_clock::time_point now) const noexcept RDMX_REQUIRES(mu_);
-    /// The socket stops being read for good, or closes: out of their epoll sets (once).
+    /// The socket stops being read for good, or closes: out of the progress sets (once).
     void unwatch_queues() noexcept RDMX_REQUIRES(mu_);
-    /// Reading stalled (rx_state::stalled): out of their epoll sets until resume_queue_watch(),
-    /// so that a socket nobody may read does not keep their polls and sleepers waking.
+    /// Reading stalled (rx_state::stalled): out of the progress sets until
+    /// resume_queue_watch(), so that a socket nobody may read does not keep the polls and
+    /// sleepers waking.
     void pause_queue_watch() noexcept RDMX_REQUIRES(mu_);
     /// The stall is over: back in the sets (epoll reports what waits). If a set refuses
     /// it, the connection fails: its queues' pollers could not see it any more.
     void resume_queue_watch() noexcept RDMX_REQUIRES(mu_);
-    /// Puts this engine on each of its shared queues' lists (mark_pending; once until that
-    /// queue's poll ran it), so that their next polls progress it without a readable
-    /// socket: frames a read left staged, requests post() held back. False, and the caller
-    /// does without, where the socket left the queues' sets or a list had no room.
+    /// Puts this engine on its domain's pending list (mark_pending; once until a run took
+    /// it from there), so that the next poll of a queue of the domain progresses it without
+    /// a readable socket: frames a read left staged, requests post() held back. False, and
+    /// the caller does without, where the socket left the sets or a list had no room.
     bool mark_on_queues() noexcept RDMX_REQUIRES(mu_);
     /// A read left frames staged: who goes on with them. Stood down for the shared queues'
     /// poller, their next polls (mark_on_queues); otherwise the engine (continue_rx), unless
@@ -453,15 +472,15 @@ private:
     // under mu_ and until close() (detached_).
     tcp_completion_queue* const send_cq_;
     tcp_completion_queue* const recv_cq_;
-    /// A side reports to a shared queue: that queue's polls read this socket (queue_progress)
-    /// and count as the application's; transmission is never left to the application's
-    /// next call (its next poll of the queue need not come to this connection).
+    /// A side reports to a shared queue: the polls of its domain's queues read this socket
+    /// (queue_progress) and count as the application's; transmission is never left to the
+    /// application's next call (its next poll need not come to this connection).
     const bool on_shared_cq_;
     /// Stood down for a shared queue's poller (stand_down, reclaim_rx): queue_sleeps() asks.
     std::atomic<bool> left_to_queue_{false};
     std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
-    /// Whether its socket is in its shared queues' epoll sets, where their polls and
-    /// sleepers see it.
+    /// Whether its socket is in the progress sets of its shared queues' domain, where their
+    /// polls and sleepers see it.
     enum class queue_watch : std::uint8_t {
         none,    ///< no side reports to a shared queue
         watched, ///< in the sets (attach_queues, and back after a stall)
@@ -469,7 +488,7 @@ private:
         gone,    ///< out for good: reading ended, the socket closes, a set refused it (unwatch_queues)
     };
     queue_watch watch_ RDMX_GUARDED_BY(mu_);
-    /// The shared queues still know this socket (in their sets, or out for a stall only).
+    /// The progress sets still know this socket (in them, or out for a stall only).
     bool queues_reach() const noexcept RDMX_REQUIRES(mu_)
     {
         return watch_ == queue_watch::watched || watch_ == queue_watch::paused;
@@ -477,10 +496,10 @@ private:
     /// The read wake being served found a shared queue armed for a sleeper that watches
     /// the sockets (queues_watched), before the run's own completions fired that arming.
     bool wake_saw_sleeper_ RDMX_GUARDED_BY(mu_) = false;
-    /// on shared_queues()[i]'s pending list (mark_on_queues), whose poll has not run us from
+    /// on progresses()[i]'s pending list (mark_on_queues), whose run has not taken us from
     /// there since: once per list, so that the list's reserved room always suffices
     std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};
-    /// Visits of a shared queue's poll that found nothing new and kept an ACK waiting
+    /// Visits of the domain's progress that found nothing new and kept an ACK waiting
     /// (queue_progress): at most 1 in a row while the queue is idle, ack_wait_visits - 1
     /// while it is busy.
     static constexpr int ack_wait_visits = 8;

@@ -132,13 +132,13 @@ bool connection_engine::redial(int& err) noexcept
             err = errno;
             continue;
         }
-        // The reactor and the shared queues' epoll sets know the socket by number and by
-        // open file: each lets the old one go before dup3 replaces it, and takes the new.
+        // The reactor and the domain's progress set know the socket by number and by open
+        // file: each lets the old one go before dup3 replaces it, and takes the new.
         const bool queues = queues_reach() && !detached_;
         if (queues)
-            for (tcp_completion_queue* q : shared_queues())
-                if (q)
-                    q->unwatch(fd_);
+            for (domain_progress* p : progresses())
+                if (p)
+                    p->unwatch(fd_);
         [[maybe_unused]] int same = desc_.release(); // no wait is outstanding (a step runs)
         int rc = ::dup3(fd.get(), fd_, O_CLOEXEC);
         boost::system::error_code ec;
@@ -150,8 +150,8 @@ bool connection_engine::redial(int& err) noexcept
             return false;
         }
         if (queues)
-            for (tcp_completion_queue* q : shared_queues())
-                if (q && !q->watch(*this, fd_)) {
+            for (domain_progress* p : progresses())
+                if (p && !p->watch(*this, fd_)) {
                     err = errno; // the sets may hold it in part: close_socket unwatches (watch_ says so)
                     return false;
                 }

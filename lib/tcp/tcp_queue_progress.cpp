@@ -1,9 +1,10 @@
 // Progress by the polled queue: a connection that reports to a shared completion queue is
-// read and answered by that queue's poll on the caller's thread (tcp_completion_queue::
-// progress), not only by the engine thread, so that a completion needs no thread hop. Once
-// the poller takes the data wake after wake, the engine stands down as it does for an
-// application that polls its connection (tcp_busy_poll.cpp); the queue's polls count as
-// that application's calls, and a notification armed on the queue gives the socket back.
+// read and answered by the poll of any queue of its domain, on the caller's thread
+// (domain_progress::run, tcp_progress.hpp), not only by the engine thread, so that a
+// completion needs no thread hop. Once the pollers take the data wake after wake, the
+// engine stands down as it does for an application that polls its connection
+// (tcp_busy_poll.cpp); those polls count as that application's calls, and a notification
+// armed on one of its own queues gives the socket back.
 #include "tcp/tcp_engine.hpp"
 
 #include <sys/socket.h>
@@ -19,9 +20,9 @@ namespace rdmx::tcp
 
 void connection_engine::attach_queues()
 {
-    for (tcp_completion_queue* q : shared_queues())
-        if (q)
-            q->attach(*this, fd_); // if this throws, the connection's destructor detaches
+    for (domain_progress* p : progresses())
+        if (p)
+            p->attach(*this, fd_); // if this throws, the connection's destructor detaches
 }
 
 void connection_engine::detach_queues() noexcept
@@ -34,9 +35,9 @@ void connection_engine::detach_queues() noexcept
     }
     // A poll that found the socket readable before it left the set may still be calling
     // queue_progress: detach waits for it, and none comes after.
-    for (tcp_completion_queue* q : shared_queues())
-        if (q)
-            q->detach(*this);
+    for (domain_progress* p : progresses())
+        if (p)
+            p->detach(*this);
 }
 
 void connection_engine::unwatch_queues() noexcept
@@ -44,9 +45,9 @@ void connection_engine::unwatch_queues() noexcept
     if (!queues_reach() || detached_)
         return;
     watch_ = queue_watch::gone;
-    for (tcp_completion_queue* q : shared_queues())
-        if (q)
-            q->unwatch(fd_);
+    for (domain_progress* p : progresses())
+        if (p)
+            p->unwatch(fd_);
 }
 
 void connection_engine::pause_queue_watch() noexcept
@@ -54,9 +55,9 @@ void connection_engine::pause_queue_watch() noexcept
     if (watch_ != queue_watch::watched || detached_)
         return;
     watch_ = queue_watch::paused;
-    for (tcp_completion_queue* q : shared_queues())
-        if (q)
-            q->unwatch(fd_);
+    for (domain_progress* p : progresses())
+        if (p)
+            p->unwatch(fd_);
 }
 
 void connection_engine::resume_queue_watch() noexcept
@@ -66,14 +67,14 @@ void connection_engine::resume_queue_watch() noexcept
     watch_ = queue_watch::watched;
     if (detached_ || closed_)
         return;
-    for (tcp_completion_queue* q : shared_queues())
-        if (q && !q->watch(*this, fd_)) {
+    for (domain_progress* p : progresses())
+        if (p && !p->watch(*this, fd_)) {
             const int err = errno;
-            for (tcp_completion_queue* o : shared_queues())
+            for (domain_progress* o : progresses())
                 if (o)
                     o->unwatch(fd_); // where it went back in (the rest say ENOENT)
             watch_ = queue_watch::gone;
-            log_limited("epoll_ctl(EPOLL_CTL_ADD) of a shared completion queue after a stall: %s; "
+            log_limited("epoll_ctl(EPOLL_CTL_ADD) of a TCP domain's progress set after a stall: %s; "
                         "connection to error",
                         std::strerror(err));
             rx_state_ = rx_state::done;
@@ -84,11 +85,11 @@ void connection_engine::resume_queue_watch() noexcept
         }
 }
 
-void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, bool queue_busy) noexcept
+void connection_engine::queue_progress(domain_progress& p, bool listed, bool queue_busy) noexcept
 {
     engine_lock lk(mu_);
     if (listed) // off the list now (a run for readiness leaves us there, marked)
-        pending_marked_[&q == send_cq_ ? 0 : 1] = false;
+        pending_marked_[&p == progresses()[0] ? 0 : 1] = false;
     if (closed_ || detached_ || hs_.owns_socket())
         return; // the handshake's socket is the engine's; a reply there waits for it
     if (rx_state_ == rx_state::done) {
@@ -103,8 +104,8 @@ void connection_engine::queue_progress(tcp_completion_queue& q, bool listed, boo
     // As rx_poll does for a connection's own queue: an ACK for requests that arrived waits,
     // so that one ACK answers a stream of them rather than each read (and the sender's pipe
     // fills, and its requests leave in batches). The queue's next poll comes back here
-    // first (its pending list); the ACK leaves at the second visit in a row that finds
-    // nothing new while the queue's previous round found no socket with data either, else
+    // first (the domain's pending list); the ACK leaves at the second visit in a row that
+    // finds nothing new while the previous run found no socket with data either, else
     // at the ack_wait_visits-th (so a sender that waits for it is not starved by the
     // others' traffic). A connection's own queue gets this spacing from the application's
     // polls of its other connections; a shared queue's next poll comes microseconds later,
@@ -130,13 +131,18 @@ bool connection_engine::mark_on_queues() noexcept
 {
     if (!queues_reach() || detached_)
         return false;
-    auto queues = shared_queues();
-    for (std::size_t i = 0; i < queues.size(); ++i)
-        if (queues[i] && !pending_marked_[i]) {
-            if (!queues[i]->mark_pending(*this))
+    auto progs = progresses();
+    bool marked = false;
+    for (std::size_t i = 0; i < progs.size(); ++i)
+        if (progs[i] && !pending_marked_[i]) {
+            if (!progs[i]->mark_pending(*this))
                 return false;
-            pending_marked_[i] = true;
+            pending_marked_[i] = marked = true;
         }
+    if (marked) // a sleeper that watches the sockets would not see this work
+        for (tcp_completion_queue* q : shared_queues())
+            if (q)
+                q->wake_watcher();
     return true;
 }
 
@@ -165,10 +171,10 @@ void connection_engine::sync_queue_polls() noexcept
         return;
     std::uint64_t polls = 0;
     auto latest = std::chrono::steady_clock::time_point::min();
-    for (tcp_completion_queue* q : shared_queues())
-        if (q) {
-            polls += q->polls();
-            latest = std::max(latest, q->last_poll());
+    for (domain_progress* p : progresses())
+        if (p) {
+            polls += p->polls();
+            latest = std::max(latest, p->last_poll());
         }
     if (polls != queue_polls_seen_) {
         queue_polls_seen_ = polls;
@@ -212,10 +218,10 @@ bool connection_engine::sleeper_takes_over() noexcept
            (wake_saw_sleeper_ || queues_watched());
 }
 
-void connection_engine::queue_flush(tcp_completion_queue& q) noexcept
+void connection_engine::queue_flush(domain_progress& p) noexcept
 {
     engine_lock lk(mu_);
-    pending_marked_[&q == send_cq_ ? 0 : 1] = false;
+    pending_marked_[&p == progresses()[0] ? 0 : 1] = false;
     if (closed_ || detached_ || hs_.owns_socket())
         return;
     if (ownership_.app_owns() && app_may_read())
@@ -228,8 +234,8 @@ bool connection_engine::queues_polling(std::chrono::steady_clock::time_point now
 {
     if (!on_shared_cq_ || detached_)
         return false;
-    for (tcp_completion_queue* q : shared_queues())
-        if (q && q->polling(now))
+    for (domain_progress* p : progresses())
+        if (p && p->polling(now))
             return true;
     return false;
 }

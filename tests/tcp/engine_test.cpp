@@ -12,19 +12,26 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include <boost/asio/post.hpp>
+
+#include "backends.hpp"
+#include "common/test_data.hpp"
 #include "common/test_util.hpp"
 #include "cq_reservation.hpp"
 #include "resolve.hpp"
 #include "tcp/raw_peer.hpp"
+#include "tcp/tcp_domain.hpp"
 
 namespace rdmx::test
 {
@@ -39,16 +46,17 @@ protected:
     struct pair {
         std::unique_ptr<connection> client, server;
     };
-    pair connect_pair(const connection_options& opts = {})
+    pair connect_pair(const connection_options& opts = {}) { return connect_pair(opts, opts); }
+    pair connect_pair(const connection_options& client_opts, const connection_options& server_opts)
     {
         auto acc = std::async(std::launch::async, [&] {
             auto req = listener_->get_request(10s);
             if (!req)
                 throw std::runtime_error("no request");
-            return req->accept(opts);
+            return req->accept(server_opts);
         });
         pair p;
-        p.client = client_dom_->connect(addr(), opts);
+        p.client = client_dom_->connect(addr(), client_opts);
         p.server = acc.get();
         return p;
     }
@@ -1674,6 +1682,90 @@ TEST_F(wire_rules, fence_and_solicited_on_a_write_put_no_bit_on_the_wire)
     EXPECT_EQ(done[1].wr_id, 2u);
     EXPECT_EQ(sink, data);
     ::close(fd);
+}
+
+// Progress by whichever queue is polled (docs/tcp-engine.md, "Progress by the polled
+// queue"): with the server domain's engine thread held, only the application's polls can
+// read the server's sockets. A thread that polls one shared queue alone serves a connection
+// that reports to another shared queue of the domain (its messages land in that queue, its
+// ACKs and read responses leave, its target takes writes), and a thread that polls only a
+// connection's own queue serves the shared queues' connections likewise.
+TEST_F(tcp_engine, a_poll_of_any_queue_of_the_domain_progresses_its_shared_queues_connections)
+{
+    auto q1 = server_dom_->create_completion_queue({.depth = 1024});
+    auto q2 = server_dom_->create_completion_queue({.depth = 1024});
+    connection_options o1, o2;
+    o1.send_cq = o1.recv_cq = q1;
+    o2.send_cq = o2.recv_cq = q2;
+    pair a = connect_pair({}, o1), b = connect_pair({}, o2), c = connect_pair();
+    constexpr int msgs = 8;
+    std::vector<std::byte> target(8192, std::byte{0}), rbuf(64 * msgs), src = pattern(4096, 3), dst(4096);
+    auto tmr = server_dom_->register_memory(target.data(), target.size(),
+                                            access::local_write | access::remote_write | access::remote_read);
+    auto rmr = server_dom_->register_memory(rbuf.data(), rbuf.size(), access::local_write);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
+    auto dmr = client_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+
+    std::promise<void> gate, held;
+    boost::asio::post(static_cast<tcp::tcp_domain&>(detail::backend_domain(*server_dom_)).io(), [&] {
+        held.set_value();
+        gate.get_future().wait();
+    });
+    held.get_future().wait();
+    struct release_gate {
+        std::promise<void>& g;
+        ~release_gate() { g.set_value(); }
+    } release{gate};
+
+    // `served` receives 8 messages, a 4 KiB write into the target and a read of it back,
+    // while a thread polls only `poll_one`; what the messages complete goes to `its_queue`.
+    auto round = [&](connection& served_client, connection& served_server, completion_queue& its_queue,
+                     const std::function<std::size_t(std::span<completion>)>& poll_one, std::uint8_t seed) {
+        std::vector<std::byte> msg = pattern(64, seed);
+        auto mmr = client_dom_->register_memory(msg.data(), msg.size(), access::local_write);
+        for (int k = 0; k < msgs; ++k) {
+            sge r{rmr.get(), static_cast<std::size_t>(k) * 64, 64};
+            ASSERT_FALSE(served_server.post_recv({&r, 1}, k));
+        }
+        std::atomic<bool> done{false};
+        std::atomic<std::size_t> foreign{0};
+        std::thread poller([&] {
+            completion cs[8];
+            while (!done)
+                foreign += poll_one(cs);
+        });
+        const auto bytes = pattern(4096, seed);
+        std::copy(bytes.begin(), bytes.end(), src.begin()); // the registered memory, in place
+        sge m{mmr.get(), 0, 64}, w{smr.get(), 0, 4096}, rd{dmr.get(), 0, 4096};
+        for (int k = 0; k < msgs; ++k)
+            ASSERT_FALSE(served_client.post_send({&m, 1}, k));
+        ASSERT_FALSE(served_client.post_write({&w, 1}, *tmr->remote().slice(0, 4096), 100));
+        ASSERT_FALSE(served_client.post_read({&rd, 1}, *tmr->remote().slice(0, 4096), 101));
+        auto cs = expect_ok(served_client, msgs + 2, 10s);
+        done = true;
+        poller.join();
+        ASSERT_EQ(cs.size(), std::size_t(msgs + 2))
+            << "the polls of another queue did not serve the connection";
+        EXPECT_EQ(foreign, 0u) << "the polled queue returned completions of another";
+        EXPECT_EQ(std::memcmp(target.data(), src.data(), 4096), 0) << "the write did not land";
+        EXPECT_EQ(std::memcmp(dst.data(), src.data(), 4096), 0) << "the read returned other bytes";
+        // The receives completed into their own queue, by those polls (the engine is held).
+        std::vector<completion> got;
+        completion rc[msgs];
+        got.insert(got.end(), rc, rc + its_queue.poll(rc));
+        ASSERT_EQ(got.size(), std::size_t(msgs));
+        for (int k = 0; k < msgs; ++k) {
+            EXPECT_FALSE(got[k].status) << got[k].status.message();
+            EXPECT_EQ(got[k].opcode, opcode::recv);
+            EXPECT_EQ(got[k].wr_id, std::uint64_t(k));
+            EXPECT_EQ(std::memcmp(rbuf.data() + k * 64, msg.data(), 64), 0);
+        }
+    };
+    // b (on q2) served by polls of q1 alone; then a (on q1) by polls of c's own queue alone.
+    auto poll_q1 = [&](std::span<completion> out) { return q1->poll(out); };
+    auto poll_c = [&](std::span<completion> out) { return c.server->poll(out); };
+    round(*b.client, *b.server, *q2, poll_q1, 1);
+    round(*a.client, *a.server, *q1, poll_c, 2);
 }
 
 } // namespace

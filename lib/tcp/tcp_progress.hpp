@@ -1,0 +1,110 @@
+// The progress of a TCP domain's connections by whichever completion queue is polled: one
+// per domain (tcp_domain::progress), shared by the domain and each of its completion
+// queues. It holds the epoll set of the sockets of the connections that report to any
+// shared queue of the domain, the list of those with work that no readiness announces
+// (frames a read left staged, an ACK held back, posts held for a batch), and the count and
+// times of the polls that ran it. A poll of any of the domain's shared queues runs it (and
+// so does a connection's own poll() where the domain has such connections), on the
+// caller's thread: the connections read, answer what came and send what they held back,
+// and their completions go straight into the queues they report to, the polled one or
+// another (docs/tcp-engine.md, "Progress by the polled queue"). libfabric's xnet is the
+// model (`xnet_progress`, run from `xnet_cq_progress` of any of its queues).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "tcp/tcp_poll_ownership.hpp"
+#include "tcp/tcp_socket.hpp"
+#include "tcp/tcp_thread_safety.hpp"
+
+namespace rdmx::tcp
+{
+
+class connection_engine;
+
+class domain_progress
+{
+public:
+    domain_progress();
+    domain_progress(const domain_progress&) = delete;
+    domain_progress& operator=(const domain_progress&) = delete;
+
+    /// One poll's progress (the caller's thread): the listed engines first, then those whose
+    /// sockets have data (one epoll_wait with a zero timeout, at most 32 sockets).
+    /// Level-triggered, so what a budget left is seen by the next run.
+    void run() noexcept RDMX_EXCLUDES(reg_mu_, pending_mu_);
+    /// Before a sleep on a queue's fd and the sockets (request_notify_watching): the listed
+    /// engines read what they left staged and send what they held back, now.
+    void flush() noexcept RDMX_EXCLUDES(reg_mu_, pending_mu_);
+    /// Some connection reports to a shared queue of the domain: a run may find work. A
+    /// connection's own poll() runs the domain's progress only then (one relaxed load).
+    bool attached() const noexcept { return attached_.load(std::memory_order_relaxed) != 0; }
+
+    /// A poll of the domain's queues begins (it may run the progress) and ends: the engines
+    /// that stand down for these polls stay so while they move (poll_ownership). begin()
+    /// returns how many began so far, this one included.
+    std::uint64_t begin_poll(std::chrono::steady_clock::time_point now) noexcept
+    {
+        activity_.enter(now);
+        return polls_.fetch_add(1, std::memory_order_relaxed) + 1;
+    }
+    void end_poll(std::chrono::steady_clock::time_point now) noexcept { activity_.leave(now); }
+    std::uint64_t polls() const noexcept { return polls_.load(std::memory_order_relaxed); }
+    std::chrono::steady_clock::time_point last_poll() const noexcept { return activity_.last_entered(); }
+    /// An application thread is in such a poll, or left one just now (poll_activity): a read
+    /// wake of an attached engine then most likely preempted it.
+    bool polling(std::chrono::steady_clock::time_point now) const noexcept { return activity_.polling(now); }
+
+    /// The epoll set (level-triggered), for a sleeper that watches it (progress_fd()).
+    int fd() const noexcept { return epfd_.get(); }
+
+    // --- the engines it progresses (lock order: reg_mu_, then an engine's mutex, then
+    // pending_mu_) ---
+    /// `e` reports to a shared queue of this domain: its socket `fd` joins the set.
+    /// Connection set-up (allocates); throws what epoll_ctl says.
+    void attach(connection_engine& e, int fd) RDMX_EXCLUDES(reg_mu_, pending_mu_);
+    /// `e`'s connection object is going: no run progresses it again once this returns (its
+    /// socket left the set before: unwatch).
+    void detach(connection_engine& e) noexcept RDMX_EXCLUDES(reg_mu_, pending_mu_);
+    /// `fd` leaves the set: its engine reads it no more, or is about to close it (a closed
+    /// socket's number may name another one soon). Under the engine's mutex.
+    void unwatch(int fd) noexcept;
+    /// `fd`, a socket of the attached `e` (back after a stall, or a client's next address
+    /// under a number unwatched before), joins the set. Under the engine's mutex; false
+    /// (errno set) if epoll_ctl refused.
+    bool watch(connection_engine& e, int fd) noexcept;
+    /// `e`, attached, has work that no readiness of its socket will announce: the next run
+    /// progresses it first. Under `e`'s mutex, at most once until a run took it from the
+    /// list (the engine remembers); never allocates (room for every attached engine is
+    /// kept: false, and the engine does without, would say otherwise).
+    bool mark_pending(connection_engine& e) noexcept RDMX_EXCLUDES(pending_mu_);
+    /// Runs `f(engine)` for each attached engine, with them kept attached meanwhile.
+    template <class F> void for_each(F&& f) noexcept RDMX_EXCLUDES(reg_mu_)
+    {
+        engine_lock rl(reg_mu_);
+        for (connection_engine* e : engines_)
+            f(*e);
+    }
+
+private:
+    /// Held while a run progresses the engines (they stay alive and attached meanwhile).
+    engine_mutex reg_mu_;
+    std::vector<connection_engine*> engines_ RDMX_GUARDED_BY(reg_mu_);
+    std::atomic<std::size_t> attached_{0};
+    /// mark_pending()'s engines, swapped into pending_run_ by a run, which progresses them.
+    /// Both keep room for every attached engine (attach reserves), and an engine is on the
+    /// list at most once (it remembers until a run took it from there).
+    engine_mutex pending_mu_;
+    std::vector<connection_engine*> pending_ RDMX_GUARDED_BY(pending_mu_);
+    std::vector<connection_engine*> pending_run_ RDMX_GUARDED_BY(reg_mu_);
+    /// The latest run found sockets with data (ACKs of the listed may wait on).
+    bool busy_ RDMX_GUARDED_BY(reg_mu_) = false;
+    unique_fd epfd_; ///< the attached engines' sockets, level-triggered, data = the engine
+    std::atomic<std::uint64_t> polls_{0};
+    poll_activity activity_;
+};
+
+} // namespace rdmx::tcp
