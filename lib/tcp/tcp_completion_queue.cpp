@@ -47,11 +47,7 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
         return 0;
     const std::uint64_t k = progress_->begin_poll(std::chrono::steady_clock::now());
     std::size_t n = take(out);
-    // Progress when this poll emptied the queue, and every 16th poll of the domain's
-    // queues regardless: the engines that left their sockets to the pollers are read by
-    // nobody else, and a queue that other connections' engines keep filling would starve
-    // them otherwise.
-    if (n < out.size() || k % 16 == 0) {
+    if (domain_progress::due(k, n, out.size())) {
         progress_->run();
         n += take(out.subspan(n));
     }

@@ -210,15 +210,14 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
 {
     // The domain's progress runs here too where some of its connections report to shared
     // queues (domain_progress): a poll of any queue of the domain progresses them, as a
-    // poll of a shared queue does, and on the same terms (when this poll did not fill
-    // `out`, and at every 16th poll of the domain regardless). Not under mu_: this
-    // engine may be one of them (a side on a shared queue).
+    // poll of a shared queue does, and on the same terms (domain_progress::due). Not under
+    // mu_: this engine may be one of them (a side on a shared queue).
     domain_progress& dp = dom_.progress();
     if (!dp.attached())
         return poll_own(out);
     const std::uint64_t k = dp.begin_poll(std::chrono::steady_clock::now());
     std::size_t n = poll_own(out);
-    if (n < out.size() || k % 16 == 0)
+    if (domain_progress::due(k, n, out.size()))
         dp.run();
     dp.end_poll(std::chrono::steady_clock::now());
     return n;

@@ -24,10 +24,7 @@ void domain_progress::run() noexcept
     if (engines_.empty())
         return;
     // First the engines with work pending (mark_pending): their sockets may be silent.
-    {
-        engine_lock sl(pending_mu_);
-        pending_run_.swap(pending_);
-    }
+    take_pending();
     for (connection_engine* e : pending_run_)
         e->queue_progress(*this, true, busy_);
     pending_run_.clear();
@@ -41,13 +38,16 @@ void domain_progress::run() noexcept
 void domain_progress::flush() noexcept
 {
     engine_lock rl(reg_mu_);
-    {
-        engine_lock sl(pending_mu_);
-        pending_run_.swap(pending_);
-    }
+    take_pending();
     for (connection_engine* e : pending_run_)
         e->queue_flush(*this);
     pending_run_.clear();
+}
+
+void domain_progress::take_pending() noexcept
+{
+    engine_lock sl(pending_mu_);
+    pending_run_.swap(pending_);
 }
 
 bool domain_progress::mark_pending(connection_engine& e) noexcept

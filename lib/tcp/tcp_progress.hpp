@@ -52,6 +52,15 @@ public:
         return polls_.fetch_add(1, std::memory_order_relaxed) + 1;
     }
     void end_poll(std::chrono::steady_clock::time_point now) noexcept { activity_.leave(now); }
+    /// Whether the `k`-th poll (begin_poll), which took `taken` completions into an array of
+    /// `room`, runs the progress: when it did not fill the array, and every 16th poll
+    /// regardless, since the engines that left their sockets to the pollers are read by
+    /// nobody else, and a queue that other connections' engines keep filling would starve
+    /// them otherwise.
+    static bool due(std::uint64_t k, std::size_t taken, std::size_t room) noexcept
+    {
+        return taken < room || k % 16 == 0;
+    }
     std::uint64_t polls() const noexcept { return polls_.load(std::memory_order_relaxed); }
     std::chrono::steady_clock::time_point last_poll() const noexcept { return activity_.last_entered(); }
     /// An application thread is in such a poll, or left one just now (poll_activity): a read
@@ -90,6 +99,9 @@ public:
     }
 
 private:
+    /// Moves the pending list into pending_run_ (empty, with the same room), for a run.
+    void take_pending() noexcept RDMX_REQUIRES(reg_mu_) RDMX_EXCLUDES(pending_mu_);
+
     /// Held while a run progresses the engines (they stay alive and attached meanwhile).
     engine_mutex reg_mu_;
     std::vector<connection_engine*> engines_ RDMX_GUARDED_BY(reg_mu_);
