@@ -57,13 +57,10 @@ void connection_engine::push_shared(tcp_completion_queue& q, cq_side side, const
             srq_->retire(1); // nobody polls it: its slot is free
         return;
     }
-    auto& held = side == cq_side::send ? sq_in_cq_ : rq_in_cq_;
-    held.fetch_add(1, std::memory_order_relaxed); // before a poll can count it down
-    if (q.push(c, *this, side, solicited, from_srq))
+    slots_.hold(side); // before a poll can count it down
+    if (q.push(c, slots_, side, solicited, from_srq))
         return;
-    held.fetch_sub(1, std::memory_order_relaxed);
-    if (from_srq)
-        srq_->retire(1); // lost with the overrun: its slot is free
+    slots_.release(side, from_srq); // lost with the overrun: its slots are free
     // The reservations and shared_room() make this impossible; should it happen all the
     // same, it is an overrun, fatal as on the own ring.
     if (state() == connection_state::established) {

@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "tcp/tcp_engine.hpp"
+#include "tcp/tcp_srq.hpp"
 
 namespace rdmx::tcp
 {
@@ -25,7 +26,14 @@ tcp_completion_queue::tcp_completion_queue(std::uint32_t depth, std::shared_ptr<
 
 tcp_completion_queue::~tcp_completion_queue() = default;
 
-bool tcp_completion_queue::push(const completion& c, connection_engine& owner, cq_side side, bool solicited,
+void queue_slots::release(cq_side side, bool from_srq) noexcept
+{
+    at(side).fetch_sub(1, std::memory_order_relaxed);
+    if (from_srq)
+        srq_->retire(1);
+}
+
+bool tcp_completion_queue::push(const completion& c, queue_slots& owner, cq_side side, bool solicited,
                                 bool from_srq) noexcept
 {
     engine_lock lk(mu_);
@@ -62,9 +70,10 @@ std::size_t tcp_completion_queue::take(std::span<completion> out) noexcept
     for (std::size_t i = 0; i < n; ++i) {
         entry& e = ring_[head_];
         out[i] = e.c;
-        // The engine frees the queue slot the completion held (purge() makes sure that an
-        // entry's engine is alive while it is queued).
-        e.owner->shared_polled(e.side, e.from_srq);
+        // The slot the completion held is free (purge() makes sure that an entry's
+        // connection, which holds its slots and its shared receive queue, is alive while
+        // it is queued).
+        e.owner->release(e.side, e.from_srq);
         head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
     }
     count_ -= n;
@@ -92,7 +101,7 @@ bool tcp_completion_queue::watched() noexcept
     return notify_.armed() && watching_;
 }
 
-std::size_t tcp_completion_queue::purge(const connection_engine& owner) noexcept
+std::size_t tcp_completion_queue::purge(const queue_slots& owner) noexcept
 {
     engine_lock lk(mu_);
     std::size_t kept = 0, from_srq = 0;

@@ -8,6 +8,7 @@
 // the polled queue"), so that a completion needs no hop through the engine thread.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,7 +23,39 @@
 namespace rdmx::tcp
 {
 
-class connection_engine;
+class tcp_srq;
+
+/// The slots one connection's completions hold on its shared completion queues until they
+/// are polled (as on verbs: a shared queue never holds more of a connection's completions
+/// than it reserved). Its engine counts one up before it pushes (under the engine's
+/// mutex); the queue's poll counts it down and gives a receive of a shared receive queue its
+/// slot there back, on the polling thread, without calling into the engine.
+class queue_slots
+{
+public:
+    /// `srq`: the connection's shared receive queue, or null. Its connection object holds
+    /// it, and close() purges the connection's entries from the queues before that goes.
+    explicit queue_slots(tcp_srq* srq) noexcept : srq_(srq) {}
+    queue_slots(const queue_slots&) = delete;
+    queue_slots& operator=(const queue_slots&) = delete;
+
+    /// Completions of `side` that wait, unpolled, on a shared queue.
+    std::uint32_t held(cq_side side) const noexcept { return at(side).load(std::memory_order_relaxed); }
+    void hold(cq_side side) noexcept { at(side).fetch_add(1, std::memory_order_relaxed); }
+    /// A completion of `side` left the queue (polled, or not queued after all);
+    /// `from_srq`: it was a receive of the shared receive queue, whose slot is free again.
+    void release(cq_side side, bool from_srq) noexcept;
+
+private:
+    std::atomic<std::uint32_t>& at(cq_side side) noexcept { return held_[side == cq_side::send ? 0 : 1]; }
+    const std::atomic<std::uint32_t>& at(cq_side side) const noexcept
+    {
+        return held_[side == cq_side::send ? 0 : 1];
+    }
+
+    std::atomic<std::uint32_t> held_[2] = {0, 0};
+    tcp_srq* const srq_;
+};
 
 class tcp_completion_queue final : public detail::completion_queue_base
 {
@@ -49,15 +82,16 @@ public:
 
     // --- for the engines (any thread, with the engine's own mutex held: lock order engine,
     // then queue) ---
-    /// Queues `c` of `owner`'s `side` (`solicited`: a receive the peer marked so); false,
-    /// and nothing queued, when the queue is full (the reservations make that impossible).
-    /// `from_srq`: a receive of a shared receive queue, whose slot there the poll frees.
-    bool push(const completion& c, connection_engine& owner, cq_side side, bool solicited,
-              bool from_srq) noexcept RDMX_EXCLUDES(mu_);
-    /// Drops what `owner` still has queued: its connection object is going away. Returns
-    /// how many of the dropped were receives of a shared receive queue (whose slots the
-    /// caller frees).
-    std::size_t purge(const connection_engine& owner) noexcept RDMX_EXCLUDES(mu_);
+    /// Queues `c` of the connection whose slots are `owner`, of its `side` (`solicited`: a
+    /// receive the peer marked so; `from_srq`: a receive of a shared receive queue); its
+    /// poll releases the slot (queue_slots::release). False, and nothing queued, when the
+    /// queue is full (the reservations make that impossible).
+    bool push(const completion& c, queue_slots& owner, cq_side side, bool solicited, bool from_srq) noexcept
+        RDMX_EXCLUDES(mu_);
+    /// Drops what the connection whose slots are `owner` still has queued: its connection
+    /// object is going away. Returns how many of the dropped were receives of a shared
+    /// receive queue (whose slots the caller frees).
+    std::size_t purge(const queue_slots& owner) noexcept RDMX_EXCLUDES(mu_);
 
     /// Its domain's progress, which its polls run.
     domain_progress& progress() const noexcept { return *progress_; }
@@ -76,7 +110,7 @@ private:
 
     struct entry {
         completion c;
-        connection_engine* owner = nullptr;
+        queue_slots* owner = nullptr;
         cq_side side = cq_side::send;
         bool from_srq = false;
     };

@@ -38,8 +38,7 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       context_(opts.context), fd_(fd.get()), efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       sq_(lim.send_queue_depth, lim.max_send_sge, lim.max_inline), rnr_(opts.rnr_retry_count),
       rq_(opts.srq ? 0 : lim.recv_queue_depth, lim.max_recv_sge),
-      srq_(tcp_srq::of(opts, dom, "connection").get()), srq_polled_(srq_),
-      srq_segs_(srq_ ? srq_->max_sge() : 0),
+      srq_(tcp_srq::of(opts, dom, "connection").get()), slots_(srq_), srq_segs_(srq_ ? srq_->max_sge() : 0),
       // The own ring holds both depths of the sides that complete into it; with a shared
       // receive queue, recv_queue_depth is its depth: no more of its receives can be
       // outstanding.
@@ -130,7 +129,7 @@ void connection_engine::close() noexcept
         std::size_t dropped = 0;
         for (tcp_completion_queue* q : shared_queues())
             if (q)
-                dropped += q->purge(*this);
+                dropped += q->purge(slots_);
         shared_ = {};
         if (srq_)
             srq_->retire(dropped + cq_.drop_tagged());

@@ -129,15 +129,6 @@ public:
         engine_lock lk(mu_);
         conn_ = c;
     }
-    /// A completion of `side` was polled from its shared queue (tcp_completion_queue::poll,
-    /// any thread, under that queue's lock): the queue slot it held is free.
-    void shared_polled(cq_side side, bool from_srq) noexcept
-    {
-        (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).fetch_sub(1, std::memory_order_relaxed);
-        if (from_srq)
-            srq_polled_->retire(1); // a receive of the shared receive queue: its slot is free again
-    }
-
     // The application's calls (tcp_post.cpp): any application thread. Each takes mu_
     // itself, so no engine code (which holds it) may call them.
     std::error_code post(std::span<const work_request> wrs, std::size_t* posted) noexcept RDMX_EXCLUDES(mu_);
@@ -262,10 +253,7 @@ private:
     /// holds; unbounded on the own ring (which holds both depths).
     std::uint64_t shared_room(cq_side side) const noexcept RDMX_REQUIRES(mu_);
     /// Its queues' completions that wait, unpolled, on a shared queue (0 for the own ring).
-    std::uint32_t held_in_cq(cq_side side) const noexcept
-    {
-        return (side == cq_side::send ? sq_in_cq_ : rq_in_cq_).load(std::memory_order_relaxed);
-    }
+    std::uint32_t held_in_cq(cq_side side) const noexcept { return slots_.held(side); }
     void complete_sq_head(std::error_code status, std::uint32_t byte_len) noexcept RDMX_REQUIRES(mu_);
     /// Completes the binds and invalidations whose turn came (send_queue::pop_local_due);
     /// `status` flushed: all those due, as flushed.
@@ -550,11 +538,9 @@ private:
     // holds the queue (the engine must not: a queue holds its domain, whose engine thread
     // may not drop the last reference to it); close() forgets it.
     tcp_srq* srq_ RDMX_GUARDED_BY(mu_);
-    /// The same queue, for shared_polled(): a shared completion queue's poll calls it with
-    /// the queue's lock, never this engine's (lock order: engine, then queue). Valid while
-    /// the shared queue can hold an entry of ours: close() purges them before the
-    /// connection object, which holds the shared receive queue, is gone.
-    tcp_srq* const srq_polled_;
+    /// The slots its completions hold on its shared queues until polled; the queues'
+    /// polls release them (and the shared receive queue's) without calling in here.
+    queue_slots slots_;
     std::vector<seg> srq_segs_ RDMX_GUARDED_BY(mu_); ///< the taken receive's SGEs (srq_->max_sge())
     recv_queue::entry srq_recv_ RDMX_GUARDED_BY(mu_);
     bool srq_taken_ RDMX_GUARDED_BY(mu_) = false; ///< srq_recv_ holds a receive not completed yet
@@ -566,11 +552,6 @@ private:
     /// shared queue any more, and the engine lingers to finish what the peer is owed
     /// (start_linger), counted by the domain while its socket is open.
     bool detached_ RDMX_GUARDED_BY(mu_) = false;
-    // Completions of each side waiting on its shared queue: they hold queue slots until
-    // polled (as on verbs), so that a shared queue never holds more of this connection's
-    // than it reserved. Counted up under mu_, down by the polling thread.
-    std::atomic<std::uint32_t> sq_in_cq_{0};
-    std::atomic<std::uint32_t> rq_in_cq_{0};
 
     // Responses owed to the peer: bounded; when full, reading stops (TCP backpressure).
     response_queue resp_ RDMX_GUARDED_BY(mu_);
