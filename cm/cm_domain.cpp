@@ -30,8 +30,7 @@ std::unique_ptr<connection> cm_domain::start_connect(std::string_view address, c
                                                      std::span<const recv_request> initial_recvs)
 {
     uri u = uri::parse(address);
-    if (u.scheme == scheme::tcp)
-        throw_error(errc::invalid_argument, "start_connect: tcp:// address on a verbs domain");
+    detail::check_scheme(u, backend::verbs, "start_connect");
     detail::check_private_data(detail::private_data_use::connect, private_data, "rdma_connect");
     auto c = std::make_unique<cm_connection>(*this, opts, "start_connect");
     c->start_connect(u, private_data, initial_recvs);
@@ -48,8 +47,7 @@ std::unique_ptr<connection> cm_domain::connect(std::string_view address, const c
                                                std::span<const recv_request> initial_recvs)
 {
     uri u = uri::parse(address);
-    if (u.scheme == scheme::tcp)
-        throw_error(errc::invalid_argument, "connect: tcp:// address on a verbs domain");
+    detail::check_scheme(u, backend::verbs, "connect");
     detail::check_private_data(detail::private_data_use::connect, private_data, "rdma_connect");
     auto c = std::make_unique<cm_connection>(*this, opts);
     c->connect(u, private_data, initial_recvs);

@@ -25,6 +25,7 @@
 #include "cm/cm_connection.hpp"
 #include "cm/cm_domain.hpp"
 #include "cm/event_loop.hpp"
+#include "resolve.hpp"
 #include "validate.hpp"
 
 namespace rdmx::cm
@@ -512,8 +513,7 @@ std::unique_ptr<listener> cm_domain::listen(std::string_view address, const list
 {
     const int backlog = opts.backlog;
     uri u = uri::parse(address);
-    if (u.scheme == scheme::tcp)
-        throw_error(errc::invalid_argument, "listen: tcp:// address on a verbs domain");
+    detail::check_scheme(u, backend::verbs, "listen");
     return std::make_unique<cm_listener>(*this, u, backlog);
 }
 

@@ -18,7 +18,9 @@
 namespace rdmx::detail
 {
 
-std::shared_ptr<domain> open_tcp_domain();
+/// The TCP backend's domain; with `b` backend::shm, the same engine over UNIX sockets for
+/// peers on this host (shm://).
+std::shared_ptr<domain> open_tcp_domain(backend b = backend::tcp);
 
 /// Opens the verbs domain of the device that `address` maps to. With `required` false,
 /// returns nullptr (instead of throwing errc::no_device) when no RDMA device serves it.

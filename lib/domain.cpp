@@ -1,4 +1,4 @@
-// domain::open: the backend choice. rdma:// and tcp:// are explicit; auto:// asks rdma_cm
+// domain::open: the backend choice. rdma://, tcp:// and shm:// are explicit; auto:// asks rdma_cm
 // whether the address maps to an RDMA device and falls back to TCP when it does not.
 // What it returns is the application's handle on the backend's shared domain
 // (backends.hpp): destroying it gives up the application's reference only.
@@ -79,6 +79,7 @@ std::unique_ptr<domain> domain::open(std::string_view address, std::chrono::mill
     uri u = uri::parse(address);
     switch (u.scheme) {
     case scheme::tcp: return handle(detail::open_tcp_domain());
+    case scheme::shm: return handle(detail::open_tcp_domain(backend::shm));
     case scheme::rdma: return handle(detail::open_verbs_domain(u, timeout, true));
     case scheme::automatic:
         if (auto d = detail::open_verbs_domain(u, timeout, false))

@@ -46,7 +46,8 @@ std::optional<remote_buffer> remote_buffer::parse(std::span<const std::byte> dat
     remote_buffer rb;
     auto b = static_cast<std::uint8_t>(data[5]);
     if (b != static_cast<std::uint8_t>(rdmx::backend::verbs) &&
-        b != static_cast<std::uint8_t>(rdmx::backend::tcp))
+        b != static_cast<std::uint8_t>(rdmx::backend::tcp) &&
+        b != static_cast<std::uint8_t>(rdmx::backend::shm))
         return std::nullopt;
     rb.backend = static_cast<rdmx::backend>(b);
     rb.addr = get_le64(data.data() + 8);

@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 
 #include <string_view>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include <rdmx/uri.hpp>
@@ -17,10 +19,23 @@ struct socket_address {
     socklen_t len = 0;
 };
 
+/// Whether an address of scheme `s` may be used on a domain of backend `b` (auto:// on
+/// every one). Otherwise the caller throws invalid_argument, naming what it is and was given
+/// (scheme_mismatch).
+bool scheme_fits(scheme s, backend b) noexcept;
+/// Throws rdmx::error(invalid_argument) "<what>: <scheme>:// address on a <backend> domain"
+/// unless scheme_fits.
+void check_scheme(const uri& u, backend b, std::string_view what);
+
+/// The UNIX socket of shm://name:port: in the abstract namespace (no file; the name is
+/// the network namespace's, and goes with the last socket bound to it).
+socket_address shm_socket_address(const std::string& name, std::uint16_t port) noexcept;
+
 /// getaddrinfo of host:port of `u` (numeric or by name; passive: for bind), IPv4 and IPv6
 /// results only, in getaddrinfo's order of preference: callers try each in turn. A result
 /// longer than sockaddr_storage is skipped, never copied in part. Throws
-/// rdmx::error(unreachable), naming `what`, when nothing is left.
+/// rdmx::error(unreachable), naming `what`, when nothing is left. For shm:// the one
+/// shm_socket_address.
 std::vector<socket_address> resolve(const uri& u, bool passive, std::string_view what);
 
 } // namespace rdmx::detail

@@ -1,6 +1,7 @@
 #include <rdmx/error.hpp>
 #include <rdmx/uri.hpp>
 
+#include <cctype>
 #include <charconv>
 
 namespace rdmx
@@ -11,6 +12,7 @@ const char* to_string(backend b) noexcept
     switch (b) {
     case backend::verbs: return "verbs";
     case backend::tcp: return "tcp";
+    case backend::shm: return "shm";
     }
     return "?";
 }
@@ -35,8 +37,10 @@ uri uri::parse(std::string_view text)
             u.scheme = scheme::tcp;
         else if (s == "auto")
             u.scheme = scheme::automatic;
+        else if (s == "shm")
+            u.scheme = scheme::shm;
         else
-            bad(text, "scheme must be rdma://, tcp:// or auto://");
+            bad(text, "scheme must be rdma://, tcp://, shm:// or auto://");
         rest.remove_prefix(p + 3);
     }
     std::string_view port;
@@ -70,6 +74,13 @@ uri uri::parse(std::string_view text)
         bad(text, "empty host");
     if (u.host.find_first_of("/?#@ ") != std::string::npos)
         bad(text, "unexpected character in host");
+    if (u.scheme == scheme::shm) {
+        if (u.host.size() > max_shm_name)
+            bad(text, "an shm:// name has at most 16 bytes");
+        for (char c : u.host)
+            if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+                bad(text, "an shm:// name has letters, digits, '-', '_' and '.' only");
+    }
     if (port.empty()) {
         u.port = default_port;
     } else {
@@ -84,7 +95,10 @@ uri uri::parse(std::string_view text)
 
 std::string uri::to_string() const
 {
-    const char* s = scheme == scheme::rdma ? "rdma://" : scheme == scheme::tcp ? "tcp://" : "auto://";
+    const char* s = scheme == scheme::rdma  ? "rdma://"
+                    : scheme == scheme::tcp ? "tcp://"
+                    : scheme == scheme::shm ? "shm://"
+                                            : "auto://";
     bool v6 = host.find(':') != std::string::npos;
     return std::string(s) + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }

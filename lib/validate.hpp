@@ -130,7 +130,7 @@ inline errc check_send(const work_request& wr, const void* owner, rdmx::backend 
         return errc::invalid_argument;
     // A verbs provider copies inline data with the CPU, which cannot read device memory
     // (TCP stages it: docs/gpu.md).
-    if (has(wr.flags, send_flags::inline_data) && b != backend::tcp)
+    if (has(wr.flags, send_flags::inline_data) && b == backend::verbs)
         for (const sge& s : wr.local)
             if (s.region->memory_type() == memory_type::cuda)
                 return errc::invalid_argument;

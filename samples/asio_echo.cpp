@@ -132,7 +132,8 @@ int main(int argc, char** argv)
     int clients = 4, messages = 100;
     auto* server_cmd = app.add_subcommand("server", "serve clients from one thread until killed");
     server_cmd
-        ->add_option("address", address, "listen address: rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT")
+        ->add_option("address", address,
+                     "listen address: rdma://IP:PORT, tcp://IP:PORT, shm://NAME:PORT or auto://IP:PORT")
         ->capture_default_str();
     auto* client_cmd = app.add_subcommand("client", "run clients as coroutines on one thread");
     client_cmd->add_option("address", address, "server address")->required();

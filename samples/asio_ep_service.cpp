@@ -19,7 +19,8 @@ int main(int argc, char** argv)
 {
     CLI::App app{"rdmx endpoint echo service: one thread, Boost.Asio coroutines"};
     std::string address;
-    app.add_option("address", address, "where to listen: tcp://HOST:PORT, rdma://HOST:PORT, auto://HOST:PORT")
+    app.add_option("address", address,
+                   "where to listen: tcp://HOST:PORT, rdma://HOST:PORT, shm://NAME:PORT, auto://HOST:PORT")
         ->required();
     CLI11_PARSE(app, argc, argv);
     try {

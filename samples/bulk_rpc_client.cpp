@@ -152,7 +152,8 @@ int main(int argc, char** argv)
     int rounds = 1;
     bool shutdown = false;
     int timeout_ms = 30000;
-    app.add_option("address", address, "the server's tcp://HOST:PORT or rdma://HOST:PORT")->required();
+    app.add_option("address", address, "the server's tcp://HOST:PORT, shm://NAME:PORT or rdma://HOST:PORT")
+        ->required();
     app.add_option("--id", id, "client id: owns the keys id << 32 | j");
     app.add_option("--objects", objects, "objects per round")->check(CLI::Range(1, 1 << 16));
     app.add_option("--rounds", rounds, "rounds of PUT all, GET all (0: until killed)");

@@ -230,7 +230,8 @@ int main(int argc, char** argv)
     CLI::App app{"bulk_rpc_server: RPCs by tagged messages, bulk data by RDMA, over an rdmx endpoint"};
     std::string address;
     std::size_t slots = 16, recvs = 64;
-    app.add_option("address", address, "tcp://HOST:PORT or rdma://HOST:PORT (port 0: any)")->required();
+    app.add_option("address", address, "tcp://HOST:PORT, shm://NAME:PORT or rdma://HOST:PORT (port 0: any)")
+        ->required();
     app.add_option("--slots", slots, "bulk transfers in flight at once (1 MiB of staging each)")
         ->check(CLI::Range(1, 256));
     app.add_option("--recvs", recvs, "request receives kept posted")->check(CLI::Range(1, 4096));

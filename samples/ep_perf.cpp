@@ -437,7 +437,8 @@ int main(int argc, char** argv)
 {
     CLI::App app{"rdmx_ep_perf: tagged messages over rdmx endpoints"};
     options o;
-    app.add_option("address", o.address, "the server's tcp://HOST:PORT or rdma://HOST:PORT")->required();
+    app.add_option("address", o.address, "the server's tcp://HOST:PORT, shm://NAME:PORT or rdma://HOST:PORT")
+        ->required();
     app.add_flag("--server", o.server, "serve runs until killed");
     app.add_option("-t,--test", o.test, "tag_lat | tag_bw | first_msg | conn_rate | flood")
         ->check(CLI::IsMember({"tag_lat", "tag_bw", "first_msg", "conn_rate", "flood"}));

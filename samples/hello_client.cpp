@@ -26,7 +26,8 @@ int main(int argc, char** argv)
     std::string address;
     std::size_t size = 1 << 20;
     int timeout_ms = 10000;
-    app.add_option("address", address, "server address: rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT")
+    app.add_option("address", address,
+                   "server address: rdma://IP:PORT, tcp://IP:PORT, shm://NAME:PORT or auto://IP:PORT")
         ->required();
     app.add_option("-s,--size", size, "bytes the server writes into our buffer")
         ->capture_default_str()

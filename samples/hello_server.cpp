@@ -95,7 +95,8 @@ int main(int argc, char** argv)
     std::string address = "auto://0.0.0.0:7471";
     int count = 0;
     int timeout_ms = 10000;
-    app.add_option("address", address, "listen address: rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT")
+    app.add_option("address", address,
+                   "listen address: rdma://IP:PORT, tcp://IP:PORT, shm://NAME:PORT or auto://IP:PORT")
         ->capture_default_str();
     app.add_option("-n,--count", count, "serve this many clients, then exit (0: forever)")
         ->capture_default_str();

@@ -228,7 +228,8 @@ int main(int argc, char** argv)
     long long verify_version = -1;
     bool shutdown = false;
     int timeout_ms = 20000;
-    app.add_option("address", address, "server address: rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT")
+    app.add_option("address", address,
+                   "server address: rdma://IP:PORT, tcp://IP:PORT, shm://NAME:PORT or auto://IP:PORT")
         ->required();
     app.add_option("--id", id, "this client's key space (keys id << 32 | 0 .. objects - 1)")
         ->capture_default_str();

@@ -575,7 +575,8 @@ int main(int argc, char** argv)
     std::uint32_t max_clients = 64;
     std::uint32_t srq_depth = 256;
     bool no_srq = false;
-    app.add_option("address", address, "listen address: rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT")
+    app.add_option("address", address,
+                   "listen address: rdma://IP:PORT, tcp://IP:PORT, shm://NAME:PORT or auto://IP:PORT")
         ->capture_default_str();
     app.add_option("--max-clients", max_clients, "connections the shared completion queue has room for")
         ->capture_default_str()

@@ -1480,8 +1480,9 @@ int main(int argc, char** argv)
                  "Start the server with --server, then the client with the same address."};
     options o;
     std::string test_name = "send_lat";
-    app.add_option("address", o.address,
-                   "rdma://IP:PORT, tcp://IP:PORT or auto://IP:PORT (server: where to listen)")
+    app.add_option(
+           "address", o.address,
+           "rdma://IP:PORT, tcp://IP:PORT, shm://NAME:PORT or auto://IP:PORT (server: where to listen)")
         ->required();
     app.add_flag("--server", o.server, "serve one client run, then exit");
     std::vector<std::string> all_tests;

@@ -246,7 +246,7 @@ TEST_P(allocation, steady_state_data_path_allocates_nothing)
     // Soft-RoCE in an emulated guest moves ~25 MB/s: keep its large transfers and rounds
     // small enough for a few seconds. On TCP 4 MiB exceeds the per-post send budget (1 MiB)
     // and the socket buffer, so the engine's hand-over path is exercised too.
-    const bool tcp = b_ == backend::tcp;
+    const bool tcp = tcp_engine(b_);
     const std::size_t large = tcp ? (4u << 20) : (256u << 10);
     const int rounds = tcp ? 100 : 20;
     std::vector<std::byte> a(large), b(large);
@@ -404,7 +404,7 @@ TEST_P(allocation, shared_receive_queue_data_path_allocates_nothing)
     });
     auto client = client_dom_->connect(server_address(), copts);
     auto server = accepted.get();
-    const bool tcp = b_ == backend::tcp;
+    const bool tcp = tcp_engine(b_);
     const std::size_t large = tcp ? (1u << 20) : (256u << 10);
     const int rounds = tcp ? 50 : 10;
     std::vector<std::byte> a(large), b(large);
@@ -599,7 +599,7 @@ TEST_P(allocation, endpoint_data_path_allocates_nothing)
     for (int i = 0; i < 5; ++i)
         ASSERT_TRUE(round(i % 2 == 1)) << "warm-up round " << i << " failed: " << first_error.message()
                                        << " (context " << first_error_wr_id << ")";
-    const int rounds = b_ == backend::tcp ? 50 : 10;
+    const int rounds = tcp_engine(b_) ? 50 : 10;
     allocations = 0;
     counting = true;
     bool ok = true;

@@ -134,6 +134,9 @@ TEST_P(conformance, automatic_choice_picks_this_backend_and_says_so)
 {
     // auto:// maps the address to an RDMA device when there is one (the verbs run's
     // address is on rxe0 or a NIC) and to TCP otherwise (the TCP run uses loopback).
+    if (b_ == backend::shm)
+        GTEST_SKIP() << "auto:// does not choose shm for a peer on this host yet (issue 29): "
+                        "shm:// names it explicitly";
     auto d = domain::open("auto://" + host_for(b_) + ":0");
     EXPECT_EQ(d->backend(), b_);
     auto accepted = std::async(std::launch::async, [&] {
@@ -974,7 +977,7 @@ TEST_P(conformance, send_larger_than_receive_fails_on_both_sides)
     ASSERT_EQ(sc.size(), 1u);
     auto rc = poll_n(*p.server, 1);
     ASSERT_EQ(rc.size(), 1u);
-    if (b_ == backend::tcp) {
+    if (tcp_engine(b_)) {
         // What hardware RC reports (e.g. mlx5), and what the TCP backend reproduces.
         EXPECT_EQ(sc[0].status, errc::remote_invalid_request) << sc[0].status.message();
         EXPECT_EQ(rc[0].status, errc::local_length) << rc[0].status.message();

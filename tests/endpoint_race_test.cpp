@@ -150,7 +150,7 @@ protected:
 
 TEST_P(endpoint_race, simultaneous_connect_from_both_sides_keeps_one_connection_and_loses_nothing)
 {
-    const int rounds = b_ == backend::tcp ? 50 : 10;
+    const int rounds = tcp_engine(b_) ? 50 : 10;
     auto m = region(1 << 20);
     for (int round = 0; round < rounds; ++round) {
         SCOPED_TRACE(round);
@@ -169,7 +169,7 @@ TEST_P(endpoint_race, simultaneous_connect_from_both_sides_keeps_one_connection_
 // dial: two connections, and sends posted on the wrong one failed).
 TEST_P(endpoint_race, a_restarted_peer_and_its_old_peer_dialling_each_other_keep_one_connection)
 {
-    const int rounds = b_ == backend::tcp ? 30 : 6;
+    const int rounds = tcp_engine(b_) ? 30 : 6;
     auto m = region(1 << 20);
     for (int round = 0; round < rounds; ++round) {
         SCOPED_TRACE(round);
@@ -549,7 +549,7 @@ TEST_P(endpoint_race, operations_queued_while_the_server_restarts_are_redialled_
 
 TEST_P(endpoint_race, two_thousand_connect_remove_cycles)
 {
-    const int cycles = b_ == backend::tcp ? 2000 : 1100; // past 1024 on every backend (#5864)
+    const int cycles = tcp_engine(b_) ? 2000 : 1100; // past 1024 on every backend (#5864)
     auto a = open_ep();
     auto b = open_ep();
     auto m = region(1 << 16);
@@ -588,7 +588,7 @@ TEST_P(endpoint_race, more_peers_than_1024_reach_one_endpoint)
     // in another process than its clients takes 40 (rdmx_ep_perf conn_rate, and conn_scale's
     // 40 connections on one shared queue): a limit of siw's within one process, cause not
     // found. So iWARP runs 8.
-    const int n = b_ == backend::tcp ? 1100 : dom_->limits().iwarp ? 8 : 100;
+    const int n = tcp_engine(b_) ? 1100 : dom_->limits().iwarp ? 8 : 100;
     rlimit rl{};
     ::getrlimit(RLIMIT_NOFILE, &rl);
     if (rl.rlim_cur < static_cast<rlim_t>(n) * 10 && rl.rlim_max >= static_cast<rlim_t>(n) * 10) {
@@ -763,7 +763,7 @@ TEST_P(endpoint_race, a_flood_nobody_receives_is_held_bounded_back_pressures_the
         return k;
     };
     std::size_t last = ~std::size_t{0};
-    auto settle = std::chrono::steady_clock::now() + (b_ == backend::tcp ? 10s : 30s);
+    auto settle = std::chrono::steady_clock::now() + (tcp_engine(b_) ? 10s : 30s);
     while (std::chrono::steady_clock::now() < settle) {
         pump_all([] { return false; }, 300ms);
         std::size_t now = sends_done() + b.ep->statistics().unexpected;
@@ -788,7 +788,7 @@ TEST_P(endpoint_race, a_flood_nobody_receives_is_held_bounded_back_pressures_the
         ASSERT_FALSE(b.ep->recv(any_peer, 9, 0, {&r, 1}, static_cast<std::uint64_t>(i))) << i;
     }
     ASSERT_TRUE(pump_all([&] { return b.done.size() == total && sends_done() == total; },
-                         b_ == backend::tcp ? 30s : 120s))
+                         tcp_engine(b_) ? 30s : 120s))
         << b.done.size() << " received, " << sends_done() << " sent";
     pump_all([] { return false; }, 50ms); // nothing more may come
     EXPECT_EQ(b.done.size(), total);
@@ -848,7 +848,7 @@ TEST_P(endpoint_race, a_rendezvous_flood_nobody_receives_stops_at_its_credit_and
             held = std::max(held, b.ep->statistics().unexpected);
             return false;
         },
-        b_ == backend::tcp ? 300ms : 1500ms);
+        tcp_engine(b_) ? 300ms : 1500ms);
     EXPECT_GT(held, 0u);
     EXPECT_LT(held, static_cast<std::size_t>(n)) << "the sender went past its credit";
     EXPECT_EQ(b.ep->statistics().unexpected, held);

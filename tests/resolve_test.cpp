@@ -2,11 +2,17 @@
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
+#include <sys/un.h>
 
+#include <array>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include <rdmx/error.hpp>
 
+#include "endpoint/ep_address.hpp"
+#include "endpoint/ep_wire.hpp"
 #include "resolve.hpp"
 
 namespace rdmx::test
@@ -40,6 +46,46 @@ TEST(resolve, a_name_that_does_not_resolve_is_unreachable_naming_the_step_and_ho
         const std::string what = e.what();
         EXPECT_NE(what.find("rdma_resolve_addr"), std::string::npos) << what;
         EXPECT_NE(what.find("no-such-host.invalid"), std::string::npos) << what;
+    }
+}
+
+TEST(resolve, an_shm_address_is_one_abstract_unix_socket_per_name_and_port)
+{
+    auto a = detail::resolve(uri::parse("shm://svc:7"), false, "connect");
+    ASSERT_EQ(a.size(), 1u);
+    const auto& un = reinterpret_cast<const sockaddr_un&>(a[0].addr);
+    EXPECT_EQ(un.sun_family, AF_UNIX);
+    EXPECT_EQ(un.sun_path[0], '\0') << "the abstract namespace: no file to clean up";
+    const std::string name(un.sun_path + 1, a[0].len - offsetof(sockaddr_un, sun_path) - 1);
+    EXPECT_EQ(name, "rdmx-shm/svc:7");
+    EXPECT_TRUE(detail::scheme_fits(scheme::shm, backend::shm));
+    EXPECT_TRUE(detail::scheme_fits(scheme::automatic, backend::shm));
+    EXPECT_FALSE(detail::scheme_fits(scheme::tcp, backend::shm));
+    EXPECT_FALSE(detail::scheme_fits(scheme::shm, backend::tcp));
+    EXPECT_FALSE(detail::scheme_fits(scheme::shm, backend::verbs));
+}
+
+// An endpoint on shm carries its listener's name in its identity (40 bytes of connect
+// private data): what the peer sends back there is checked like any other field.
+TEST(resolve, an_endpoint_identity_carries_an_shm_name_and_refuses_a_bad_one)
+{
+    auto r = ep::resolve_address("shm://node-a:4000", backend::shm);
+    EXPECT_EQ(r.text, "shm://node-a:4000");
+    EXPECT_EQ(r.key.family, ep::shm_family);
+    ep::identity id{.incarnation = 42, .listener = r.key};
+    ep::identity back;
+    ASSERT_EQ(ep::decode(ep::encode(id), back), ep::identity_status::ok);
+    EXPECT_EQ(back.listener, r.key);
+    EXPECT_EQ(ep::to_text(back.listener, backend::shm), "shm://node-a:4000");
+    EXPECT_THROW(ep::resolve_address("tcp://127.0.0.1:1", backend::shm), error);
+    EXPECT_THROW(ep::resolve_address("auto://node-a:1", backend::shm), error);
+    EXPECT_THROW(ep::resolve_address("shm://node-a:1", backend::tcp), error);
+    // A hostile peer's names: empty, a byte uri::parse refuses, bytes after the end.
+    for (auto bad : {std::array<std::uint8_t, 16>{}, std::array<std::uint8_t, 16>{'a', '/', 'b'},
+                     std::array<std::uint8_t, 16>{'a', 0, 'b'}}) {
+        ep::identity hostile = id;
+        hostile.listener.ip = bad;
+        EXPECT_EQ(ep::decode(ep::encode(hostile), back), ep::identity_status::malformed);
     }
 }
 

@@ -266,7 +266,7 @@ protected:
 
     std::size_t rounds() const
     {
-        return env_or("RDMX_SHAPES_ROUNDS", b_ == backend::tcp ? tcp_rounds : verbs_rounds);
+        return env_or("RDMX_SHAPES_ROUNDS", tcp_engine(b_) ? tcp_rounds : verbs_rounds);
     }
 
     /// Connects `n` clients, one at a time, each told its target region by the accept's

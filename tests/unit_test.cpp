@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include <rdmx/rdmx.hpp>
@@ -26,6 +29,27 @@ TEST(uri, parses_schemes_hosts_and_ports)
     EXPECT_EQ(u.scheme, scheme::automatic);
     EXPECT_EQ(u.port, uri::default_port);
     EXPECT_EQ(uri::parse("auto://h:0").port, 0);
+    u = uri::parse("shm://svc-1.a_B:9");
+    EXPECT_EQ(u.scheme, scheme::shm);
+    EXPECT_EQ(u.host, "svc-1.a_B");
+    EXPECT_EQ(u.port, 9);
+    EXPECT_EQ(u.to_string(), "shm://svc-1.a_B:9");
+    EXPECT_EQ(uri::parse("shm://0123456789abcdef").host.size(), uri::max_shm_name);
+}
+
+TEST(uri, shm_names_are_short_and_plain)
+{
+    // 17 bytes, and characters an endpoint's identity would not carry back.
+    for (const char* bad :
+         {"shm://0123456789abcdefg:1", "shm://a+b:1", "shm://a%b", "shm://[::1]:1", "shm://:1"}) {
+        try {
+            uri::parse(bad);
+            ADD_FAILURE() << "accepted '" << bad << "'";
+        } catch (const error& e) {
+            EXPECT_EQ(e.code(), errc::invalid_argument);
+            EXPECT_NE(std::string(e.what()).find("bad address"), std::string::npos) << e.what();
+        }
+    }
 }
 
 TEST(uri, rejects_malformed_addresses)
@@ -52,6 +76,8 @@ TEST(remote_buffer, round_trips_through_its_fixed_size_encoding)
     EXPECT_EQ(*back, rb);
     rb.backend = backend::tcp;
     rb.key = 0xfedcba9876543210;
+    EXPECT_EQ(*remote_buffer::parse(rb.serialize()), rb);
+    rb.backend = backend::shm;
     EXPECT_EQ(*remote_buffer::parse(rb.serialize()), rb);
 }
 
@@ -97,8 +123,8 @@ TEST(remote_buffer, parse_rules_at_the_edges)
         remote_buffer{.addr = 0, .length = 1, .key = 0xffffffffu, .backend = backend::verbs}.serialize()));
     EXPECT_FALSE(remote_buffer::parse(
         remote_buffer{.addr = 0, .length = 1, .key = 0x100000000u, .backend = backend::verbs}.serialize()));
-    // Backend codes 1 and 2 only; exactly 32 bytes.
-    for (int code : {0, 3, 255}) {
+    // Backend codes 1, 2 and 3 only; exactly 32 bytes.
+    for (int code : {0, 4, 255}) {
         auto x = rb.serialize();
         x[5] = static_cast<std::byte>(code);
         EXPECT_FALSE(remote_buffer::parse(x)) << "backend " << code;
@@ -160,6 +186,67 @@ TEST(domain, tcp_scheme_always_opens_the_fallback)
     auto d = domain::open("tcp://127.0.0.1:0");
     EXPECT_EQ(d->backend(), backend::tcp);
     EXPECT_EQ(d->limits().device_name, "tcp");
+}
+
+TEST(domain, shm_scheme_opens_the_same_host_backend)
+{
+    auto d = domain::open("shm://unit:0");
+    EXPECT_EQ(d->backend(), backend::shm);
+    EXPECT_EQ(d->limits().device_name, "shm");
+    std::vector<std::byte> buf(64);
+    EXPECT_EQ(d->register_memory(buf.data(), buf.size(), access::remote_read)->remote().backend,
+              backend::shm);
+    EXPECT_EQ(d->create_completion_queue({})->backend(), backend::shm);
+}
+
+TEST(domain, shm_listeners_pick_a_free_port_and_hold_their_name)
+{
+    auto d = domain::open("shm://unit:0");
+    auto l = d->listen("shm://unit-ports:0");
+    EXPECT_EQ(l->backend(), backend::shm);
+    EXPECT_GE(l->port(), 49152);
+    auto again = d->listen("shm://unit-ports:0");
+    EXPECT_NE(again->port(), l->port());
+    try {
+        d->listen("shm://unit-ports:" + std::to_string(l->port()));
+        ADD_FAILURE() << "two listeners on one shm:// name";
+    } catch (const error& e) {
+        EXPECT_EQ(e.code(), std::error_code(EADDRINUSE, std::system_category())) << e.what();
+        EXPECT_NE(std::string(e.what()).find("bind"), std::string::npos) << e.what();
+    }
+    // Nobody listens on this name: refused at once, as a closed TCP port.
+    try {
+        connection_options o;
+        o.timeout = std::chrono::seconds(5);
+        d->connect("shm://unit-nobody:1", o);
+        ADD_FAILURE() << "connected to a name nobody listens on";
+    } catch (const error& e) {
+        EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
+    }
+}
+
+TEST(domain, each_domain_takes_the_addresses_of_its_backend_only)
+{
+    auto shm = domain::open("shm://unit:0");
+    auto tcp = domain::open("tcp://127.0.0.1:0");
+    const std::pair<domain*, const char*> wrong[] = {
+        {shm.get(), "tcp://127.0.0.1:1"}, {shm.get(), "rdma://127.0.0.1:1"}, {tcp.get(), "shm://unit:1"}};
+    for (auto [d, address] : wrong) {
+        for (int listen = 0; listen < 2; ++listen) {
+            try {
+                if (listen)
+                    d->listen(address);
+                else
+                    d->connect(address);
+                ADD_FAILURE() << to_string(d->backend()) << " took " << address;
+            } catch (const error& e) {
+                EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+                EXPECT_NE(std::string(e.what()).find(std::string("address on a ") + to_string(d->backend())),
+                          std::string::npos)
+                    << e.what();
+            }
+        }
+    }
 }
 
 TEST(domain, automatic_choice_on_loopback_is_tcp)

@@ -41,6 +41,21 @@ bool zero_tail(std::span<const std::byte> in, std::size_t used) noexcept
 
 } // namespace
 
+bool valid_shm_name(const std::array<std::uint8_t, 16>& ip) noexcept
+{
+    std::size_t n = 0;
+    while (n < ip.size() && ip[n] != 0) {
+        const std::uint8_t c = ip[n++];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+              c == '_' || c == '.'))
+            return false;
+    }
+    for (std::size_t i = n; i < ip.size(); ++i)
+        if (ip[i] != 0)
+            return false;
+    return n > 0;
+}
+
 // identity: magic u32, version u8, family u8, port u16, incarnation u64, ip[16]
 std::array<std::byte, identity_size> encode(const identity& id) noexcept
 {
@@ -66,8 +81,9 @@ identity_status decode(std::span<const std::byte> in, identity& out) noexcept
     out.listener.port = static_cast<std::uint16_t>(get(&in[6], 2));
     out.incarnation = get(&in[8], 8);
     std::memcpy(out.listener.ip.data(), &in[16], 16);
-    if ((out.listener.family != 4 && out.listener.family != 6) || out.listener.port == 0 ||
-        out.incarnation == 0)
+    const std::uint8_t f = out.listener.family;
+    if ((f != 4 && f != 6 && f != shm_family) || (f == shm_family && !valid_shm_name(out.listener.ip)) ||
+        out.listener.port == 0 || out.incarnation == 0)
         return identity_status::malformed;
     return identity_status::ok;
 }

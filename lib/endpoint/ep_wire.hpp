@@ -26,11 +26,17 @@ inline constexpr std::uint32_t initial_credit = 4;
 
 /// A listener address as the peer dialled it: the key of the address vector.
 struct net_address {
-    std::uint8_t family = 0; ///< 4 or 6
+    /// 4 or 6, or shm_family: `ip` holds the name of shm://name:port, zero-padded.
+    std::uint8_t family = 0;
     std::array<std::uint8_t, 16> ip{};
     std::uint16_t port = 0;
     friend bool operator==(const net_address&, const net_address&) = default;
 };
+
+inline constexpr std::uint8_t shm_family = 1;
+/// `ip` of an shm_family address holds a name uri::parse takes: 1-16 bytes of letters,
+/// digits, '-', '_', '.', then zeros.
+bool valid_shm_name(const std::array<std::uint8_t, 16>& ip) noexcept;
 
 /// Connect private data: who dials (at most 40 bytes, the smallest limit rdmx promises).
 struct identity {

@@ -14,9 +14,10 @@
 namespace rdmx::tcp
 {
 
-tcp_completion_queue::tcp_completion_queue(std::uint32_t depth, std::shared_ptr<domain_progress> progress)
+tcp_completion_queue::tcp_completion_queue(std::uint32_t depth, std::shared_ptr<domain_progress> progress,
+                                           rdmx::backend b)
     : completion_queue_base(std::clamp<std::uint32_t>(depth, 1, max_depth)),
-      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), progress_(std::move(progress))
+      efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), progress_(std::move(progress)), backend_(b)
 {
     if (!efd_)
         throw_errno(errno, "eventfd");

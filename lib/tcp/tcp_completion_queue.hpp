@@ -60,13 +60,15 @@ private:
 class tcp_completion_queue final : public detail::completion_queue_base
 {
 public:
-    /// `depth` is clamped to 1 .. max_depth; `progress` is its domain's.
-    tcp_completion_queue(std::uint32_t depth, std::shared_ptr<domain_progress> progress);
+    /// `depth` is clamped to 1 .. max_depth; `progress` is its domain's, `b` its backend
+    /// (tcp, or shm).
+    tcp_completion_queue(std::uint32_t depth, std::shared_ptr<domain_progress> progress,
+                         rdmx::backend b = backend::tcp);
     ~tcp_completion_queue() override;
 
     static constexpr std::uint32_t max_depth = 1u << 20;
 
-    rdmx::backend backend() const noexcept override { return backend::tcp; }
+    rdmx::backend backend() const noexcept override { return backend_; }
     std::size_t poll(std::span<completion> out) noexcept override RDMX_EXCLUDES(mu_);
     int fd() const noexcept override { return efd_.get(); }
     std::error_code request_notify(bool solicited_only) noexcept override RDMX_EXCLUDES(mu_);
@@ -124,6 +126,7 @@ private:
     bool watching_ RDMX_GUARDED_BY(mu_) = false;
     unique_fd efd_; ///< readable after a notification fired, until ack_notify()
     const std::shared_ptr<domain_progress> progress_;
+    const rdmx::backend backend_;
 };
 
 } // namespace rdmx::tcp

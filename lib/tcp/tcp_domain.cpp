@@ -40,7 +40,7 @@ class tcp_region final : public memory_region
 public:
     tcp_region(std::shared_ptr<tcp_domain> dom, region_state* st, std::byte* data, std::size_t size,
                rdmx::access acc, std::uint64_t key, rdmx::memory_type type, int device) noexcept
-        : memory_region(dom->owner(), backend::tcp, data, size, acc, 0, key, type, device),
+        : memory_region(dom->owner(), dom->backend(), data, size, acc, 0, key, type, device),
           dom_(std::move(dom)), st_(st), tag_(st->tag.load())
     {
     }
@@ -59,7 +59,7 @@ class tcp_window final : public memory_window
 {
 public:
     tcp_window(std::shared_ptr<tcp_domain> dom, window_state* st) noexcept
-        : memory_window(dom->owner(), backend::tcp), dom_(std::move(dom)), st_(st)
+        : memory_window(dom->owner(), dom->backend()), dom_(std::move(dom)), st_(st)
     {
     }
     ~tcp_window() override { dom_->free_window(st_); }
@@ -122,9 +122,9 @@ std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t m
     return out.first(h.wire_size());
 }
 
-tcp_domain::tcp_domain() : discard_(64 * 1024), work_(asio::make_work_guard(io_))
+tcp_domain::tcp_domain(rdmx::backend b) : backend_(b), discard_(64 * 1024), work_(asio::make_work_guard(io_))
 {
-    limits_.device_name = "tcp";
+    limits_.device_name = to_string(b);
     limits_.max_qp_wr = max_depth;
     limits_.max_sge = max_sge;
     limits_.max_sge_rd = max_sge;
@@ -375,7 +375,7 @@ std::error_code tcp_domain::bind_window(memory_window& window, const memory_regi
     // No allocation: the node is the window's own, and keys_ has buckets for key_slots_.
     keys_.insert(std::move(ws->node));
     ws->bound = true;
-    w.set_remote({.addr = ws->base, .length = length, .key = key, .backend = backend::tcp});
+    w.set_remote({.addr = ws->base, .length = length, .key = key, .backend = backend_});
     return {};
 }
 
@@ -452,11 +452,10 @@ tcp_domain::client_start tcp_domain::begin_client(const char* verb, std::string_
 {
     uri u = uri::parse(address);
     std::string what = verb + (" " + std::string(address));
-    if (u.scheme == scheme::rdma)
-        throw_error(errc::invalid_argument, what + ": the TCP domain cannot reach rdma://");
+    detail::check_scheme(u, backend_, what);
     tcp_srq::of(opts, *this, what);
     connection_limits lim = detail::clamp_limits(opts, limits_);
-    detail::cq_reservation shared(opts, lim, backend::tcp, verb);
+    detail::cq_reservation shared(opts, lim, backend_, verb);
     auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
     return {std::move(u), std::move(what), lim, std::move(shared), hello};
 }
@@ -505,7 +504,7 @@ tcp_domain::create_shared_receive_queue(const shared_receive_queue_options& opts
 
 std::shared_ptr<completion_queue> tcp_domain::create_completion_queue(const completion_queue_options& opts)
 {
-    return std::make_shared<tcp_completion_queue>(opts.depth, progress_);
+    return std::make_shared<tcp_completion_queue>(opts.depth, progress_, backend_);
 }
 
 std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const connection_options& opts,
@@ -521,9 +520,9 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
 
 } // namespace tcp
 
-std::shared_ptr<domain> detail::open_tcp_domain()
+std::shared_ptr<domain> detail::open_tcp_domain(backend b)
 {
-    return std::make_shared<tcp::tcp_domain>();
+    return std::make_shared<tcp::tcp_domain>(b);
 }
 
 } // namespace rdmx

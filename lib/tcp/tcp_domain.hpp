@@ -112,10 +112,11 @@ class tcp_connection;
 class tcp_domain final : public domain, public std::enable_shared_from_this<tcp_domain>
 {
 public:
-    tcp_domain();
+    /// `b`: backend::tcp, or backend::shm for the same engine over UNIX sockets (shm://).
+    explicit tcp_domain(rdmx::backend b = backend::tcp);
     ~tcp_domain() override;
 
-    rdmx::backend backend() const noexcept override { return backend::tcp; }
+    rdmx::backend backend() const noexcept override { return backend_; }
     const device_limits& limits() const noexcept override { return limits_; }
     std::unique_ptr<memory_window> allocate_window() override;
     std::unique_ptr<memory_region> register_placed(void* addr, std::size_t length, rdmx::access rights,
@@ -211,6 +212,7 @@ private:
                               std::span<const std::byte> private_data,
                               std::span<std::byte, handshake::reply_size> buf);
 
+    const rdmx::backend backend_; ///< tcp, or shm (UNIX sockets)
     device_limits limits_;
     std::mutex regions_mu_;
     std::deque<region_state> region_pool_; ///< deque: elements never move

@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <unordered_map>
 
 #include "tcp/tcp_connection.hpp"
@@ -63,11 +64,18 @@ constexpr auto accept_pause_max = std::chrono::milliseconds(1000);
 std::atomic<std::uint64_t> accept_pauses{0};
 
 /// What the per-source bound counts as one source: an IPv4 address, an IPv6 /64 (what one
-/// host usually has; a host with a whole prefix could otherwise take every slot).
-std::uint64_t source_of(const sockaddr_storage& sa) noexcept
+/// host usually has; a host with a whole prefix could otherwise take every slot), a
+/// process on this host (a UNIX socket `fd`, shm://).
+std::uint64_t source_of(const sockaddr_storage& sa, int fd) noexcept
 {
     std::uint64_t key = 0;
-    if (sa.ss_family == AF_INET)
+    if (sa.ss_family == AF_UNIX) {
+        // A peer on this host (shm://): its process, as the kernel names it.
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+            key = static_cast<std::uint64_t>(cred.pid);
+    } else if (sa.ss_family == AF_INET)
         key = reinterpret_cast<const sockaddr_in&>(sa).sin_addr.s_addr;
     else if (sa.ss_family == AF_INET6)
         std::memcpy(&key, reinterpret_cast<const sockaddr_in6&>(sa).sin6_addr.s6_addr, sizeof key);
@@ -133,7 +141,7 @@ private:
             throw_error(errc::invalid_argument, "accept: request already answered");
         connection_limits lim = detail::clamp_limits(opts, dom_->limits());
         // Room on the shared completion queues first: without it the client is rejected.
-        detail::cq_reservation shared(opts, lim, backend::tcp, started ? "start_accept" : "accept");
+        detail::cq_reservation shared(opts, lim, dom_->backend(), started ? "start_accept" : "accept");
         reply_ = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
         set_congestion_control(fd_.get(), opts.tcp.congestion);
         // limits() says what the connection got: its reads at the peer are bounded by what
@@ -160,29 +168,13 @@ public:
     {
         uri u = uri::parse(address);
         std::string what = "listen " + std::string(address);
-        if (u.scheme == scheme::rdma)
-            throw_error(errc::invalid_argument, what + ": the TCP domain cannot listen on rdma://");
-        // Bind exactly the address given (the first one it resolves to).
-        auto addrs = resolve(u, true, what);
-        const socket_address& a = addrs.front();
-        fd_.reset(::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-        if (!fd_)
-            throw_errno(errno, "socket");
-        int one = 1;
-        ::setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        // [::] means IPv6 only here; 0.0.0.0 is a separate listener.
-        if (a.addr.ss_family == AF_INET6)
-            ::setsockopt(fd_.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-        if (::bind(fd_.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) < 0)
-            throw error(std::error_code(errno, std::system_category()), what + ": bind");
+        detail::check_scheme(u, dom_->backend(), what);
+        if (u.scheme == scheme::shm)
+            bind_shm(u.host, u.port, what);
+        else
+            bind_tcp(u, what);
         if (::listen(fd_.get(), backlog_) < 0)
             throw error(std::error_code(errno, std::system_category()), what + ": listen");
-        sockaddr_storage bound{};
-        socklen_t len = sizeof bound;
-        if (::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&bound), &len) < 0)
-            throw_errno(errno, "getsockname");
-        port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                                  : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
         max_pending_ = std::max(static_cast<std::size_t>(backlog_), min_pending);
         max_per_source_ = std::max<std::size_t>(4, max_pending_ / source_share);
         epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -199,9 +191,56 @@ public:
         watch(timer_.get());
     }
 
+    /// Binds exactly the address given (the first one it resolves to); port_ is the port
+    /// bound.
+    void bind_tcp(const uri& u, const std::string& what)
+    {
+        auto addrs = resolve(u, true, what);
+        const socket_address& a = addrs.front();
+        fd_.reset(::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+        if (!fd_)
+            throw_errno(errno, "socket");
+        int one = 1;
+        ::setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        // [::] means IPv6 only here; 0.0.0.0 is a separate listener.
+        if (a.addr.ss_family == AF_INET6)
+            ::setsockopt(fd_.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (::bind(fd_.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) < 0)
+            throw error(std::error_code(errno, std::system_category()), what + ": bind");
+        sockaddr_storage bound{};
+        socklen_t len = sizeof bound;
+        if (::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&bound), &len) < 0)
+            throw_errno(errno, "getsockname");
+        port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                  : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    }
+
+    /// The UNIX socket of shm://name:port (shm_socket_address). Port 0 takes the first
+    /// free one of the dynamic range (49152-65535) from a random start, as TCP's port 0
+    /// does: a name another listener holds is EADDRINUSE.
+    void bind_shm(const std::string& name, std::uint16_t port, const std::string& what)
+    {
+        fd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+        if (!fd_)
+            throw_errno(errno, "socket");
+        constexpr unsigned first = 49152, count = 65536 - first;
+        const unsigned start = port ? 0 : std::random_device{}() % count;
+        for (unsigned i = 0; i < (port ? 1 : count); ++i) {
+            const auto p = port ? port : static_cast<std::uint16_t>(first + (start + i) % count);
+            const socket_address a = detail::shm_socket_address(name, p);
+            if (::bind(fd_.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) == 0) {
+                port_ = p;
+                return;
+            }
+            if (errno != EADDRINUSE || port)
+                throw error(std::error_code(errno, std::system_category()), what + ": bind");
+        }
+        throw error(std::error_code(EADDRINUSE, std::system_category()), what + ": bind: every port taken");
+    }
+
     int fd() const noexcept override { return epoll_.get(); }
     std::uint16_t port() const noexcept override { return port_; }
-    rdmx::backend backend() const noexcept override { return backend::tcp; }
+    rdmx::backend backend() const noexcept override { return dom_->backend(); }
 
     std::unique_ptr<connection_request> get_request(std::chrono::milliseconds timeout) override
     {
@@ -346,7 +385,7 @@ private:
                 return;       // EAGAIN: all taken
             }
             accept_pause_ = {};
-            pending p{unique_fd(c), {}, 0, clock::now() + hello_timeout, source_of(sa), false};
+            pending p{unique_fd(c), {}, 0, clock::now() + hello_timeout, source_of(sa, c), false};
             try {
                 set_socket_options(p.fd.get());
             } catch (const error&) {

@@ -71,7 +71,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
         return errc::not_connected;
     if (auto done =
             validate_or_flush(cq_side::send, wrs, posted, [&](const work_request& wr, std::uint64_t& total) {
-                if (errc ec = detail::check_send(wr, dom_.owner(), backend::tcp, lim_, total); ec != errc{})
+                if (errc ec = detail::check_send(wr, dom_.owner(), dom_.backend(), lim_, total); ec != errc{})
                     return ec;
                 if (!detail::is_window_op(wr.opcode)) [[likely]]
                     return errc{};

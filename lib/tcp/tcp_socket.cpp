@@ -31,6 +31,14 @@ int poll_timeout(clock::time_point deadline) noexcept
     return ms > 1'000'000'000 ? 1'000'000'000 : static_cast<int>(ms);
 }
 
+bool is_tcp_socket(int fd) noexcept
+{
+    int domain = 0;
+    socklen_t len = sizeof domain;
+    return ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
+           (domain == AF_INET || domain == AF_INET6);
+}
+
 void set_socket_options(int fd)
 {
     int flags = ::fcntl(fd, F_GETFL, 0);
@@ -38,14 +46,14 @@ void set_socket_options(int fd)
         throw_errno(errno, "fcntl(O_NONBLOCK)");
     // Small frames (ACKs, sends of a few bytes) must leave at once: latency is the point.
     int one = 1;
-    if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+    if (is_tcp_socket(fd) && ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
         throw_errno(errno, "setsockopt(TCP_NODELAY)");
 }
 
 void set_congestion_control(int fd, const std::string& algorithm)
 {
-    if (algorithm.empty())
-        return; // the system's (net.ipv4.tcp_congestion_control)
+    if (algorithm.empty() || !is_tcp_socket(fd))
+        return; // the system's (net.ipv4.tcp_congestion_control), or none (a UNIX socket)
     // The kernel reads at most TCP_CA_NAME_MAX - 1 bytes and would match a longer name by
     // its first 15: refuse what no algorithm can be called instead.
     constexpr std::size_t name_max = 15;
@@ -59,6 +67,8 @@ void set_congestion_control(int fd, const std::string& algorithm)
 
 void set_liveness_options(int fd, std::chrono::milliseconds timeout)
 {
+    if (!is_tcp_socket(fd))
+        return; // a UNIX socket: a peer that exits closes it at once
     // The kernel's own bounds, in line with the engine's progress timer: unacknowledged
     // data (TCP_USER_TIMEOUT) and an idle connection to a vanished host (keepalive) both
     // end the connection within about `timeout`, so nothing waits on a dead peer forever.

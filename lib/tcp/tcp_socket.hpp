@@ -60,7 +60,9 @@ void send_exact(int fd, std::span<const std::byte> data, clock::time_point deadl
 /// Milliseconds from now to `deadline` for poll(): 0 if passed, rounded up otherwise.
 int poll_timeout(clock::time_point deadline) noexcept;
 
-void set_socket_options(int fd); ///< non-blocking, TCP_NODELAY; throws on failure
+/// An AF_INET or AF_INET6 socket (not a UNIX socket of the shm backend).
+bool is_tcp_socket(int fd) noexcept;
+void set_socket_options(int fd); ///< non-blocking, TCP_NODELAY (TCP sockets); throws on failure
 /// TCP_CONGESTION (connection_options::tcp.congestion; empty: leave the system's); throws
 /// rdmx::error naming it on failure.
 void set_congestion_control(int fd, const std::string& algorithm);

@@ -23,7 +23,7 @@ public:
     tcp_srq(std::shared_ptr<tcp_domain> dom, const shared_receive_queue_options& opts);
     ~tcp_srq() override;
 
-    rdmx::backend backend() const noexcept override { return backend::tcp; }
+    rdmx::backend backend() const noexcept override { return dom_->backend(); }
     std::uint32_t depth() const noexcept override { return depth_; }
     std::uint32_t max_sge() const noexcept override { return max_sge_; }
     using shared_receive_queue::post_recv;

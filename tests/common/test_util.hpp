@@ -19,8 +19,8 @@ namespace rdmx::test
 
 using namespace std::chrono_literals;
 
-/// Backends named in RDMX_TEST_BACKENDS ("tcp", "verbs", "tcp,verbs"); default "tcp".
-/// The verbs run needs an RDMA device and RDMX_TEST_RDMA_ADDR (an IP on it).
+/// Backends named in RDMX_TEST_BACKENDS ("tcp", "shm", "verbs", "tcp,shm,verbs"); default
+/// "tcp". The verbs run needs an RDMA device and RDMX_TEST_RDMA_ADDR (an IP on it).
 inline std::vector<backend> selected_backends()
 {
     const char* env = std::getenv("RDMX_TEST_BACKENDS");
@@ -28,13 +28,24 @@ inline std::vector<backend> selected_backends()
     std::vector<backend> out;
     if (s.find("tcp") != std::string::npos)
         out.push_back(backend::tcp);
+    if (s.find("shm") != std::string::npos)
+        out.push_back(backend::shm);
     if (s.find("verbs") != std::string::npos)
         out.push_back(backend::verbs);
     return out;
 }
 
+/// The backends whose connections the TCP engine runs (tcp, and shm over UNIX sockets):
+/// what a test says of "TCP" holds for both.
+inline bool tcp_engine(backend b)
+{
+    return b == backend::tcp || b == backend::shm;
+}
+
 inline std::string host_for(backend b)
 {
+    if (b == backend::shm)
+        return "rdmx-test"; // shm://rdmx-test:PORT, this host's abstract namespace
     if (b == backend::tcp) {
         const char* h = std::getenv("RDMX_TEST_TCP_ADDR");
         return h ? h : "127.0.0.1";
@@ -45,7 +56,8 @@ inline std::string host_for(backend b)
 
 inline std::string address(backend b, const std::string& host, std::uint16_t port)
 {
-    return std::string(b == backend::tcp ? "tcp://" : "rdma://") + host + ":" + std::to_string(port);
+    const char* scheme = b == backend::tcp ? "tcp://" : b == backend::shm ? "shm://" : "rdma://";
+    return scheme + host + ":" + std::to_string(port);
 }
 
 /// The address of this run's host for backend `b` (see host_for).

@@ -15,7 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         return 0;
     FUZZ_CHECK(size == rdmx::remote_buffer::wire_size);
     FUZZ_CHECK(rb->addr + rb->length >= rb->addr);
-    FUZZ_CHECK(rb->backend == rdmx::backend::tcp || rb->backend == rdmx::backend::verbs);
+    FUZZ_CHECK(rb->backend == rdmx::backend::tcp || rb->backend == rdmx::backend::verbs ||
+               rb->backend == rdmx::backend::shm);
     auto out = rb->serialize();
     FUZZ_CHECK(std::memcmp(out.data(), data, size) == 0);
     auto again = rdmx::remote_buffer::parse(out);

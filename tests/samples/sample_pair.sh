@@ -1,8 +1,9 @@
 #!/bin/sh
 # Runs the sample client/server pair and checks what a user would look for: the greeting
 # both ways, the verified bulk transfer, and clear failures on a bad address or a dead
-# peer. Usage: sample_pair.sh BUILD_DIR tcp|rdma
+# peer. Usage: sample_pair.sh BUILD_DIR tcp|shm|rdma
 #   tcp:  on this host, over tcp://127.0.0.1
+#   shm:  on this host, over shm://sample-pair (a UNIX socket, docs/shm.md)
 #   rdma: inside the test guest, over rdma://$RDMX_GUEST_IP (rxe0), processes pinned to
 #         different vCPUs (a busy poller sharing a vCPU stalls on the timer tick under TCG)
 set -u
@@ -14,6 +15,8 @@ fail() { echo "sample_pair: FAIL: $*"; sed 's/^/    /' "$out"/*.log; exit 1; }
 
 if [ "$kind" = rdma ]; then
     addr="rdma://${RDMX_GUEST_IP:?not in the test guest}:7471"; pin_s="taskset -c 0"; pin_c="taskset -c 1"
+elif [ "$kind" = shm ]; then
+    addr="shm://sample-pair:0"; pin_s=""; pin_c=""
 else
     addr="tcp://127.0.0.1:0"; pin_s=""; pin_c=""
 fi

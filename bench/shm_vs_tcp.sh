@@ -1,0 +1,34 @@
+#!/bin/sh
+# rdmx's shm:// against its own tcp:// on loopback, interleaved (issue 29's "against rdmx's
+# own TCP" rows): per round, tcp then shm, each with 8 B send/recv latency, write bandwidth
+# at 64 KiB, 1 MiB and 4 MiB, and read bandwidth at 1 MiB. Server on CPU 0, client on CPU 1.
+# Usage: sh bench/shm_vs_tcp.sh BUILD_DIR [ROUNDS]   (a build with samples, debugoptimized)
+# Prints rdmx_perf's rows: send_lat: size iters t_min t_typical t_99 t_max (us);
+# bandwidth: size iters MB/s Mmsg/s us-per-message.
+set -eu
+build=${1:?usage: shm_vs_tcp.sh BUILD_DIR [ROUNDS]}
+rounds=${2:-3}
+perf=$build/samples/rdmx_perf
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+run() { # address test args...
+    a=$1; t=$2; shift 2
+    "$perf" --server --cpu 0 -t "$t" "$@" "$a" >"$log" 2>&1 &
+    i=0
+    until grep -q listening "$log"; do
+        i=$((i + 1)); [ $i -lt 100 ] || { cat "$log"; exit 1; }; sleep 0.1
+    done
+    port=$(sed -n 's/.*port \([0-9]*\).*/\1/p' "$log" | head -n 1)
+    "$perf" --cpu 1 -t "$t" "$@" "$(echo "$a" | sed "s/:0\$/:$port/")" | grep -E '^ *[0-9]'
+    wait
+}
+
+for r in $(seq "$rounds"); do
+    for a in tcp://127.0.0.1:0 shm://bench:0; do
+        echo "== round $r $a"
+        run "$a" send_lat -s 8 -n 20000 -w 1000
+        run "$a" write_bw -s 64K -s 1M -s 4M -n 2000
+        run "$a" read_bw -s 1M -n 2000
+    done
+done
