@@ -7,6 +7,7 @@
 
 #include "backends.hpp"
 #include "cuda_driver.hpp"
+#include "log.hpp"
 
 namespace rdmx
 {
@@ -60,9 +61,15 @@ private:
     std::shared_ptr<domain> backend_;
 };
 
-std::unique_ptr<domain> handle(std::shared_ptr<domain> backend)
+/// The application's handle on `backend`, opened for `address`; says at info level which
+/// backend (and device) the address took, so that a silent fallback (auto:// to TCP) shows.
+std::unique_ptr<domain> handle(std::shared_ptr<domain> backend, std::string_view address)
 {
-    return backend ? std::make_unique<domain_handle>(std::move(backend)) : nullptr;
+    if (!backend)
+        return nullptr;
+    RDMX_LOG(info, "domain::open(%.*s): backend %s, device %s", static_cast<int>(address.size()),
+             address.data(), to_string(backend->backend()), backend->limits().device_name.c_str());
+    return std::make_unique<domain_handle>(std::move(backend));
 }
 
 } // namespace
@@ -78,13 +85,13 @@ std::unique_ptr<domain> domain::open(std::string_view address, std::chrono::mill
 {
     uri u = uri::parse(address);
     switch (u.scheme) {
-    case scheme::tcp: return handle(detail::open_tcp_domain());
-    case scheme::shm: return handle(detail::open_tcp_domain(backend::shm));
-    case scheme::rdma: return handle(detail::open_verbs_domain(u, timeout, true));
+    case scheme::tcp: return handle(detail::open_tcp_domain(), address);
+    case scheme::shm: return handle(detail::open_tcp_domain(backend::shm), address);
+    case scheme::rdma: return handle(detail::open_verbs_domain(u, timeout, true), address);
     case scheme::automatic:
         if (auto d = detail::open_verbs_domain(u, timeout, false))
-            return handle(std::move(d));
-        return handle(detail::open_tcp_domain());
+            return handle(std::move(d), address);
+        return handle(detail::open_tcp_domain(), address);
     }
     throw_error(errc::invalid_argument, "domain::open: unknown scheme");
 }

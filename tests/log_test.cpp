@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include <rdmx/connection.hpp>
 #include <rdmx/log.hpp>
 
 #include "log.hpp"
@@ -165,6 +166,18 @@ TEST_F(log_fixture, the_sink_receives_what_passes_the_level)
     EXPECT_EQ(m[1].text, "w two");
     EXPECT_EQ(m[2].level, log_level::info);
     EXPECT_EQ(m[2].text, "i");
+}
+
+TEST_F(log_fixture, opening_a_domain_says_which_backend_the_address_took)
+{
+    set_log_level(log_level::info);
+    {
+        auto d = domain::open("shm://log-test:0");
+    }
+    auto m = got();
+    ASSERT_EQ(m.size(), 1u);
+    EXPECT_EQ(m[0].level, log_level::info);
+    EXPECT_EQ(m[0].text, "domain::open(shm://log-test:0): backend shm, device shm");
 }
 
 TEST_F(log_fixture, a_disabled_level_evaluates_no_argument)
