@@ -980,9 +980,12 @@ TEST_F(tcp_engine, sleeping_target_wakes_for_the_rest_of_a_payload_its_poll_bega
 
 // ---- hostile peers --------------------------------------------------------------------
 
-class hostile : public tcp_engine
+// On tcp and on shm (the same engine over a UNIX socket: a malicious local peer).
+class hostile : public tcp_engine, public testing::WithParamInterface<backend>
 {
 protected:
+    hostile() { b_ = GetParam(); }
+
     /// Connects a raw peer, accepts it with a posted receive (wr_id 99 into buf_), and
     /// returns the server side.
     std::unique_ptr<connection> accept_receiving(int& fd)
@@ -1047,7 +1050,7 @@ protected:
     std::unique_ptr<memory_region> mr_;
 };
 
-TEST_F(hostile, unknown_opcode_closes)
+TEST_P(hostile, unknown_opcode_closes)
 {
     int fd;
     auto c = accept_receiving(fd);
@@ -1060,7 +1063,7 @@ TEST_F(hostile, unknown_opcode_closes)
     ::close(fd);
 }
 
-TEST_F(hostile, length_over_the_frame_limit_closes)
+TEST_P(hostile, length_over_the_frame_limit_closes)
 {
     int fd;
     auto c = accept_receiving(fd);
@@ -1074,7 +1077,7 @@ TEST_F(hostile, length_over_the_frame_limit_closes)
     ::close(fd);
 }
 
-TEST_F(hostile, out_of_sequence_request_closes)
+TEST_P(hostile, out_of_sequence_request_closes)
 {
     int fd;
     auto c = accept_receiving(fd);
@@ -1087,7 +1090,7 @@ TEST_F(hostile, out_of_sequence_request_closes)
     ::close(fd);
 }
 
-TEST_F(hostile, stray_ack_and_truncated_header)
+TEST_P(hostile, stray_ack_and_truncated_header)
 {
     int fd;
     auto c = accept_receiving(fd);
@@ -1108,7 +1111,7 @@ TEST_F(hostile, stray_ack_and_truncated_header)
     EXPECT_TRUE(wait_state(*c2, connection_state::disconnected));
 }
 
-TEST_F(hostile, write_outside_the_registration_is_nacked_and_memory_untouched)
+TEST_P(hostile, write_outside_the_registration_is_nacked_and_memory_untouched)
 {
     int fd;
     auto c = accept_receiving(fd);
@@ -1128,7 +1131,7 @@ TEST_F(hostile, write_outside_the_registration_is_nacked_and_memory_untouched)
     ::close(fd);
 }
 
-TEST_F(hostile, atomics_are_served_in_little_endian_and_bad_targets_are_nacked)
+TEST_P(hostile, atomics_are_served_in_little_endian_and_bad_targets_are_nacked)
 {
     int fd;
     auto c = accept_receiving(fd);
@@ -1197,7 +1200,7 @@ TEST_F(hostile, atomics_are_served_in_little_endian_and_bad_targets_are_nacked)
     EXPECT_EQ(std::atomic_ref<std::uint64_t>(words[2]).load(), 0x7777u);
 }
 
-TEST_F(hostile, ranges_that_wrap_around_are_nacked)
+TEST_P(hostile, ranges_that_wrap_around_are_nacked)
 {
     // addr + length overflows 64 bits: a naive "addr + len <= end" check would pass it.
     for (frame_op op : {frame_op::read_req, frame_op::write}) {
@@ -1221,7 +1224,7 @@ TEST_F(hostile, ranges_that_wrap_around_are_nacked)
     }
 }
 
-TEST_F(hostile, read_flood_without_reading_responses_is_bounded)
+TEST_P(hostile, read_flood_without_reading_responses_is_bounded)
 {
     int fd;
     auto c = accept_receiving(fd);
@@ -1242,7 +1245,7 @@ TEST_F(hostile, read_flood_without_reading_responses_is_bounded)
 // until a response leaves, must not keep waking that sleeper: it leaves the queue's set
 // until the stall ends (it woke the sleeper without pause, hundreds of thousands of times
 // a second, before).
-TEST_F(hostile, a_stalled_socket_does_not_keep_waking_a_sleeper_on_the_queue)
+TEST_P(hostile, a_stalled_socket_does_not_keep_waking_a_sleeper_on_the_queue)
 {
     auto q = server_dom_->create_completion_queue({.depth = 1024});
     auto& qb = dynamic_cast<detail::completion_queue_base&>(*q);
@@ -1287,7 +1290,7 @@ TEST_F(hostile, a_stalled_socket_does_not_keep_waking_a_sleeper_on_the_queue)
     EXPECT_TRUE(wait_state(*c, connection_state::disconnected));
 }
 
-TEST_F(hostile, random_bytes_never_crash_or_touch_memory)
+TEST_P(hostile, random_bytes_never_crash_or_touch_memory)
 {
     std::uint64_t x = 0x9e3779b97f4a7c15ull;
     for (int round = 0; round < 40; ++round) {
@@ -1324,6 +1327,8 @@ TEST_F(hostile, random_bytes_never_crash_or_touch_memory)
     }
 }
 
+INSTANTIATE_TEST_SUITE_P(transports, hostile, testing::Values(backend::tcp, backend::shm), param_name);
+
 // ---- the loose ends of the wire format, decided (docs/wire-format.md) -------------------
 
 class wire_rules : public hostile
@@ -1357,7 +1362,7 @@ protected:
     std::unique_ptr<connection> accept_bare(int& fd, handshake& reply, const connection_options& o = {},
                                             std::uint32_t max_rd = 16, std::uint8_t flags = 0)
     {
-        fd = raw_connect(port_);
+        fd = raw_dial();
         EXPECT_GE(fd, 0);
         auto hb = hello_bytes(max_rd, flags);
         EXPECT_EQ(::send(fd, hb.data(), hb.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hb.size()));
@@ -1379,7 +1384,7 @@ protected:
     }
 };
 
-TEST_F(wire_rules, malformed_hellos_are_closed_unanswered)
+TEST_P(wire_rules, malformed_hellos_are_closed_unanswered)
 {
     // Section 1: non-zero padding, a read limit of 0, a reserved byte set. The listener
     // closes each socket without a reply, and the application never sees a request.
@@ -1391,7 +1396,7 @@ TEST_F(wire_rules, malformed_hellos_are_closed_unanswered)
     bad.back().second[7] = std::byte{2};
     for (auto& [what, bytes] : bad) {
         SCOPED_TRACE(what);
-        int fd = raw_connect(port_);
+        int fd = raw_dial();
         ASSERT_GE(fd, 0);
         ASSERT_TRUE(send_all(fd, bytes.data(), bytes.size()));
         EXPECT_EQ(listener_->get_request(300ms), nullptr) << "a malformed HELLO became a request";
@@ -1409,13 +1414,13 @@ TEST_F(wire_rules, malformed_hellos_are_closed_unanswered)
 // Issue 26, item 9: the wire protocol's version. A HELLO of version 1 (before the GOODBYE
 // flag, the atomic frames and SEND_INV) is answered with a REJECT in version 1's form whose
 // private data names the version required; the application never sees it.
-TEST_F(wire_rules, a_hello_of_another_version_is_rejected_in_its_own_form_with_the_reason)
+TEST_P(wire_rules, a_hello_of_another_version_is_rejected_in_its_own_form_with_the_reason)
 {
     for (std::uint8_t v : {std::uint8_t{1}, std::uint8_t{3}}) {
         SCOPED_TRACE(int{v});
         auto hb = hello_bytes(16);
         hb[4] = std::byte{v};
-        int fd = raw_connect(port_);
+        int fd = raw_dial();
         ASSERT_GE(fd, 0);
         ASSERT_TRUE(send_all(fd, hb.data(), hb.size()));
         EXPECT_EQ(listener_->get_request(300ms), nullptr) << "another version's HELLO became a request";
@@ -1440,7 +1445,7 @@ TEST_F(wire_rules, a_hello_of_another_version_is_rejected_in_its_own_form_with_t
 // Issue 26, item 9: GOODBYE is the last frame of a peer that set the GOODBYE flag. One from
 // a peer without the flag, and any frame after a GOODBYE, are violations: the connection
 // goes to error (protocol_error), not to a clean `disconnected`.
-TEST_F(wire_rules, goodbye_only_from_a_peer_with_the_flag_and_nothing_after_it)
+TEST_P(wire_rules, goodbye_only_from_a_peer_with_the_flag_and_nothing_after_it)
 {
     for (bool flagged : {false, true}) {
         SCOPED_TRACE(flagged ? "a frame after GOODBYE" : "GOODBYE without the flag");
@@ -1464,7 +1469,7 @@ TEST_F(wire_rules, goodbye_only_from_a_peer_with_the_flag_and_nothing_after_it)
     }
 }
 
-TEST_F(wire_rules, a_large_read_limit_is_accepted_and_the_smaller_one_applies)
+TEST_P(wire_rules, a_large_read_limit_is_accepted_and_the_smaller_one_applies)
 {
     // Section 1: a HELLO may offer any number of reads; each side has at most
     // min(own, peer's) outstanding. Here the peer offers 2^32 - 1 and we allow 2.
@@ -1477,7 +1482,7 @@ TEST_F(wire_rules, a_large_read_limit_is_accepted_and_the_smaller_one_applies)
     EXPECT_EQ(reply.max_rd_atomic, 2u) << "the ACCEPT states our own limit";
     std::vector<std::byte> sink(3 * 8);
     auto sm = server_dom_->register_memory(sink.data(), sink.size(), access::local_write);
-    remote_buffer far{.addr = 0x10000, .length = 64, .key = 5, .backend = backend::tcp};
+    remote_buffer far{.addr = 0x10000, .length = 64, .key = 5, .backend = b_};
     for (std::uint64_t i = 0; i < 3; ++i) {
         sge s{sm.get(), i * 8, 8};
         ASSERT_FALSE(c->post_read({&s, 1}, *far.slice(i * 8, 8), i));
@@ -1509,7 +1514,7 @@ TEST_F(wire_rules, a_large_read_limit_is_accepted_and_the_smaller_one_applies)
     ::close(fd);
 }
 
-TEST_F(wire_rules, requests_with_fields_their_opcode_does_not_use_are_violations)
+TEST_P(wire_rules, requests_with_fields_their_opcode_does_not_use_are_violations)
 {
     // Section 2: no request field is ignored. Each of these closes the connection without
     // a response and without touching memory; so does a first request whose seq is 2^32
@@ -1551,7 +1556,7 @@ TEST_F(wire_rules, requests_with_fields_their_opcode_does_not_use_are_violations
     }
 }
 
-TEST_F(wire_rules, no_receive_wins_over_a_bad_key_and_an_overlong_send)
+TEST_P(wire_rules, no_receive_wins_over_a_bad_key_and_an_overlong_send)
 {
     // Section 5, order of the target's checks: a WRITE_IMM that finds no receive is
     // NAKed RNR before its key is looked at (as rxe checks resources before the rkey);
@@ -1599,7 +1604,7 @@ TEST_F(wire_rules, no_receive_wins_over_a_bad_key_and_an_overlong_send)
     ::close(fd);
 }
 
-TEST_F(wire_rules, zero_length_write_imm_and_read_need_no_key)
+TEST_P(wire_rules, zero_length_write_imm_and_read_need_no_key)
 {
     // Section 5: zero-length requests touch nothing, so addr and key are not checked; a
     // WRITE_IMM still consumes a receive.
@@ -1636,7 +1641,7 @@ TEST_F(wire_rules, zero_length_write_imm_and_read_need_no_key)
     ::close(fd);
 }
 
-TEST_F(wire_rules, fence_and_solicited_on_a_write_put_no_bit_on_the_wire)
+TEST_P(wire_rules, fence_and_solicited_on_a_write_put_no_bit_on_the_wire)
 {
     // Sections 2 and 5: the fence is the initiator's own rule (the fenced write waits for
     // the earlier read's response), and the solicited flag is only sent on SEND and
@@ -1649,7 +1654,7 @@ TEST_F(wire_rules, fence_and_solicited_on_a_write_put_no_bit_on_the_wire)
     std::vector<std::byte> sink(8), src(8, std::byte{0x5a});
     auto sm = server_dom_->register_memory(sink.data(), sink.size(), access::local_write);
     auto wm = server_dom_->register_memory(src.data(), src.size(), access::none);
-    remote_buffer far{.addr = 0x10000, .length = 64, .key = 5, .backend = backend::tcp};
+    remote_buffer far{.addr = 0x10000, .length = 64, .key = 5, .backend = b_};
     sge rs{sm.get(), 0, 8}, ws{wm.get(), 0, 8};
     ASSERT_FALSE(c->post_read({&rs, 1}, *far.slice(0, 8), 1));
     ASSERT_FALSE(c->post_write({&ws, 1}, *far.slice(0, 8), 2,
@@ -1690,6 +1695,8 @@ TEST_F(wire_rules, fence_and_solicited_on_a_write_put_no_bit_on_the_wire)
 // that reports to another shared queue of the domain (its messages land in that queue, its
 // ACKs and read responses leave, its target takes writes), and a thread that polls only a
 // connection's own queue serves the shared queues' connections likewise.
+INSTANTIATE_TEST_SUITE_P(transports, wire_rules, testing::Values(backend::tcp, backend::shm), param_name);
+
 TEST_F(tcp_engine, a_poll_of_any_queue_of_the_domain_progresses_its_shared_queues_connections)
 {
     auto q1 = server_dom_->create_completion_queue({.depth = 1024});

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/test_util.hpp"
+#include "resolve.hpp"
 #include "tcp/tcp_wire.hpp"
 
 namespace rdmx::test
@@ -49,6 +50,21 @@ inline int raw_connect(std::uint16_t port, const char* source = "127.0.0.1", int
     }
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+/// A blocking connect to the listener of shm://`name`:`port` (its abstract UNIX socket,
+/// lib/resolve.hpp); -1 on failure.
+inline int raw_connect_shm(const std::string& name, std::uint16_t port)
+{
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    const detail::socket_address a = detail::shm_socket_address(name, port);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0) {
+        ::close(fd);
+        return -1;
+    }
     return fd;
 }
 
@@ -116,7 +132,9 @@ inline bool read_header(int fd, frame_header& h)
     return !frame_header::decode(b.data(), h);
 }
 
-/// Two TCP domains on loopback and a listener (with `backlog`) on the server one.
+/// Two TCP domains on loopback and a listener (with `backlog`) on the server one; with
+/// `b_` set to backend::shm before SetUp (a fixture of both, in its constructor), two shm
+/// domains and a listener on shm://rdmx-raw:PORT, the same engine over UNIX sockets.
 class tcp_loopback : public testing::Test
 {
 protected:
@@ -124,18 +142,24 @@ protected:
 
     void SetUp() override
     {
-        server_dom_ = domain::open("tcp://127.0.0.1:0");
-        client_dom_ = domain::open("tcp://127.0.0.1:0");
-        listener_ = server_dom_->listen("tcp://127.0.0.1:0", backlog_);
+        server_dom_ = domain::open(address(b_, host(), 0));
+        client_dom_ = domain::open(address(b_, host(), 0));
+        listener_ = server_dom_->listen(address(b_, host(), 0), backlog_);
         port_ = listener_->port();
     }
-    std::string addr() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+    std::string host() const { return b_ == backend::shm ? "rdmx-raw" : "127.0.0.1"; }
+    std::string addr() const { return address(b_, host(), port_); }
+    /// A raw socket connected to the listener (raw_connect, or raw_connect_shm on shm).
+    int raw_dial(int rcvbuf = 0) const
+    {
+        return b_ == backend::shm ? raw_connect_shm(host(), port_) : raw_connect(port_, "127.0.0.1", rcvbuf);
+    }
 
     /// A raw peer that said HELLO and was accepted; fd is its socket. Null (and a failed
     /// expectation) if the handshake did not complete.
     std::unique_ptr<connection> accept_raw(int& fd, const connection_options& opts = {}, int rcvbuf = 0)
     {
-        fd = raw_connect(port_, "127.0.0.1", rcvbuf);
+        fd = raw_dial(rcvbuf);
         EXPECT_GE(fd, 0);
         EXPECT_TRUE(send_hello(fd));
         auto req = listener_->get_request(5s);
@@ -148,6 +172,7 @@ protected:
     }
 
     const int backlog_;
+    backend b_ = backend::tcp;
     std::unique_ptr<domain> server_dom_, client_dom_;
     std::unique_ptr<listener> listener_;
     std::uint16_t port_ = 0;
