@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -349,6 +350,42 @@ TEST_P(server_cm, a_clean_disconnect_and_a_dead_peer_process_are_told_apart)
             EXPECT_EQ(q->wait({&ev, 1}, 200ms), 0u) << "a second terminal event";
         }
     }
+}
+
+// A peer whose process hangs without dying (stopped): its kernel keeps the connection up,
+// so nothing but rdmx's own dead-peer rule can end it. A request to it fails within that
+// bound (ack_timeout x (retry_count + 1), at least 1 s), and the connection goes to error.
+TEST_P(server_cm, a_request_to_a_stopped_peer_process_fails_within_the_dead_peer_bound)
+{
+    if (b_ == backend::verbs)
+        GTEST_SKIP() << "verbs: the RC transport (the NIC, rxe in the kernel) answers for a "
+                        "stopped process; its RNR retries, not rdmx, bound the request";
+    const std::string peer = sibling_program("disconnect_peer");
+    ASSERT_EQ(::access(peer.c_str(), X_OK), 0) << peer << ": " << std::strerror(errno);
+    child_process child(peer, {server_address(), "sigkill"});
+    connection_options o;
+    o.ack_timeout = 100ms;
+    o.retry_count = 1;
+    auto req = listener_->get_request(10s);
+    ASSERT_NE(req, nullptr);
+    auto s = req->accept(o);
+    char one = 1;
+    ASSERT_TRUE(child.write(&one, 1));
+    ASSERT_TRUE(child.read_exact(&one, 1, 10s)) << "the peer did not get there";
+    ASSERT_TRUE(child.signal(SIGSTOP));
+    std::vector<std::byte> buf(1024, std::byte{7});
+    auto mr = server_dom_->register_memory(buf.data(), buf.size(), access::local_write);
+    const auto start = std::chrono::steady_clock::now();
+    sge g{mr.get(), 0, buf.size()};
+    ASSERT_FALSE(s->post_send({&g, 1}, 1));
+    auto sc = poll_n(*s, 1, 10s);
+    const auto took = std::chrono::steady_clock::now() - start;
+    ASSERT_EQ(sc.size(), 1u) << "the request to the stopped peer never completed";
+    EXPECT_EQ(sc[0].status, errc::transport_retry_exceeded) << sc[0].status.message();
+    EXPECT_EQ(s->state(), connection_state::error);
+    EXPECT_GE(took, 900ms) << "failed before the bound: the peer was only stopped";
+    EXPECT_LT(took, 5s) << "the dead-peer rule took far longer than its bound";
+    ASSERT_TRUE(child.signal(SIGCONT));
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, server_cm, testing::ValuesIn(selected_backends()), param_name);

@@ -128,6 +128,10 @@ public:
         return ::write(in_, data, len) == static_cast<ssize_t>(len);
     }
 
+    /// Sends `sig` (SIGSTOP, SIGCONT: a peer that hangs without dying); false if it is
+    /// reaped already or kill() fails.
+    bool signal(int sig) { return pid_ > 0 && ::kill(pid_, sig) == 0; }
+
     /// SIGKILL, then reaps it (nothing if it was reaped already).
     void kill()
     {
