@@ -3,8 +3,9 @@
 # server, 8 clients PUTting and GETting objects of 4 KiB .. 1 MiB with 4 RPCs in flight each
 # (every byte checked by the client), 2 more clients killed with SIGKILL mid-transfer, then
 # new clients that still succeed, and a SHUTDOWN whose counters must add up.
-# Usage: bulk_rpc.sh BUILD_DIR tcp|rdma
+# Usage: bulk_rpc.sh BUILD_DIR tcp|shm|rdma
 #   tcp:  on this host, over tcp://127.0.0.1
+#   shm:  on this host, over shm://bulk-rpc (docs/shm.md)
 #   rdma: inside the test guest, over rdma://$RDMX_GUEST_IP (rxe0 or siw0)
 set -u
 build=$1; kind=$2
@@ -20,6 +21,8 @@ run_client() { # LOG ARGS...
 
 if [ "$kind" = rdma ]; then
     addr="rdma://${RDMX_GUEST_IP:?not in the test guest}:7490"
+elif [ "$kind" = shm ]; then
+    addr="shm://bulk-rpc:0"
 else
     addr="tcp://127.0.0.1:0"
 fi

@@ -7,8 +7,9 @@
 # version word (no update may be lost: it ends at version 100). Then a SHUTDOWN RPC: the
 # server must exit 0 and its counters must add up. Where the device has memory windows
 # every request's buffer is a window the server's reply revokes (the clients check).
-# Usage: object_store.sh BUILD_DIR tcp|rdma   (OBJECT_STORE_SERVER_ARGS: more server options, e.g. --no-srq)
+# Usage: object_store.sh BUILD_DIR tcp|shm|rdma   (OBJECT_STORE_SERVER_ARGS: more server options, e.g. --no-srq)
 #   tcp:  on this host, over tcp://127.0.0.1
+#   shm:  on this host, over shm://object-store (docs/shm.md)
 #   rdma: inside the test guest, over rdma://$RDMX_GUEST_IP (rxe0 or siw0)
 set -u
 build=$1; kind=$2
@@ -25,6 +26,8 @@ run_client() { # LOG ARGS...
 
 if [ "$kind" = rdma ]; then
     addr="rdma://${RDMX_GUEST_IP:?not in the test guest}:7480"
+elif [ "$kind" = shm ]; then
+    addr="shm://object-store:0"
 else
     addr="tcp://127.0.0.1:0"
 fi
