@@ -384,6 +384,11 @@ private:
             return {r, nullptr};
         return {s, r != s ? r : nullptr};
     }
+    /// `p`'s run took this engine from its pending list: it may be marked there again.
+    void unmark(const domain_progress& p) noexcept RDMX_REQUIRES(mu_)
+    {
+        pending_marked_[&p == progresses()[0] ? 0 : 1] = false;
+    }
     /// A notification armed on one of them: its poller is going to sleep.
     bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
     /// A shared queue of its sides is armed for a sleeper that watches its sockets too.

@@ -89,7 +89,7 @@ void connection_engine::queue_progress(domain_progress& p, bool listed, bool que
 {
     engine_lock lk(mu_);
     if (listed) // off the list now (a run for readiness leaves us there, marked)
-        pending_marked_[&p == progresses()[0] ? 0 : 1] = false;
+        unmark(p);
     if (closed_ || detached_ || hs_.owns_socket())
         return; // the handshake's socket is the engine's; a reply there waits for it
     if (rx_state_ == rx_state::done) {
@@ -221,7 +221,7 @@ bool connection_engine::sleeper_takes_over() noexcept
 void connection_engine::queue_flush(domain_progress& p) noexcept
 {
     engine_lock lk(mu_);
-    pending_marked_[&p == progresses()[0] ? 0 : 1] = false;
+    unmark(p);
     if (closed_ || detached_ || hs_.owns_socket())
         return;
     if (ownership_.app_owns() && app_may_read())
