@@ -2,9 +2,9 @@
 # The two commands of the README, and their building blocks. Idempotent: packages are
 # installed only when missing, the build directory is reused, the guest kernel is cached.
 #
-#   ./dev.sh demo    install, build, run the sample client/server pair over TCP on this
-#                    host and over soft-RoCE (rdma_rxe) in a QEMU guest, or on this host's
-#                    RDMA device when it has one
+#   ./dev.sh demo    install, build, run the sample client/server pair over TCP and shm://
+#                    on this host and over soft-RoCE (rdma_rxe) in a QEMU guest, or on this
+#                    host's RDMA device when it has one
 #   ./dev.sh test    install, build, run the whole test suite (what CI runs)
 #   ./dev.sh deps | build
 #   ./dev.sh asan | tsan | fuzz   one sanitizer or fuzz pass of `test` on its own
@@ -84,6 +84,8 @@ demo() {
     build
     log "sample pair over TCP on this host"
     sample_pair tcp://127.0.0.1:7471
+    log "sample pair over shm:// (UNIX sockets) on this host"
+    sample_pair shm://demo:7471
     if [ -n "$(ls /sys/class/infiniband 2>/dev/null)" ] && [ -n "${RDMX_RDMA_ADDR:-}" ]; then
         log "sample pair over this host's RDMA device ($RDMX_RDMA_ADDR)"
         sample_pair "rdma://$RDMX_RDMA_ADDR:7471"
