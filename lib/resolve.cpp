@@ -32,6 +32,12 @@ void check_scheme(const uri& u, backend b, std::string_view what)
                                             " address on a " + to_string(b) + " domain");
 }
 
+bool shm_name_char(char c) noexcept
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.';
+}
+
 socket_address shm_socket_address(const std::string& name, std::uint16_t port) noexcept
 {
     socket_address a;

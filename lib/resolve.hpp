@@ -27,6 +27,10 @@ bool scheme_fits(scheme s, backend b) noexcept;
 /// unless scheme_fits.
 void check_scheme(const uri& u, backend b, std::string_view what);
 
+/// A byte an shm:// name may hold: an ASCII letter or digit, '-', '_' or '.' (what
+/// uri::parse takes, and an endpoint's identity carries back).
+bool shm_name_char(char c) noexcept;
+
 /// The UNIX socket of shm://name:port: in the abstract namespace (no file; the name is
 /// the network namespace's, and goes with the last socket bound to it).
 socket_address shm_socket_address(const std::string& name, std::uint16_t port) noexcept;

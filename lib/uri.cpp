@@ -1,8 +1,9 @@
 #include <rdmx/error.hpp>
 #include <rdmx/uri.hpp>
 
-#include <cctype>
 #include <charconv>
+
+#include "resolve.hpp"
 
 namespace rdmx
 {
@@ -78,7 +79,7 @@ uri uri::parse(std::string_view text)
         if (u.host.size() > max_shm_name)
             bad(text, "an shm:// name has at most 16 bytes");
         for (char c : u.host)
-            if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+            if (!detail::shm_name_char(c))
                 bad(text, "an shm:// name has letters, digits, '-', '_' and '.' only");
     }
     if (port.empty()) {

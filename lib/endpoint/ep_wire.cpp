@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "resolve.hpp"
+
 namespace rdmx::ep
 {
 namespace
@@ -44,12 +46,9 @@ bool zero_tail(std::span<const std::byte> in, std::size_t used) noexcept
 bool valid_shm_name(const std::array<std::uint8_t, 16>& ip) noexcept
 {
     std::size_t n = 0;
-    while (n < ip.size() && ip[n] != 0) {
-        const std::uint8_t c = ip[n++];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-              c == '_' || c == '.'))
+    while (n < ip.size() && ip[n] != 0)
+        if (!detail::shm_name_char(static_cast<char>(ip[n++])))
             return false;
-    }
     for (std::size_t i = n; i < ip.size(); ++i)
         if (ip[i] != 0)
             return false;
