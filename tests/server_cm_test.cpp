@@ -57,6 +57,19 @@ protected:
             }
         }
     }
+
+    /// Accepts the request of `child` (a disconnect_peer) into `s` with `opts`, then lets
+    /// the peer go on and waits until it has its side: only now may it end (a disconnect
+    /// racing the accept would fail it).
+    void accept_peer(child_process& child, const connection_options& opts, std::unique_ptr<connection>& s)
+    {
+        auto req = listener_->get_request(10s);
+        ASSERT_NE(req, nullptr);
+        s = req->accept(opts);
+        char one = 1;
+        ASSERT_TRUE(child.write(&one, 1));
+        ASSERT_TRUE(child.read_exact(&one, 1, 10s)) << "the peer did not get there";
+    }
 };
 
 TEST_P(server_cm, listener_fd_and_event_queues_serve_eight_started_clients_from_one_thread)
@@ -322,13 +335,8 @@ TEST_P(server_cm, a_clean_disconnect_and_a_dead_peer_process_are_told_apart)
             auto q = event_queue::create();
             connection_options o;
             o.events = q;
-            auto req = listener_->get_request(10s);
-            ASSERT_NE(req, nullptr);
-            auto s = req->accept(o);
-            // Only now may the peer end: a disconnect racing the accept would fail it.
-            char one = 1;
-            ASSERT_TRUE(child.write(&one, 1));
-            ASSERT_TRUE(child.read_exact(&one, 1, 10s)) << "the peer did not get there";
+            std::unique_ptr<connection> s;
+            ASSERT_NO_FATAL_FAILURE(accept_peer(child, o, s));
             if (std::strcmp(how, "sigkill") == 0)
                 child.kill();
             child.wait();
@@ -366,12 +374,8 @@ TEST_P(server_cm, a_request_to_a_stopped_peer_process_fails_within_the_dead_peer
     connection_options o;
     o.ack_timeout = 100ms;
     o.retry_count = 1;
-    auto req = listener_->get_request(10s);
-    ASSERT_NE(req, nullptr);
-    auto s = req->accept(o);
-    char one = 1;
-    ASSERT_TRUE(child.write(&one, 1));
-    ASSERT_TRUE(child.read_exact(&one, 1, 10s)) << "the peer did not get there";
+    std::unique_ptr<connection> s;
+    ASSERT_NO_FATAL_FAILURE(accept_peer(child, o, s));
     ASSERT_TRUE(child.signal(SIGSTOP));
     std::vector<std::byte> buf(1024, std::byte{7});
     auto mr = server_dom_->register_memory(buf.data(), buf.size(), access::local_write);
