@@ -1,7 +1,10 @@
 #!/bin/sh
 # rdmx's shm:// against its own tcp:// on loopback, interleaved (issue 29's "against rdmx's
-# own TCP" rows): per round, tcp then shm, each with 8 B send/recv latency, write bandwidth
-# at 64 KiB, 1 MiB and 4 MiB, and read bandwidth at 1 MiB. Server on CPU 0, client on CPU 1.
+# own TCP" and "against the machine's limit" rows): per round, tcp, then shm with
+# cross-memory attach off (RDMX_SHM_CMA=off: every byte through the UNIX socket), then shm
+# as it is, each with 8 B send/recv latency and write and read bandwidth at 64 KiB, 1 MiB
+# and 4 MiB; then one core's memcpy of those sizes (bench/memcpy_bw.c, on CPU 1). Server
+# on CPU 0, client on CPU 1.
 # Usage: sh bench/shm_vs_tcp.sh BUILD_DIR [ROUNDS]   (a build with samples, debugoptimized)
 # Prints rdmx_perf's rows: send_lat: size iters t_min t_typical t_99 t_max (us);
 # bandwidth: size iters MB/s Mmsg/s us-per-message.
@@ -10,7 +13,9 @@ build=${1:?usage: shm_vs_tcp.sh BUILD_DIR [ROUNDS]}
 rounds=${2:-3}
 perf=$build/samples/rdmx_perf
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+mc=$(mktemp)
+trap 'rm -f "$log" "$mc"' EXIT
+cc -O2 -o "$mc" "$(dirname "$0")/memcpy_bw.c"
 
 run() { # address test args...
     a=$1; t=$2; shift 2
@@ -25,10 +30,15 @@ run() { # address test args...
 }
 
 for r in $(seq "$rounds"); do
-    for a in tcp://127.0.0.1:0 shm://bench:0; do
-        echo "== round $r $a"
+    for a in tcp://127.0.0.1:0 shm-nocma shm://bench:0; do
+        cma=on
+        [ "$a" = shm-nocma ] && { a=shm://bench:0; cma=off; }
+        export RDMX_SHM_CMA=$cma
+        echo "== round $r $a cma=$cma"
         run "$a" send_lat -s 8 -n 20000 -w 1000
         run "$a" write_bw -s 64K -s 1M -s 4M -n 2000
-        run "$a" read_bw -s 1M -n 2000
+        run "$a" read_bw -s 64K -s 1M -s 4M -n 2000
     done
+    echo "== round $r memcpy (size iterations MB/s)"
+    for s in 65536 1048576 4194304; do taskset -c 1 "$mc" $s 2000; done
 done

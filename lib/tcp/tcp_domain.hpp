@@ -4,6 +4,8 @@
 // and its engine thread go with the last of them, whatever the order (rdmx::domain).
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -24,6 +26,7 @@
 #include "cq_reservation.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
 #include "tcp/tcp_progress.hpp"
+#include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_staging.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -190,6 +193,11 @@ public:
     bounce_pool& bounce() noexcept { return bounce_; }
     /// Sink for payload bytes that must be read and dropped. Engine thread only.
     std::span<std::byte> discard_buffer() noexcept { return discard_; }
+    /// shm://: a pidfd of process `pid` (a connected peer's, SO_PEERCRED), shared by this
+    /// domain's connections to that process, so that a server holds one per peer process,
+    /// not per connection; null if none could be had (tcp_cma.cpp). A cached one whose
+    /// process has exited is replaced: the pid now names another process.
+    std::shared_ptr<const unique_fd> peer_process(pid_t pid);
 
 private:
     /// connect() and start_connect()'s common start, all before the peer hears of us: the
@@ -237,6 +245,8 @@ private:
     // engine's); deregister() never holds regions_mu_ while it takes the others.
     std::mutex engines_mu_;
     std::vector<std::weak_ptr<connection_engine>> engines_;
+    std::mutex processes_mu_; ///< a leaf (peer_process)
+    std::unordered_map<pid_t, std::weak_ptr<const unique_fd>> processes_;
     std::mutex linger_mu_; ///< a leaf: taken under an engine's mutex, nothing under it
     std::condition_variable linger_cv_;
     std::size_t lingering_ = 0;

@@ -3,6 +3,7 @@
 // Its methods are defined one concern per file (see each declaration group below).
 #pragma once
 
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <array>
@@ -53,6 +54,14 @@ std::error_code nak_status(nak_code c) noexcept;
 /// handler dangling. Each member says what guards it (mu_, or the engine thread's role for
 /// the asio descriptor and the engine's own timers), and each method which thread may call
 /// it (tcp_thread_safety.hpp): the clang build checks both.
+
+/// Process-wide counts of the CMA path (shm://), for tests and statistics: CMA requests
+/// that this process sent and that completed successfully, and refusals it received
+/// (NAK CMA_REFUSED: a peer that cannot reach this process's memory).
+std::uint64_t cma_requests_completed() noexcept;
+std::uint64_t cma_refusals() noexcept;
+void note_cma_completed() noexcept; ///< one more for cma_requests_completed()
+
 class connection_engine : public std::enable_shared_from_this<connection_engine>
 {
 public:
@@ -328,6 +337,26 @@ private:
 
     // --- the one-sided target service (tcp_target.cpp; any thread, mu_ held) ---
     void begin_request(const frame_header& h) noexcept RDMX_REQUIRES(mu_); ///< the peer's request arrived
+
+    // --- cross-memory attach, shm:// only (tcp_cma.cpp; any thread, mu_ held) ---
+    /// Payloads from this size on go by CMA where the peer can reach this process.
+    static constexpr std::uint64_t cma_min_bytes = 16 * 1024;
+    /// False if RDMX_SHM_CMA is "off" or "0" (read once).
+    static bool cma_allowed() noexcept;
+    /// Whether request `pos` (not sent yet) goes as a CMA request: sets its via_cma and,
+    /// if so, writes its descriptors. False with `revoked` if its memory was deregistered.
+    bool choose_cma(std::uint64_t pos, bool& revoked) noexcept RDMX_REQUIRES(mu_);
+    /// The peer's CMA request whose descriptors are in (rx_.cma): checked against our
+    /// registration exactly as write/read, then the data moved by process_vm_readv /
+    /// process_vm_writev, and answered (ACK, READ_CMA_RESP, or a NAK).
+    void serve_cma(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
+    /// The peer's process, for CMA: its pid (SO_PEERCRED) while a pidfd says that it has
+    /// not exited (so that the pid names it, not a later process); 0 otherwise.
+    pid_t cma_peer() noexcept RDMX_REQUIRES(mu_);
+    /// READ_CMA_RESP for the read at the head: complete it.
+    void finish_read_cma(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
+    /// NAK CMA_REFUSED of the head: no CMA request again; the head and what follows go again.
+    void on_cma_refused(std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
     void finish_frame() noexcept RDMX_REQUIRES(mu_); ///< its payload is in: carry it out
     void push_ack(std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
     void push_response(const response& r) noexcept RDMX_REQUIRES(mu_);
@@ -580,6 +609,13 @@ private:
     rx_chunk rx_chunks_[2] RDMX_GUARDED_BY(mu_);
     int rx_turn_ RDMX_GUARDED_BY(mu_) = 0;      ///< the chunk the next staged read fills
     request_sequence seq_ RDMX_GUARDED_BY(mu_); ///< the peer's requests, as the target sees them
+    /// shm://: this side sends CMA requests (until the peer refuses one; RDMX_SHM_CMA=off: never)
+    bool cma_tx_ RDMX_GUARDED_BY(mu_) = false;
+    /// The peer's process for serving CMA requests (cma_peer): looked up once.
+    enum class cma_lookup : std::uint8_t { not_yet, found, none };
+    cma_lookup cma_lookup_ RDMX_GUARDED_BY(mu_) = cma_lookup::not_yet;
+    pid_t cma_pid_ RDMX_GUARDED_BY(mu_) = 0;
+    std::shared_ptr<const unique_fd> cma_pidfd_ RDMX_GUARDED_BY(mu_); ///< tcp_domain::peer_process
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
     int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)
     std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)

@@ -220,6 +220,8 @@ void connection_engine::begin_established() noexcept
     state_.store(connection_state::established, std::memory_order_release);
     events_.report(connection_state::established, {}, false);
     wake_settled();
+    if (dom_.backend() == backend::shm)
+        (void)cma_peer(); // while the peer is surely connected (see there)
     // As start(), on this thread already.
     rx_run();
     arm_progress_check();

@@ -19,6 +19,7 @@ std::error_code nak_status(nak_code c) noexcept
     case nak_code::remote_access: return errc::remote_access;
     case nak_code::invalid_request: return errc::remote_invalid_request;
     case nak_code::remote_operation: return errc::remote_operation;
+    case nak_code::cma_refused: return errc::remote_operation; // handled by on_nak, never a status
     }
     return errc::bad_response;
 }
@@ -76,6 +77,19 @@ void connection_engine::begin_response(const frame_header& h) noexcept
         rx_.into(rx_action::read_resp, sq_.segs(sq_.head()), e.nseg);
         return;
     }
+    case frame_op::read_cma_resp: {
+        if (!sq_.in_flight() || h.seq != sq_.head()) {
+            protocol_violation("read response out of sequence", true);
+            return;
+        }
+        const send_queue::entry& e = sq_.at(sq_.head());
+        if (e.op != opcode::read || !e.via_cma || h.length != e.length) {
+            protocol_violation("CMA read response does not match the read", true);
+            return;
+        }
+        finish_read_cma(h);
+        return;
+    }
     case frame_op::atomic_resp: {
         if (!sq_.in_flight() || h.seq != sq_.head()) {
             protocol_violation("atomic response out of sequence", true);
@@ -107,6 +121,8 @@ void connection_engine::on_ack(std::uint64_t seq) noexcept
             protocol_violation("ack covers a read or an atomic", true);
             return;
         }
+        if (sq_.at(sq_.head()).via_cma)
+            note_cma_completed();
         complete_sq_head({}, sq_.at(sq_.head()).length);
     }
 }
@@ -115,6 +131,10 @@ void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
 {
     if (seq != sq_.head() || !sq_.in_flight()) {
         protocol_violation("nak for a request not at the head", true);
+        return;
+    }
+    if (code == nak_code::cma_refused) {
+        on_cma_refused(seq);
         return;
     }
     if (code != nak_code::rnr) {

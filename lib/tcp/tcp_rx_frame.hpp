@@ -81,6 +81,7 @@ enum class rx_action : std::uint8_t {
     read_resp,     ///< into the read's local SGEs
     atomic,        ///< the operands of an atomic request, into operands; then execute_atomic
     atomic_resp,   ///< the old value, into operands; then into the atomic's local SGE
+    cma,           ///< a CMA request's descriptors (shm://), into cma; then serve_cma
 };
 
 /// The frame being received: its header, its action, the payload bytes still to come and
@@ -101,6 +102,8 @@ struct rx_frame {
     bool fault = false;        ///< a destination region vanished (or a copy failed) during the payload
     seg one;                   ///< the destination when it is a single range (into_one)
     std::array<std::byte, compare_swap_payload> operands{}; ///< an atomic frame's payload (into_operands)
+    /// A CMA request's payload: the initiator's descriptors (into_cma)
+    std::array<std::byte, max_cma_descriptors * cma_descriptor_size> cma{};
 
     /// A new frame whose header was just read: its payload is all to come, with no
     /// destination yet (the target or the initiator chooses one).
@@ -132,12 +135,14 @@ struct rx_frame {
     {
         into_one(a, {nullptr, 0, operands.data(), len});
     }
+    /// The payload (a CMA request's descriptors; the decoder bounds their length) goes to `cma`.
+    void into_cma(std::uint64_t len) noexcept { into_one(rx_action::cma, {nullptr, 0, cma.data(), len}); }
     /// Whether the payload is kept (into memory) rather than read and dropped.
     bool to_memory() const noexcept
     {
         return action == rx_action::recv || action == rx_action::write || action == rx_action::write_imm ||
                action == rx_action::read_resp || action == rx_action::atomic ||
-               action == rx_action::atomic_resp;
+               action == rx_action::atomic_resp || action == rx_action::cma;
     }
     /// n payload bytes reached the memory (wherever they landed: read straight in, copied
     /// from the stage, or through a staging chunk): the position moves on over the segs.

@@ -37,6 +37,11 @@ public:
         /// old value lands.
         std::array<std::byte, compare_swap_payload> operands{};
         seg operand_seg;
+        /// shm://: the target moves this request's data itself (a CMA request, whose
+        /// payload `cma_seg` is the SGE list as descriptors in cma_buf()). Decided when its
+        /// frame is first built, and again when it is sent again (go_back).
+        bool via_cma = false;
+        seg cma_seg;
     };
     /// A bind or invalidation posted behind requests still outstanding: it completes once
     /// the head reaches `after`, so that the send queue's completions keep the order of
@@ -48,9 +53,11 @@ public:
         bool signaled = false;
     };
 
-    send_queue(std::uint32_t depth, std::uint32_t max_sge, std::uint32_t max_inline)
+    /// `cma`: room for CMA descriptors in every slot (shm://).
+    send_queue(std::uint32_t depth, std::uint32_t max_sge, std::uint32_t max_inline, bool cma = false)
         : depth_(depth), max_sge_(max_sge), max_inline_(max_inline), entries_(depth),
-          segs_(std::size_t{depth} * max_sge), inline_(std::size_t{depth} * max_inline), locals_(depth)
+          segs_(std::size_t{depth} * max_sge), inline_(std::size_t{depth} * max_inline), locals_(depth),
+          cma_(cma ? std::size_t{depth} * max_sge * cma_descriptor_size : 0)
     {
     }
 
@@ -84,6 +91,13 @@ public:
     std::byte* inline_buf(std::uint64_t pos) noexcept
     {
         return inline_.data() + (pos % depth_) * max_inline_;
+    }
+
+    /// The slot's room for its SGE list as CMA descriptors (max_sge of them); null
+    /// without it.
+    std::byte* cma_buf(std::uint64_t pos) noexcept
+    {
+        return cma_.empty() ? nullptr : cma_.data() + (pos % depth_) * max_sge_ * cma_descriptor_size;
     }
 
     /// The request filled in at(tail()) is posted.
@@ -143,6 +157,7 @@ private:
     std::vector<seg> segs_;
     std::vector<std::byte> inline_;
     std::vector<local_entry> locals_; ///< ring of depth_: [lhead_, ltail_)
+    std::vector<std::byte> cma_;
     std::uint64_t head_ = 0;
     std::uint64_t next_ = 0;
     std::uint64_t tail_ = 0;

@@ -58,6 +58,21 @@ void connection_engine::begin_request(const frame_header& h) noexcept
         push_response({.op = frame_op::read_resp, .code = nak_code::rnr, .seq = h.seq, .data = s});
         return;
     }
+    case frame_op::write_imm_cma:
+    case frame_op::write_cma:
+    case frame_op::read_cma_req:
+        // The descriptors first; the target is checked and the data moved when they are
+        // in (serve_cma). Only an shm:// peer shares this host's memory.
+        if (dom_.backend() != backend::shm) {
+            protocol_violation("CMA request on a connection that is not shm://", false);
+            return;
+        }
+        if (h.op == frame_op::write_imm_cma && !recv_ready()) {
+            rx_.action = rx_action::rnr;
+            return;
+        }
+        rx_.into_cma(h.length);
+        return;
     case frame_op::fetch_add_req:
     case frame_op::compare_swap_req:
         // The operands first; the target is checked and changed when they are in.
@@ -244,6 +259,7 @@ void connection_engine::finish_frame() noexcept
         return;
     }
     case rx_action::atomic_resp: finish_atomic_response(); return;
+    case rx_action::cma: serve_cma(h); return;
     }
     // A request that was carried out: the next one may come, and it is acknowledged.
     seq_.carried_out();

@@ -25,7 +25,15 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
     std::byte* hdr = b.headers[b.nitems];
     frame_header h;
     if (kind == frame_kind::request) {
-        const send_queue::entry& e = sq_.at(pos);
+        send_queue::entry& e = sq_.at(pos);
+        if (skip == 0) { // a frame built anew (first, or sent again): by CMA or not?
+            bool revoked = false;
+            e.via_cma = cma_tx_ && choose_cma(pos, revoked);
+            if (revoked) { // pump() withdraws it (revoked_frame), as add() would
+                b.revoked = b.closed = true;
+                return;
+            }
+        }
         h.seq = pos;
         h.length = e.length;
         switch (e.op) {
@@ -49,8 +57,14 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
         }
         if (h.op == frame_op::write_imm)
             h.imm = e.imm;
-        if (e.solicited &&
-            (h.op == frame_op::send || h.op == frame_op::send_inv || h.op == frame_op::write_imm))
+        if (e.via_cma) { // the payload is the descriptors (payload_segs)
+            h.op = h.op == frame_op::write       ? frame_op::write_cma
+                   : h.op == frame_op::write_imm ? frame_op::write_imm_cma
+                                                 : frame_op::read_cma_req;
+            h.length = static_cast<std::uint32_t>(e.cma_seg.len);
+        }
+        if (e.solicited && (h.op == frame_op::send || h.op == frame_op::send_inv ||
+                            h.op == frame_op::write_imm || h.op == frame_op::write_imm_cma))
             h.flags = flag_solicited;
     } else {
         const response& r = resp_.at(pos);
@@ -58,8 +72,8 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
         h.seq = r.seq;
         if (r.op == frame_op::nak)
             h.status = static_cast<std::uint32_t>(r.code);
-        if (r.op == frame_op::read_resp)
-            h.length = static_cast<std::uint32_t>(r.data.len);
+        if (r.op == frame_op::read_resp || r.op == frame_op::read_cma_resp)
+            h.length = static_cast<std::uint32_t>(r.data.len); // read_cma_resp: no payload
         if (r.op == frame_op::atomic_resp)
             h.length = atomic_resp_payload;
     }
@@ -141,6 +155,8 @@ std::span<const seg> connection_engine::payload_segs(frame_kind kind, std::uint6
 {
     if (kind == frame_kind::request) {
         const send_queue::entry& e = sq_.at(pos);
+        if (e.via_cma)
+            return {&e.cma_seg, 1};
         if (e.op == opcode::fetch_add || e.op == opcode::compare_swap)
             return {&e.operand_seg, 1};
         if (e.op != opcode::send && e.op != opcode::send_with_invalidate && e.op != opcode::write &&

@@ -106,18 +106,22 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
     case frame_op::write_imm:
     case frame_op::read_req:
     case frame_op::fetch_add_req:
-    case frame_op::compare_swap_req: {
+    case frame_op::compare_swap_req:
+    case frame_op::write_cma:
+    case frame_op::write_imm_cma:
+    case frame_op::read_cma_req: {
         // Every field a request does not use must be zero (docs/wire-format.md section 2):
         // the version byte of the handshake is the only way to give one a meaning later.
         auto o = static_cast<frame_op>(op);
-        bool may_solicit = o == frame_op::send || o == frame_op::send_inv || o == frame_op::write_imm;
+        bool may_solicit = o == frame_op::send || o == frame_op::send_inv || o == frame_op::write_imm ||
+                           o == frame_op::write_imm_cma;
         if (h.status != 0)
             return bad(why, "status on a request");
         if ((h.flags & ~flag_solicited) != 0)
             return bad(why, "unknown flags on a request");
         if (h.flags != 0 && !may_solicit)
             return bad(why, "solicited flag on a write or read request");
-        if (h.imm != 0 && o != frame_op::write_imm)
+        if (h.imm != 0 && o != frame_op::write_imm && o != frame_op::write_imm_cma)
             return bad(why, "imm on a request other than write_imm");
         if (o == frame_op::send && (h.addr != 0 || h.key != 0))
             return bad(why, "addr or key on a send");
@@ -127,11 +131,15 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
             return bad(why, "fetch_add request without exactly its 8-byte operand");
         if (o == frame_op::compare_swap_req && h.length != compare_swap_payload)
             return bad(why, "compare_swap request without exactly its 16 bytes of operands");
+        if (is_cma_request(o) && (h.length == 0 || h.length % cma_descriptor_size != 0 ||
+                                  h.length > max_cma_descriptors * cma_descriptor_size))
+            return bad(why, "CMA request without 1 to 32 whole descriptors");
         break;
     }
     case frame_op::ack:
     case frame_op::read_resp:
     case frame_op::atomic_resp:
+    case frame_op::read_cma_resp:
         if (h.flags != 0 || h.status != 0 || h.imm != 0 || h.addr != 0 || h.key != 0)
             return bad(why, "unused response fields not zero");
         if (op == static_cast<std::uint8_t>(frame_op::ack) && h.length != 0)
@@ -148,7 +156,7 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
         if (h.flags != 0 || h.imm != 0 || h.addr != 0 || h.key != 0 || h.length != 0)
             return bad(why, "unused nak fields not zero");
         if (h.status < static_cast<std::uint32_t>(nak_code::rnr) ||
-            h.status > static_cast<std::uint32_t>(nak_code::remote_operation))
+            h.status > static_cast<std::uint32_t>(nak_code::cma_refused))
             return bad(why, "unknown nak code");
         break;
     default: return bad(why, "unknown opcode");

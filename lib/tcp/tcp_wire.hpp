@@ -35,6 +35,13 @@ enum class frame_op : std::uint8_t {
     /// request; as send, and key = the target's memory window to revoke before the
     /// receive completes (opcode::send_with_invalidate)
     send_inv = 7,
+    /// shm:// only (docs/wire-format.md section 7). Requests whose data the target moves
+    /// itself by cross-memory attach (CMA): the payload is the initiator's own SGE list as
+    /// cma_descriptor entries, not the data. addr/key, imm and flags as write / write_imm /
+    /// read_req; the data length is the descriptors' sum.
+    write_cma = 8,
+    write_imm_cma = 9,
+    read_cma_req = 10,
     ack = 16,       ///< response; acknowledges every request up to and including seq
     read_resp = 17, ///< response; payload = the bytes read for request seq
     nak = 18,       ///< response; request seq failed, status = nak_code
@@ -43,7 +50,21 @@ enum class frame_op : std::uint8_t {
     goodbye = 19,
     /// response; payload (length 8) = the target's value before the atomic request seq
     atomic_resp = 20,
+    /// response (shm:// only); no payload: the target wrote the `length` bytes of read
+    /// request seq into the initiator's memory itself (read_cma_req)
+    read_cma_resp = 21,
 };
+
+/// One entry of a CMA request's payload: a range of the initiator's memory (address,
+/// length; 8 bytes little endian each). At most max_cma_descriptors per request.
+inline constexpr std::uint32_t cma_descriptor_size = 16;
+inline constexpr std::uint32_t max_cma_descriptors = 32;
+
+/// Whether `op` is one of the requests that carry CMA descriptors.
+inline bool is_cma_request(frame_op op) noexcept
+{
+    return op == frame_op::write_cma || op == frame_op::write_imm_cma || op == frame_op::read_cma_req;
+}
 
 /// Payload bytes of the atomic frames: one or two little-endian 64-bit operands, the old value.
 inline constexpr std::uint32_t fetch_add_payload = 8;
@@ -61,6 +82,10 @@ enum class nak_code : std::uint32_t {
     remote_access = 2,    ///< bad key, out of bounds, or missing rights; fatal
     invalid_request = 3,  ///< send larger than the posted receive; fatal
     remote_operation = 4, ///< the target could not complete the request; fatal
+    /// shm:// only: the target cannot reach the initiator's memory (CMA refused: ptrace
+    /// rules, another user or PID namespace). Not fatal: the initiator sends seq and what
+    /// follows it again with the data in the frames, and sends no CMA request again.
+    cma_refused = 5,
 };
 
 inline constexpr std::uint8_t flag_solicited =
@@ -96,7 +121,7 @@ struct frame_header {
     std::uint32_t payload_length() const noexcept
     {
         return op == frame_op::read_req || op == frame_op::ack || op == frame_op::nak ||
-                       op == frame_op::goodbye
+                       op == frame_op::goodbye || op == frame_op::read_cma_resp
                    ? 0
                    : length;
     }

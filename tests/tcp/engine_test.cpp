@@ -32,6 +32,7 @@
 #include "resolve.hpp"
 #include "tcp/raw_peer.hpp"
 #include "tcp/tcp_domain.hpp"
+#include "tcp/tcp_engine.hpp"
 
 namespace rdmx::test
 {
@@ -434,6 +435,49 @@ TEST_F(tcp_engine, solicited_only_notification)
     EXPECT_EQ(::poll(&pfd, 1, 0), 0) << "ack_notify drains the event";
     expect_ok(*p.server, 2);
     expect_ok(*p.client, 1);
+}
+
+/// The engine over shm:// (UNIX sockets, CMA for large one-sided payloads).
+class shm_engine : public tcp_engine
+{
+protected:
+    shm_engine() { b_ = backend::shm; }
+};
+
+TEST_F(shm_engine, a_write_imm_by_cma_keeps_its_immediate_and_solicited_bit)
+{
+    // 64 KiB: over the CMA size, so the frame is WRITE_IMM_CMA; its receive completion
+    // carries the immediate, and only the solicited one wakes a solicited-only waiter.
+    auto p = connect_pair();
+    constexpr std::size_t n = 64 * 1024;
+    std::vector<std::byte> src(n, std::byte{0x5a}), dst(2 * n), rbuf(16);
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dm =
+        server_dom_->register_memory(dst.data(), dst.size(), access::local_write | access::remote_write);
+    auto rm = server_dom_->register_memory(rbuf.data(), rbuf.size(), access::local_write);
+    for (int i = 0; i < 2; ++i) {
+        sge r{rm.get(), 0, 16};
+        ASSERT_FALSE(p.server->post_recv({&r, 1}, static_cast<std::uint64_t>(10 + i)));
+    }
+    ASSERT_FALSE(p.server->request_notify(true));
+    const std::uint64_t cma0 = tcp::cma_requests_completed();
+    sge s{sm.get(), 0, n};
+    ASSERT_FALSE(p.client->post_write_imm({&s, 1}, dm->remote(), 7, 1)); // not solicited: no event
+    expect_ok(*p.client, 1);
+    std::this_thread::sleep_for(20ms);
+    pollfd pfd{p.server->completion_fd(), POLLIN, 0};
+    EXPECT_EQ(::poll(&pfd, 1, 0), 0);
+    ASSERT_FALSE(p.client->post_write_imm({&s, 1}, *dm->remote().slice(n, n), 8, 2,
+                                          send_flags::signaled | send_flags::solicited));
+    EXPECT_EQ(::poll(&pfd, 1, 5000), 1) << "the solicited bit was lost";
+    expect_ok(*p.client, 1);
+    auto rc = expect_ok(*p.server, 2);
+    ASSERT_EQ(rc.size(), 2u);
+    EXPECT_EQ(rc[0].imm, 7u);
+    EXPECT_EQ(rc[1].imm, 8u);
+    EXPECT_EQ(rc[0].byte_len, n);
+    EXPECT_EQ(tcp::cma_requests_completed() - cma0, 2u) << "not both by CMA";
+    EXPECT_EQ(dst, std::vector<std::byte>(2 * n, std::byte{0x5a}));
 }
 
 TEST_F(tcp_engine, burst_of_small_frames_reaches_a_sleeping_receiver)
@@ -1224,6 +1268,133 @@ TEST_P(hostile, ranges_that_wrap_around_are_nacked)
     }
 }
 
+/// A CMA request's payload: one descriptor per range of the sender's (this process's) memory.
+std::vector<std::byte> cma_descriptors(std::initializer_list<std::pair<std::uint64_t, std::uint64_t>> ranges)
+{
+    std::vector<std::byte> d;
+    for (auto [addr, len] : ranges) {
+        std::byte e[tcp::cma_descriptor_size];
+        tcp::store_le64(e, addr);
+        tcp::store_le64(e + 8, len);
+        d.insert(d.end(), e, e + sizeof e);
+    }
+    return d;
+}
+
+/// The hostile peer's tests of what exists on shm:// only (CMA requests; on TCP they are
+/// violations: cma_requests_are_served_only_on_shm_and_only_inside_the_registration).
+using hostile_shm = hostile;
+
+TEST_P(hostile, cma_requests_are_served_only_on_shm_and_only_inside_the_registration)
+{
+    // The payload names 64 bytes of the raw peer's memory (this process's) to be written
+    // at the end of buf_, running past it: on shm the target's registration check refuses
+    // it before any CMA; on TCP, where no peer shares our memory, the request itself is a
+    // violation.
+    std::vector<std::byte> evil(64, std::byte{0xee});
+    int fd;
+    auto c = accept_receiving(fd);
+    frame_header h;
+    h.op = frame_op::write_cma;
+    h.seq = 0;
+    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data()) + 4090;
+    h.key = mr_->remote().key;
+    const auto d = cma_descriptors({{reinterpret_cast<std::uintptr_t>(evil.data()), evil.size()}});
+    h.length = static_cast<std::uint32_t>(d.size());
+    ASSERT_TRUE(send_header(fd, h));
+    ASSERT_TRUE(send_all(fd, d.data(), d.size()));
+    if (b_ == backend::shm) {
+        frame_header r;
+        ASSERT_NO_FATAL_FAILURE(expect_remote_access_nak(fd, r));
+        EXPECT_EQ(r.seq, 0u);
+    }
+    expect_flushed_error(*c);
+    ::close(fd);
+}
+
+TEST_P(hostile_shm, cma_descriptors_that_name_no_memory_of_the_peer_fail_the_request_only)
+{
+    // The peer's own ranges are its business: unmapped ones (page 1) make the target's
+    // process_vm_readv fail, and the request fails (REMOTE_OPERATION) with buf_ untouched.
+    int fd;
+    auto c = accept_receiving(fd);
+    frame_header h;
+    h.op = frame_op::write_cma;
+    h.seq = 0;
+    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+    h.key = mr_->remote().key;
+    const auto d = cma_descriptors({{4096, 64}});
+    h.length = static_cast<std::uint32_t>(d.size());
+    ASSERT_TRUE(send_header(fd, h));
+    ASSERT_TRUE(send_all(fd, d.data(), d.size()));
+    frame_header r;
+    ASSERT_TRUE(read_header(fd, r));
+    EXPECT_EQ(r.op, frame_op::nak);
+    EXPECT_EQ(r.status, static_cast<std::uint32_t>(tcp::nak_code::remote_operation));
+    expect_flushed_error(*c);
+    ::close(fd);
+}
+
+TEST_P(hostile_shm, cma_descriptors_over_the_frame_limit_close_the_connection)
+{
+    // Each length alone is below the 1 GiB limit, their sum is not (and would wrap 32
+    // bits): a violation, nothing read or written.
+    int fd;
+    auto c = accept_receiving(fd);
+    frame_header h;
+    h.op = frame_op::read_cma_req;
+    h.seq = 0;
+    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
+    h.key = mr_->remote().key;
+    const std::uint64_t big = tcp::max_frame_payload - 10;
+    const auto d = cma_descriptors({{reinterpret_cast<std::uintptr_t>(buf_.data()), big},
+                                    {reinterpret_cast<std::uintptr_t>(buf_.data()), big}});
+    h.length = static_cast<std::uint32_t>(d.size());
+    ASSERT_TRUE(send_header(fd, h));
+    ASSERT_TRUE(send_all(fd, d.data(), d.size()));
+    expect_flushed_error(*c);
+    char x;
+    EXPECT_EQ(::recv(fd, &x, 1, 0), 0) << "the server closed the socket without a response";
+    ::close(fd);
+}
+
+TEST_P(hostile_shm, a_cma_read_lands_in_the_peer_and_is_answered_without_payload)
+{
+    // The raw peer is this process: the target writes the 300 bytes at buf_ + 100 into
+    // its two ranges itself, and answers READ_CMA_RESP with the length and no payload.
+    int fd;
+    auto c = accept_receiving(fd);
+    for (std::size_t i = 0; i < buf_.size(); ++i)
+        buf_[i] = static_cast<std::byte>(i & 0xff);
+    std::vector<std::byte> sink(300, std::byte{0});
+    frame_header h;
+    h.op = frame_op::read_cma_req;
+    h.seq = 0;
+    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data()) + 100;
+    h.key = mr_->remote().key;
+    const auto d = cma_descriptors({{reinterpret_cast<std::uintptr_t>(sink.data()), 100},
+                                    {reinterpret_cast<std::uintptr_t>(sink.data()) + 100, 200}});
+    h.length = static_cast<std::uint32_t>(d.size());
+    ASSERT_TRUE(send_header(fd, h));
+    ASSERT_TRUE(send_all(fd, d.data(), d.size()));
+    frame_header r;
+    ASSERT_TRUE(read_header(fd, r));
+    EXPECT_EQ(r.op, frame_op::read_cma_resp);
+    EXPECT_EQ(r.seq, 0u);
+    EXPECT_EQ(r.length, 300u);
+    EXPECT_EQ(std::memcmp(sink.data(), buf_.data() + 100, 300), 0);
+    // A READ_CMA_RESP for nothing this side asked: a violation.
+    frame_header stray;
+    stray.op = frame_op::read_cma_resp;
+    stray.length = 8;
+    ASSERT_TRUE(send_header(fd, stray));
+    auto cs = poll_n(*c, 1);
+    ASSERT_EQ(cs.size(), 1u);
+    EXPECT_EQ(cs[0].status, errc::flushed);
+    EXPECT_TRUE(wait_state(*c, connection_state::error));
+    ::close(fd);
+}
+
 TEST_P(hostile, read_flood_without_reading_responses_is_bounded)
 {
     int fd;
@@ -1328,6 +1499,7 @@ TEST_P(hostile, random_bytes_never_crash_or_touch_memory)
 }
 
 INSTANTIATE_TEST_SUITE_P(transports, hostile, testing::Values(backend::tcp, backend::shm), param_name);
+INSTANTIATE_TEST_SUITE_P(transports, hostile_shm, testing::Values(backend::shm), param_name);
 
 // ---- the loose ends of the wire format, decided (docs/wire-format.md) -------------------
 

@@ -15,6 +15,7 @@
 #include "common/test_util.hpp"
 #include "tcp/raw_peer.hpp"
 #include "tcp/tcp_domain.hpp"
+#include "tcp/tcp_engine.hpp"
 
 namespace rdmx::test
 {
@@ -284,6 +285,63 @@ TEST_F(tcp_staging_faults, a_copy_that_fails_at_the_target_fails_the_request_as_
     ASSERT_FALSE(p.client->post_send({&sd, 1}, 4));
     EXPECT_EQ(status_of(*p.server), errc::local_protection);
     EXPECT_EQ(status_of(*p.client), errc::remote_operation);
+}
+
+TEST(shm_staging, a_staged_target_region_is_served_by_cma_through_the_chunks)
+{
+    // shm://: the initiator's host memory goes by CMA (lib/tcp/tcp_cma.cpp), and a target
+    // region that is staged (device memory; here host memory under the switch) takes it
+    // through one host chunk at a time, pieces crossing chunk and SGE boundaries.
+    const char* before = std::getenv("RDMX_TCP_FORCE_STAGING");
+    const std::string saved = before ? before : "";
+    setenv("RDMX_TCP_FORCE_STAGING", "1", 1);
+    auto sd = domain::open("shm://rdmx-stg:0");
+    auto l = sd->listen("shm://rdmx-stg:0");
+    if (before)
+        setenv("RDMX_TCP_FORCE_STAGING", saved.c_str(), 1);
+    else
+        unsetenv("RDMX_TCP_FORCE_STAGING");
+    auto cd = domain::open("shm://rdmx-stg:0");
+    const std::string at = "shm://rdmx-stg:" + std::to_string(l->port());
+    auto acc = std::async(std::launch::async, [&] {
+        auto req = l->get_request(10s);
+        if (!req)
+            throw std::runtime_error("no request");
+        return req->accept({});
+    });
+    auto c = cd->connect(at, {});
+    auto srv = acc.get();
+
+    const std::size_t size = 3 * chunk + 4096;
+    std::vector<std::byte> a(size), back(size), b(size);
+    fill(a, 5);
+    fill(b, 6);
+    auto ma = cd->register_memory(a.data(), a.size(), access::local_write);
+    auto mback = cd->register_memory(back.data(), back.size(), access::local_write);
+    auto mb = sd->register_memory(b.data(), b.size(),
+                                  access::local_write | access::remote_write | access::remote_read);
+    const std::uint64_t in0 = pool_of(*sd).bytes_in(), out0 = pool_of(*sd).bytes_out();
+    const std::uint64_t cma0 = tcp::cma_requests_completed();
+    const sge w[] = {{ma.get(), 3, chunk - 5}, {ma.get(), chunk + 100, 17}, {ma.get(), 2 * chunk, chunk + 9}};
+    const std::size_t wlen = w[0].length + w[1].length + w[2].length;
+    ASSERT_FALSE(c->post_write(w, mb->remote(11, wlen), 1));
+    expect_ok(*c, 1);
+    std::size_t off = 11;
+    for (const sge& s : w) {
+        ASSERT_EQ(std::memcmp(b.data() + off, a.data() + s.offset, s.length), 0)
+            << "write: the piece from offset " << s.offset << " differs";
+        off += s.length;
+    }
+    EXPECT_GE(pool_of(*sd).bytes_in() - in0, wlen) << "the staged target took no chunk";
+
+    const sge r[] = {{mback.get(), 1, chunk / 2 + 3}, {mback.get(), 2 * chunk + 1, chunk}};
+    const std::size_t rlen = r[0].length + r[1].length;
+    ASSERT_FALSE(c->post_read(r, mb->remote(7, rlen), 2));
+    expect_ok(*c, 1);
+    ASSERT_EQ(std::memcmp(back.data() + r[0].offset, b.data() + 7, r[0].length), 0);
+    ASSERT_EQ(std::memcmp(back.data() + r[1].offset, b.data() + 7 + r[0].length, r[1].length), 0);
+    EXPECT_GE(pool_of(*sd).bytes_out() - out0, rlen);
+    EXPECT_EQ(tcp::cma_requests_completed() - cma0, 2u) << "not both by CMA";
 }
 
 } // namespace

@@ -132,11 +132,61 @@ TEST(tcp_wire, every_single_byte_opcode_either_decodes_or_is_rejected)
         b[0] = static_cast<std::byte>(op);
         frame_header d;
         auto ec = frame_header::decode(b.data(), d);
-        bool known = op == 1 || op == 2 || op == 3 || op == 4 || op == 7 || op == 16 || op == 17 || op == 19;
+        bool known = op == 1 || op == 2 || op == 3 || op == 4 || op == 7 || op == 16 || op == 17 ||
+                     op == 19 || op == 21;
         // nak (18) needs a code, so an all-zero nak is rejected as well; goodbye (19) is
-        // all zero but its opcode. The atomic frames (5, 6, 20) need their payload length.
+        // all zero but its opcode. The atomic frames (5, 6, 20) need their payload length,
+        // the CMA requests (8, 9, 10) at least one descriptor.
         EXPECT_EQ(!ec, known) << "opcode " << op;
     }
+}
+
+TEST(tcp_wire, cma_frames_carry_whole_descriptors_and_the_read_response_no_payload)
+{
+    for (auto op : {frame_op::write_cma, frame_op::write_imm_cma, frame_op::read_cma_req}) {
+        frame_header h;
+        h.op = op;
+        h.addr = 0x1000;
+        h.key = 7;
+        for (std::uint32_t n : {1u, 2u, 32u}) {
+            h.length = n * cma_descriptor_size;
+            EXPECT_FALSE(decode_bytes(encoded(h))) << static_cast<int>(op) << ": " << n << " descriptors";
+            EXPECT_EQ(h.payload_length(), h.length) << "the payload is the descriptors";
+            EXPECT_TRUE(h.is_request());
+            EXPECT_TRUE(is_cma_request(op));
+        }
+        for (std::uint32_t len : {0u, 8u, 17u, 33 * cma_descriptor_size}) {
+            h.length = len;
+            EXPECT_EQ(decode_bytes(encoded(h)), errc::protocol_error)
+                << static_cast<int>(op) << ": length " << len;
+        }
+        h.length = cma_descriptor_size;
+        h.imm = 5;
+        EXPECT_EQ(!decode_bytes(encoded(h)), op == frame_op::write_imm_cma) << "imm only with write_imm_cma";
+        h.imm = 0;
+        h.flags = flag_solicited;
+        EXPECT_EQ(!decode_bytes(encoded(h)), op == frame_op::write_imm_cma)
+            << "solicited only with write_imm_cma";
+    }
+    EXPECT_FALSE(is_cma_request(frame_op::write));
+    EXPECT_FALSE(is_cma_request(frame_op::read_req));
+
+    frame_header r;
+    r.op = frame_op::read_cma_resp;
+    r.seq = 3;
+    r.length = 1 << 20;
+    EXPECT_FALSE(decode_bytes(encoded(r)));
+    EXPECT_EQ(r.payload_length(), 0u) << "the target wrote the bytes itself: none follow";
+    EXPECT_FALSE(r.is_request());
+    r.key = 1;
+    EXPECT_EQ(decode_bytes(encoded(r)), errc::protocol_error) << "unused response fields";
+
+    frame_header nak;
+    nak.op = frame_op::nak;
+    nak.status = static_cast<std::uint32_t>(nak_code::cma_refused);
+    EXPECT_FALSE(decode_bytes(encoded(nak)));
+    nak.status = static_cast<std::uint32_t>(nak_code::cma_refused) + 1;
+    EXPECT_EQ(decode_bytes(encoded(nak)), errc::protocol_error) << "unknown nak code";
 }
 
 TEST(tcp_wire, goodbye_carries_nothing_but_its_opcode)

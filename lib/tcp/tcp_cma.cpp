@@ -1,0 +1,331 @@
+// Cross-memory attach (CMA) for shm://: one-sided payloads that do not cross the socket.
+// The initiator sends its own SGE list (descriptors) instead of the data; the target
+// checks its registration exactly as for a write or read frame (key, range, rights), and
+// only then moves the bytes between that registration and the initiator's process with
+// process_vm_readv / process_vm_writev: one copy, by the side whose memory rules apply.
+// Where the kernel refuses (ptrace rules, another user or PID namespace), the target says
+// so (NAK CMA_REFUSED) and the initiator sends the data in the frames from then on.
+// docs/wire-format.md section 7 is the protocol; docs/shm.md what it promises.
+#include "tcp/tcp_engine.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "tcp/tcp_log.hpp"
+
+namespace rdmx::tcp
+{
+
+namespace
+{
+
+std::atomic<std::uint64_t> cma_completed_count{0};
+std::atomic<std::uint64_t> cma_refusal_count{0};
+
+/// Whether the process behind `pidfd` has exited (or the pidfd cannot say).
+bool exited(int pidfd) noexcept
+{
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) != 0;
+}
+
+} // namespace
+
+std::uint64_t cma_requests_completed() noexcept
+{
+    return cma_completed_count.load(std::memory_order_relaxed);
+}
+
+void note_cma_completed() noexcept
+{
+    cma_completed_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::uint64_t cma_refusals() noexcept
+{
+    return cma_refusal_count.load(std::memory_order_relaxed);
+}
+
+std::shared_ptr<const unique_fd> tcp_domain::peer_process(pid_t pid)
+{
+    std::lock_guard lk(processes_mu_);
+    // Prune the table of processes no connection holds any more (set-up path only).
+    for (auto it = processes_.begin(); it != processes_.end();)
+        it = it->second.expired() ? processes_.erase(it) : std::next(it);
+    if (auto it = processes_.find(pid); it != processes_.end())
+        if (auto h = it->second.lock(); h && !exited(h->get()))
+            return h;
+    const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+    if (fd < 0)
+        return nullptr;
+    auto h = std::make_shared<const unique_fd>(static_cast<int>(fd));
+    processes_[pid] = h;
+    return h;
+}
+
+bool connection_engine::cma_allowed() noexcept
+{
+    // RDMX_SHM_CMA=off (or 0): every payload through the socket, as before CMA (for
+    // comparison runs, and for a host whose policy forbids process_vm_*v).
+    static const bool allowed = [] {
+        const char* v = std::getenv("RDMX_SHM_CMA");
+        return !(v && (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0));
+    }();
+    return allowed;
+}
+
+bool connection_engine::choose_cma(std::uint64_t pos, bool& revoked) noexcept
+{
+    send_queue::entry& e = sq_.at(pos);
+    if (e.op != opcode::write && e.op != opcode::write_with_imm && e.op != opcode::read)
+        return false;
+    std::byte* d = sq_.cma_buf(pos);
+    if (!d || e.length < cma_min_bytes || e.nseg == 0)
+        return false;
+    const seg* sg = sq_.segs(pos);
+    // Host memory of a registration only: staged (device) memory and inline copies go
+    // in the frames.
+    for (std::uint32_t i = 0; i < e.nseg; ++i)
+        if (!sg[i].st || sg[i].st->stage != staging::none)
+            return false;
+    for (std::uint32_t i = 0; i < e.nseg; ++i) {
+        // Still registered now (the frame carries its addresses, not its bytes, so
+        // nothing stays pinned: the memory must stay until the request completed, as for
+        // any operation; docs/shm.md).
+        if (!pin(sg[i].st, sg[i].tag)) {
+            revoked = true;
+            return false;
+        }
+        unpin(sg[i].st);
+        store_le64(d + i * cma_descriptor_size, reinterpret_cast<std::uintptr_t>(sg[i].ptr));
+        store_le64(d + i * cma_descriptor_size + 8, sg[i].len);
+    }
+    e.cma_seg = {nullptr, 0, d, std::uint64_t{e.nseg} * cma_descriptor_size};
+    return true;
+}
+
+pid_t connection_engine::cma_peer() noexcept
+{
+    if (cma_lookup_ == cma_lookup::not_yet) {
+        // Looked up when the connection is set up, while the peer is connected (and so
+        // alive): SO_PEERCRED names the process that connected, and the pidfd keeps
+        // telling whether that process still runs. 0 where the peer is in a PID namespace
+        // that ours does not see.
+        cma_lookup_ = cma_lookup::none;
+        ucred cr{};
+        socklen_t len = sizeof cr;
+        if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 && cr.pid > 0) {
+            try {
+                cma_pidfd_ = dom_.peer_process(cr.pid);
+            } catch (...) { // no memory for the table: no CMA served, as without a pidfd
+            }
+            if (cma_pidfd_) {
+                cma_pid_ = cr.pid;
+                cma_lookup_ = cma_lookup::found;
+            }
+        }
+    }
+    if (cma_lookup_ != cma_lookup::found)
+        return 0;
+    // The pid is that process's until it has exited and been reaped; a pidfd turns
+    // readable when it exits. So while it is not readable, the pid cannot name another
+    // process (the window left: the peer exits, is reaped and its pid wraps around
+    // between this poll and the system call, microseconds).
+    return exited(cma_pidfd_->get()) ? 0 : cma_pid_;
+}
+
+namespace
+{
+
+/// The descriptors' ranges from byte `off` on, `n` bytes of them, as iovecs in `out`
+/// (room for max_cma_descriptors); their count.
+unsigned long slice(const iovec* all, unsigned long count, std::uint64_t off, std::uint64_t n,
+                    iovec* out) noexcept
+{
+    unsigned long m = 0;
+    for (unsigned long i = 0; i < count && n > 0; ++i) {
+        if (off >= all[i].iov_len) {
+            off -= all[i].iov_len;
+            continue;
+        }
+        const std::uint64_t take = std::min<std::uint64_t>(all[i].iov_len - off, n);
+        out[m++] = {static_cast<std::byte*>(all[i].iov_base) + off, static_cast<std::size_t>(take)};
+        n -= take;
+        off = 0;
+    }
+    return m;
+}
+
+/// process_vm_readv (`into_local`) or process_vm_writev of [local, local + n) and the
+/// remote list: 0, or the errno (EFAULT for a short transfer: a remote range is not
+/// mapped).
+int cma_move(pid_t pid, bool into_local, std::byte* local, std::uint64_t n, const iovec* remote,
+             unsigned long count) noexcept
+{
+    iovec l{local, static_cast<std::size_t>(n)};
+    const ssize_t r = into_local ? ::process_vm_readv(pid, &l, 1, remote, count, 0)
+                                 : ::process_vm_writev(pid, &l, 1, remote, count, 0);
+    if (r < 0)
+        return errno;
+    return static_cast<std::uint64_t>(r) == n ? 0 : EFAULT;
+}
+
+/// The kernel will not let this process reach the peer's memory at all: the initiator
+/// is told to stop asking (NAK CMA_REFUSED), not failed.
+bool refused(int err) noexcept
+{
+    return err == EPERM || err == EACCES || err == ESRCH || err == ENOSYS;
+}
+
+} // namespace
+
+void connection_engine::serve_cma(const frame_header& h) noexcept
+{
+    const unsigned long count = h.length / cma_descriptor_size; // 1..32 (frame_header::decode)
+    iovec remote[max_cma_descriptors];
+    std::uint64_t total = 0;
+    for (unsigned long i = 0; i < count; ++i) {
+        const std::uint64_t addr = load_le64(rx_.cma.data() + i * cma_descriptor_size);
+        const std::uint64_t len = load_le64(rx_.cma.data() + i * cma_descriptor_size + 8);
+        if (len > max_frame_payload - total) {
+            protocol_violation("CMA descriptors over the frame limit", false);
+            return;
+        }
+        total += len;
+        remote[i] = {reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)),
+                     static_cast<std::size_t>(len)};
+    }
+    const bool read = h.op == frame_op::read_cma_req;
+    // The same check as a write or read frame's (begin_request): nothing outside this
+    // registration, or without its rights, is touched. Zero bytes touch nothing.
+    seg s;
+    if (total > 0 &&
+        !dom_.find_remote(h.key, h.addr, total, read ? access::remote_read : access::remote_write, s, id_)) {
+        target_fail(nak_code::remote_access, h.seq);
+        return;
+    }
+    int err = 0;
+    if (total > 0) {
+        const pid_t pid = cma_peer();
+        if (pid == 0)
+            err = ESRCH;
+        else if (!pin(s.st, s.tag))
+            err = -1; // deregistered since find_remote: as a write into it would
+        else {
+            if (s.st->stage == staging::none) {
+                err = cma_move(pid, !read, s.ptr, total, remote, count);
+            } else {
+                // Staged (device) memory: through one of the domain's chunks, a chunk at a time.
+                bounce_pool& pool = dom_.bounce();
+                std::byte* c = pool.take();
+                err = c ? 0 : ENOMEM;
+                for (std::uint64_t off = 0; err == 0 && off < total;) {
+                    const std::uint64_t k = std::min<std::uint64_t>(pool.chunk_size(), total - off);
+                    iovec part[max_cma_descriptors];
+                    const unsigned long m = slice(remote, count, off, k, part);
+                    if (read) {
+                        err = pool.copy_now(true, s.st->stage, s.st->device, c, s.ptr + off, k)
+                                  ? cma_move(pid, false, c, k, part, m)
+                                  : EIO;
+                        pool.count_out(k);
+                    } else {
+                        err = cma_move(pid, true, c, k, part, m);
+                        if (err == 0 && !pool.copy_now(false, s.st->stage, s.st->device, s.ptr + off, c, k))
+                            err = EIO;
+                        pool.count_in(k);
+                    }
+                    off += k;
+                }
+                if (c)
+                    pool.give(c);
+            }
+            unpin(s.st);
+        }
+    }
+    if (err != 0 && refused(err)) {
+        // Not fatal: the initiator sends this request and what follows it again with
+        // the data in the frames; until this one comes again, those behind it are
+        // dropped (as after an RNR NAK).
+        if (err != ESRCH || cma_lookup_ == cma_lookup::found)
+            log_limited("shm: cannot reach the peer's memory by CMA (%s): its one-sided data comes through "
+                        "the socket",
+                        err == ESRCH ? "its process is gone" : std::strerror(err));
+        else
+            log_limited("shm: the peer's process is not visible here (PID namespace): its one-sided data "
+                        "comes through the socket");
+        push_response({.op = frame_op::nak, .code = nak_code::cma_refused, .seq = h.seq, .data = {}});
+        seq_.nak_rnr();
+        return;
+    }
+    if (err != 0) {
+        // Our registration went away (-1), or the initiator's own ranges are not its
+        // memory (EFAULT): as a write or read of a deregistered region, or a failure to
+        // carry the request out.
+        target_fail(err == -1 ? nak_code::remote_access : nak_code::remote_operation, h.seq);
+        return;
+    }
+    seq_.carried_out();
+    if (read) {
+        push_response({.op = frame_op::read_cma_resp,
+                       .code = nak_code::rnr,
+                       .seq = h.seq,
+                       .data = {nullptr, 0, nullptr, total}});
+        return;
+    }
+    if (h.op == frame_op::write_imm_cma)
+        complete_rq_head({.wr_id = recv_head().wr_id,
+                          .opcode = opcode::recv_with_imm,
+                          .status = {},
+                          .byte_len = static_cast<std::uint32_t>(total),
+                          .imm = h.imm,
+                          .with_imm = true},
+                         (h.flags & flag_solicited) != 0);
+    push_ack(h.seq);
+}
+
+void connection_engine::finish_read_cma(const frame_header& h) noexcept
+{
+    // The target wrote the bytes into the local SGEs itself. Memory deregistered before
+    // the response (a use of it while the read was outstanding) fails the read, as a
+    // read response into it would.
+    const send_queue::entry& e = sq_.at(sq_.head());
+    const seg* sg = sq_.segs(sq_.head());
+    for (std::uint32_t i = 0; i < e.nseg; ++i) {
+        if (!pin(sg[i].st, sg[i].tag)) {
+            complete_sq_head(errc::local_protection, 0);
+            fail(connection_state::error, errc::local_protection);
+            return;
+        }
+        unpin(sg[i].st);
+    }
+    note_cma_completed();
+    complete_sq_head({}, h.length);
+}
+
+void connection_engine::on_cma_refused(std::uint64_t seq) noexcept
+{
+    if (!sq_.at(seq).via_cma) {
+        protocol_violation("CMA refusal of a request that was not a CMA request", true);
+        return;
+    }
+    // The peer cannot reach this process's memory (and nothing changes that for this
+    // connection): the data goes in the frames from now on. Everything from `seq` on was
+    // dropped by the peer and goes again, now without CMA (add_frame decides anew).
+    cma_tx_ = false;
+    cma_refusal_count.fetch_add(1, std::memory_order_relaxed);
+    log_limited("shm: the peer cannot reach this process's memory by CMA: one-sided data goes through the "
+                "socket on this connection");
+    sq_.go_back(seq);
+    pump();
+}
+
+} // namespace rdmx::tcp
