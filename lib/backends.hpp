@@ -19,8 +19,9 @@ namespace rdmx::detail
 {
 
 /// The TCP backend's domain; with `b` backend::shm, the same engine over UNIX sockets for
-/// peers on this host (shm://).
-std::shared_ptr<domain> open_tcp_domain(backend b = backend::tcp);
+/// peers on this host (shm://). `local_peers` (auto://'s TCP domain): auto:// listeners
+/// and connections of this domain use UNIX sockets for peers on this host.
+std::shared_ptr<domain> open_tcp_domain(backend b = backend::tcp, bool local_peers = false);
 
 /// Opens the verbs domain of the device that `address` maps to. With `required` false,
 /// returns nullptr (instead of throwing errc::no_device) when no RDMA device serves it.

@@ -67,8 +67,10 @@ std::unique_ptr<domain> handle(std::shared_ptr<domain> backend, std::string_view
 {
     if (!backend)
         return nullptr;
-    RDMX_LOG(info, "domain::open(%.*s): backend %s, device %s", static_cast<int>(address.size()),
-             address.data(), to_string(backend->backend()), backend->limits().device_name.c_str());
+    const bool automatic = address.starts_with("auto://") && backend->backend() == backend::tcp;
+    RDMX_LOG(info, "domain::open(%.*s): backend %s, device %s%s", static_cast<int>(address.size()),
+             address.data(), to_string(backend->backend()), backend->limits().device_name.c_str(),
+             automatic ? " (peers on this host: shm)" : "");
     return std::make_unique<domain_handle>(std::move(backend));
 }
 
@@ -91,7 +93,7 @@ std::unique_ptr<domain> domain::open(std::string_view address, std::chrono::mill
     case scheme::automatic:
         if (auto d = detail::open_verbs_domain(u, timeout, false))
             return handle(std::move(d), address);
-        return handle(detail::open_tcp_domain(), address);
+        return handle(detail::open_tcp_domain(backend::tcp, true), address);
     }
     throw_error(errc::invalid_argument, "domain::open: unknown scheme");
 }

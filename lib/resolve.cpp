@@ -1,8 +1,12 @@
 #include "resolve.hpp"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/un.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -15,7 +19,9 @@ namespace rdmx::detail
 bool scheme_fits(scheme s, backend b) noexcept
 {
     switch (s) {
-    case scheme::automatic: return true;
+    case scheme::automatic:
+        return b !=
+               backend::shm; // its choice is made per domain (or, for shm, per connection of a TCP domain)
     case scheme::rdma: return b == backend::verbs;
     case scheme::tcp: return b == backend::tcp;
     case scheme::shm: return b == backend::shm;
@@ -49,6 +55,87 @@ socket_address shm_socket_address(const std::string& name, std::uint16_t port) n
     std::memcpy(un.sun_path + 1, path.data(), path.size());
     a.len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + path.size());
     return a;
+}
+
+namespace
+{
+
+socket_address abstract_socket(const std::string& path) noexcept
+{
+    socket_address a;
+    auto& un = reinterpret_cast<sockaddr_un&>(a.addr);
+    un.sun_family = AF_UNIX;
+    // sun_path[0] == 0: the abstract namespace. Callers keep path under sun_path's 107 bytes.
+    const std::size_t n = std::min(path.size(), sizeof un.sun_path - 1);
+    std::memcpy(un.sun_path + 1, path.data(), n);
+    a.len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+    return a;
+}
+
+std::uint16_t port_of(const sockaddr_storage& sa) noexcept
+{
+    return ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(sa).sin6_port
+                                          : reinterpret_cast<const sockaddr_in&>(sa).sin_port);
+}
+
+} // namespace
+
+socket_address auto_local_address(const sockaddr_storage& tcp) noexcept
+{
+    // At most 10 + 2 + 45 + 11 (scope) + 6 bytes: well inside sun_path.
+    char text[INET6_ADDRSTRLEN] = {};
+    std::string host;
+    if (tcp.ss_family == AF_INET6) {
+        const auto& in6 = reinterpret_cast<const sockaddr_in6&>(tcp);
+        ::inet_ntop(AF_INET6, &in6.sin6_addr, text, sizeof text);
+        host = "[" + std::string(text) + (in6.sin6_scope_id ? "%" + std::to_string(in6.sin6_scope_id) : "") +
+               "]";
+    } else {
+        ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(tcp).sin_addr, text, sizeof text);
+        host = text;
+    }
+    return abstract_socket("rdmx-auto/" + host + ":" + std::to_string(port_of(tcp)));
+}
+
+socket_address auto_local_wildcard(const sockaddr_storage& tcp) noexcept
+{
+    sockaddr_storage any{};
+    if (tcp.ss_family == AF_INET6) {
+        auto& in6 = reinterpret_cast<sockaddr_in6&>(any);
+        in6.sin6_family = AF_INET6;
+        in6.sin6_addr = in6addr_any;
+        in6.sin6_port = reinterpret_cast<const sockaddr_in6&>(tcp).sin6_port;
+    } else {
+        auto& in = reinterpret_cast<sockaddr_in&>(any);
+        in.sin_family = AF_INET;
+        in.sin_addr.s_addr = htonl(INADDR_ANY);
+        in.sin_port = reinterpret_cast<const sockaddr_in&>(tcp).sin_port;
+    }
+    return auto_local_address(any);
+}
+
+bool is_local_address(const socket_address& a) noexcept
+{
+    if (a.addr.ss_family == AF_INET &&
+        (ntohl(reinterpret_cast<const sockaddr_in&>(a.addr).sin_addr.s_addr) >> 24) == 127)
+        return true;
+    if (a.addr.ss_family == AF_INET6 &&
+        IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6&>(a.addr).sin6_addr))
+        return true;
+    if (a.addr.ss_family != AF_INET && a.addr.ss_family != AF_INET6)
+        return false;
+    // An address of this namespace is one a socket here can bind (port 0: any).
+    const int fd = ::socket(a.addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    sockaddr_storage b = a.addr;
+    if (b.ss_family == AF_INET6)
+        reinterpret_cast<sockaddr_in6&>(b).sin6_port = 0;
+    else
+        reinterpret_cast<sockaddr_in&>(b).sin_port = 0;
+    const bool local = ::bind(fd, reinterpret_cast<const sockaddr*>(&b), a.len) == 0;
+    ::close(fd);
+    return local;
 }
 
 std::vector<socket_address> resolve(const uri& u, bool passive, std::string_view what)

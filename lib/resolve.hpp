@@ -20,8 +20,9 @@ struct socket_address {
 };
 
 /// Whether an address of scheme `s` may be used on a domain of backend `b` (auto:// on
-/// every one). Otherwise the caller throws invalid_argument, naming what it is and was given
-/// (scheme_mismatch).
+/// verbs and TCP domains: an shm domain takes shm:// only; auto:// reaches peers on this
+/// host through a TCP domain that auto:// chose). Otherwise the caller throws invalid_argument, naming what
+/// it is and was given (scheme_mismatch).
 bool scheme_fits(scheme s, backend b) noexcept;
 /// Throws rdmx::error(invalid_argument) "<what>: <scheme>:// address on a <backend> domain"
 /// unless scheme_fits.
@@ -34,6 +35,18 @@ bool shm_name_char(char c) noexcept;
 /// The UNIX socket of shm://name:port: in the abstract namespace (no file; the name is
 /// the network namespace's, and goes with the last socket bound to it).
 socket_address shm_socket_address(const std::string& name, std::uint16_t port) noexcept;
+
+/// The UNIX socket an auto:// listener on the TCP address `tcp` (port resolved) opens
+/// beside it: "rdmx-auto/<numeric address>:<port>" in the abstract namespace, so that a
+/// client in the same network namespace (and so on the same host) that dials an address
+/// of that listener reaches it without TCP (docs/shm.md, "auto://").
+socket_address auto_local_address(const sockaddr_storage& tcp) noexcept;
+/// The same for the wildcard address (0.0.0.0 or [::]) of `tcp`'s family and port: the
+/// socket a wildcard listener that serves `tcp` opens.
+socket_address auto_local_wildcard(const sockaddr_storage& tcp) noexcept;
+/// Whether `a` (IPv4 or IPv6) is an address of this network namespace: loopback, or one a
+/// socket here can bind.
+bool is_local_address(const socket_address& a) noexcept;
 
 /// getaddrinfo of host:port of `u` (numeric or by name; passive: for bind), IPv4 and IPv6
 /// results only, in getaddrinfo's order of preference: callers try each in turn. A result

@@ -59,10 +59,39 @@ TEST(resolve, an_shm_address_is_one_abstract_unix_socket_per_name_and_port)
     const std::string name(un.sun_path + 1, a[0].len - offsetof(sockaddr_un, sun_path) - 1);
     EXPECT_EQ(name, "rdmx-shm/svc:7");
     EXPECT_TRUE(detail::scheme_fits(scheme::shm, backend::shm));
-    EXPECT_TRUE(detail::scheme_fits(scheme::automatic, backend::shm));
+    // auto:// reaches peers on this host through a TCP domain (docs/shm.md, "auto://").
+    EXPECT_FALSE(detail::scheme_fits(scheme::automatic, backend::shm));
+    EXPECT_TRUE(detail::scheme_fits(scheme::automatic, backend::tcp));
     EXPECT_FALSE(detail::scheme_fits(scheme::tcp, backend::shm));
     EXPECT_FALSE(detail::scheme_fits(scheme::shm, backend::tcp));
     EXPECT_FALSE(detail::scheme_fits(scheme::shm, backend::verbs));
+}
+
+/// The abstract name of a UNIX socket address.
+std::string abstract_name(const detail::socket_address& a)
+{
+    const auto& un = reinterpret_cast<const sockaddr_un&>(a.addr);
+    EXPECT_EQ(un.sun_family, AF_UNIX);
+    EXPECT_EQ(un.sun_path[0], '\0');
+    return std::string(un.sun_path + 1, a.len - offsetof(sockaddr_un, sun_path) - 1);
+}
+
+TEST(resolve, an_auto_listener_is_found_on_this_host_by_the_tcp_address_it_bound)
+{
+    // An auto:// listener's UNIX socket is named after its TCP address: exactly the one a
+    // client dials, or the wildcard of its family with the same port.
+    auto v4 = detail::resolve(uri::parse("auto://127.0.0.1:7000"), false, "connect");
+    EXPECT_EQ(abstract_name(detail::auto_local_address(v4[0].addr)), "rdmx-auto/127.0.0.1:7000");
+    EXPECT_EQ(abstract_name(detail::auto_local_wildcard(v4[0].addr)), "rdmx-auto/0.0.0.0:7000");
+    auto v6 = detail::resolve(uri::parse("auto://[::1]:7001"), false, "connect");
+    EXPECT_EQ(abstract_name(detail::auto_local_address(v6[0].addr)), "rdmx-auto/[::1]:7001");
+    EXPECT_EQ(abstract_name(detail::auto_local_wildcard(v6[0].addr)), "rdmx-auto/[::]:7001");
+    // Loopback is local; so is an address of this network namespace (the wildcard binds);
+    // a documentation address (RFC 5737) is on no interface here.
+    EXPECT_TRUE(detail::is_local_address(v4[0]));
+    EXPECT_TRUE(detail::is_local_address(v6[0]));
+    EXPECT_TRUE(detail::is_local_address(detail::resolve(uri::parse("tcp://0.0.0.0:1"), false, "c")[0]));
+    EXPECT_FALSE(detail::is_local_address(detail::resolve(uri::parse("tcp://192.0.2.1:1"), false, "c")[0]));
 }
 
 // An endpoint on shm carries its listener's name in its identity (40 bytes of connect

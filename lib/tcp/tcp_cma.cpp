@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "log.hpp"
 #include "tcp/tcp_log.hpp"
 
 namespace rdmx::tcp
@@ -111,6 +112,28 @@ bool connection_engine::choose_cma(std::uint64_t pos, bool& revoked) noexcept
     }
     e.cma_seg = {nullptr, 0, d, std::uint64_t{e.nseg} * cma_descriptor_size};
     return true;
+}
+
+void connection_engine::settle_transport() noexcept
+{
+    sockaddr_storage sa{};
+    socklen_t len = sizeof sa;
+    const bool local =
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0 && sa.ss_family == AF_UNIX;
+    local_.store(local, std::memory_order_release);
+    connector::dial_plan& d = hs_.dial();
+    if (d.local_first) { // an auto:// client: which way it took, and why
+        if (local)
+            RDMX_LOG(info, "%s: the listener is on this host: shm (UNIX socket, CMA)", d.what.c_str());
+        else
+            RDMX_LOG(info, "%s: no auto:// listener for it in this network namespace (%s): tcp",
+                     d.what.c_str(), std::strerror(d.local_error ? d.local_error : ECONNREFUSED));
+        d.local_first = false;
+    }
+    if (!local)
+        return;
+    (void)cma_peer(); // while the peer is surely connected (see there)
+    cma_tx_ = cma_allowed();
 }
 
 pid_t connection_engine::cma_peer() noexcept

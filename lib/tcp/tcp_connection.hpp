@@ -20,7 +20,11 @@ public:
 
     connection_engine& engine() noexcept { return *engine_; }
 
-    rdmx::backend backend() const noexcept override { return dom_->backend(); }
+    /// shm for a connection over a UNIX socket, also one that auto:// chose on a TCP domain.
+    rdmx::backend backend() const noexcept override
+    {
+        return engine_->local() ? backend::shm : dom_->backend();
+    }
     connection_state state() const noexcept override { return engine_->state(); }
     std::error_code last_error() const noexcept override { return engine_->last_error(); }
     const connection_limits& limits() const noexcept override { return engine_->limits(); }

@@ -47,6 +47,12 @@ public:
     struct dial_plan {
         std::vector<detail::socket_address> addrs;
         std::string congestion; ///< connection_options::tcp.congestion
+        /// An auto:// client that dials a listener's UNIX socket (this host) before TCP:
+        /// the call and address for the log line that says which it took, and why not
+        /// the UNIX socket (the errno of its connect()).
+        bool local_first = false;
+        std::string what;
+        int local_error = 0;
     };
 
     /// Starts in `p` (connect or accept) with `out` to send (the HELLO, or the reply; at

@@ -122,7 +122,9 @@ std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t m
     return out.first(h.wire_size());
 }
 
-tcp_domain::tcp_domain(rdmx::backend b) : backend_(b), discard_(64 * 1024), work_(asio::make_work_guard(io_))
+tcp_domain::tcp_domain(rdmx::backend b, bool local_peers)
+    : backend_(b), local_peers_(local_peers && b == backend::tcp), discard_(64 * 1024),
+      work_(asio::make_work_guard(io_))
 {
     limits_.device_name = to_string(b);
     limits_.max_qp_wr = max_depth;
@@ -470,6 +472,20 @@ std::unique_ptr<tcp_connection> tcp_domain::dial(const char* verb, std::string_v
     // The name resolves here (a numeric address at once); the engine tries the addresses
     // in turn, its connect() and handshake all non-blocking (tcp_handshake.cpp).
     auto addrs = resolve(u, false, what);
+    // auto:// on a domain that auto:// chose: a listener on this host is reached through
+    // the UNIX socket it opens beside its TCP one (the one bound to exactly this address,
+    // then a wildcard one's), and TCP only where there is none.
+    bool local_first = false;
+    if (local_peers_ && u.scheme == scheme::automatic) {
+        std::vector<socket_address> local;
+        for (const socket_address& t : addrs)
+            if (detail::is_local_address(t)) {
+                local.push_back(detail::auto_local_address(t.addr));
+                local.push_back(detail::auto_local_wildcard(t.addr));
+            }
+        local_first = !local.empty();
+        addrs.insert(addrs.begin(), local.begin(), local.end());
+    }
     const socket_address& a = addrs.front();
     unique_fd fd(::socket(a.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd)
@@ -484,7 +500,11 @@ std::unique_ptr<tcp_connection> tcp_domain::dial(const char* verb, std::string_v
         prepare_connection(*this, std::move(fd), lim, opts, 1, {}, std::move(shared), initial_recvs, started);
     addrs.erase(addrs.begin());
     conn->engine().start_client(hello, clock::now() + opts.timeout, err,
-                                {.addrs = std::move(addrs), .congestion = opts.tcp.congestion});
+                                {.addrs = std::move(addrs),
+                                 .congestion = opts.tcp.congestion,
+                                 .local_first = local_first,
+                                 .what = local_first ? what : std::string(),
+                                 .local_error = 0});
     return conn;
 }
 
@@ -520,9 +540,9 @@ std::unique_ptr<connection> tcp_domain::connect(std::string_view address, const 
 
 } // namespace tcp
 
-std::shared_ptr<domain> detail::open_tcp_domain(backend b)
+std::shared_ptr<domain> detail::open_tcp_domain(backend b, bool local_peers)
 {
-    return std::make_shared<tcp::tcp_domain>(b);
+    return std::make_shared<tcp::tcp_domain>(b, local_peers);
 }
 
 } // namespace rdmx

@@ -116,10 +116,15 @@ class tcp_domain final : public domain, public std::enable_shared_from_this<tcp_
 {
 public:
     /// `b`: backend::tcp, or backend::shm for the same engine over UNIX sockets (shm://).
-    explicit tcp_domain(rdmx::backend b = backend::tcp);
+    /// `local_peers` (a TCP domain that auto:// chose): its auto:// listeners open a UNIX
+    /// socket beside their TCP one, and its auto:// connections to a listener on this host
+    /// take it (docs/shm.md, "auto://").
+    explicit tcp_domain(rdmx::backend b = backend::tcp, bool local_peers = false);
     ~tcp_domain() override;
 
     rdmx::backend backend() const noexcept override { return backend_; }
+    /// Whether auto:// connections of this TCP domain go over UNIX sockets to peers on this host.
+    bool local_peers() const noexcept { return local_peers_; }
     const device_limits& limits() const noexcept override { return limits_; }
     std::unique_ptr<memory_window> allocate_window() override;
     std::unique_ptr<memory_region> register_placed(void* addr, std::size_t length, rdmx::access rights,
@@ -221,6 +226,7 @@ private:
                               std::span<std::byte, handshake::reply_size> buf);
 
     const rdmx::backend backend_; ///< tcp, or shm (UNIX sockets)
+    const bool local_peers_;      ///< local_peers()
     device_limits limits_;
     std::mutex regions_mu_;
     std::deque<region_state> region_pool_; ///< deque: elements never move

@@ -4,6 +4,7 @@
 #include "tcp/tcp_engine.hpp"
 
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,7 +37,8 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       shared_(std::move(shared)), send_cq_(typed(shared_.send_cq())), recv_cq_(typed(shared_.recv_cq())),
       on_shared_cq_(send_cq_ || recv_cq_), watch_(on_shared_cq_ ? queue_watch::watched : queue_watch::none),
       context_(opts.context), fd_(fd.get()), efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-      sq_(lim.send_queue_depth, lim.max_send_sge, lim.max_inline, dom.backend() == backend::shm),
+      sq_(lim.send_queue_depth, lim.max_send_sge, lim.max_inline,
+          dom.backend() == backend::shm || dom.local_peers()),
       rnr_(opts.rnr_retry_count), rq_(opts.srq ? 0 : lim.recv_queue_depth, lim.max_recv_sge),
       srq_(tcp_srq::of(opts, dom, "connection").get()), slots_(srq_), srq_segs_(srq_ ? srq_->max_sge() : 0),
       // The own ring holds both depths of the sides that complete into it; with a shared
@@ -59,7 +61,10 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
 {
     if (!efd_)
         throw_errno(errno, "eventfd");
-    cma_tx_ = dom.backend() == backend::shm && cma_allowed();
+    // What the socket is now (settle_transport says it again once it is final).
+    sockaddr_storage sa{};
+    socklen_t len = sizeof sa;
+    local_ = ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0 && sa.ss_family == AF_UNIX;
     set_liveness_options(fd_, std::chrono::duration_cast<std::chrono::milliseconds>(progress_timeout_));
 }
 
@@ -77,8 +82,7 @@ void connection_engine::start()
     asio::post(dom_.io(), [self = shared_from_this()] {
         engine_lock lk(self->mu_);
         self->assert_on_engine();
-        if (self->dom_.backend() == backend::shm)
-            (void)self->cma_peer(); // while the peer is surely connected (see there)
+        self->settle_transport();
         self->rx_run();
         self->arm_progress_check();
         // Asio's timer queue (one heap per engine) allocates when more timers are pending

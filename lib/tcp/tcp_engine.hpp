@@ -131,6 +131,8 @@ public:
     const connection_limits& limits() const noexcept { return lim_; }
     /// The eventfd of its own completions; -1 when both sides report to shared queues.
     int event_fd() const noexcept { return send_cq_ && recv_cq_ ? -1 : efd_.get(); }
+    /// Over a UNIX socket (shm://, or auto:// to a listener on this host): backend::shm.
+    bool local() const noexcept { return local_.load(std::memory_order_acquire); }
     /// The connection object the application holds, named in each completion. Set once,
     /// before the engine starts.
     void set_owner(connection* c) noexcept RDMX_EXCLUDES(mu_)
@@ -353,6 +355,10 @@ private:
     /// The peer's process, for CMA: its pid (SO_PEERCRED) while a pidfd says that it has
     /// not exited (so that the pid names it, not a later process); 0 otherwise.
     pid_t cma_peer() noexcept RDMX_REQUIRES(mu_);
+    /// The connection is set up on its final socket: whether it is a UNIX one (local_:
+    /// shm://, or auto:// to a listener on this host), and for one the peer's process
+    /// (cma_peer) and whether to send CMA requests; an auto:// client says which it took.
+    void settle_transport() noexcept RDMX_REQUIRES(mu_);
     /// READ_CMA_RESP for the read at the head: complete it.
     void finish_read_cma(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
     /// NAK CMA_REFUSED of the head: no CMA request again; the head and what follows go again.
@@ -609,6 +615,8 @@ private:
     rx_chunk rx_chunks_[2] RDMX_GUARDED_BY(mu_);
     int rx_turn_ RDMX_GUARDED_BY(mu_) = 0;      ///< the chunk the next staged read fills
     request_sequence seq_ RDMX_GUARDED_BY(mu_); ///< the peer's requests, as the target sees them
+    /// The socket is a UNIX one (settle_transport): the peer shares this host, CMA may serve.
+    std::atomic<bool> local_{false};
     /// shm://: this side sends CMA requests (until the peer refuses one; RDMX_SHM_CMA=off: never)
     bool cma_tx_ RDMX_GUARDED_BY(mu_) = false;
     /// The peer's process for serving CMA requests (cma_peer): looked up once.

@@ -101,6 +101,10 @@ void connection_engine::await_handshake(std::string_view what, std::string_view 
 
 void connection_engine::connect_failed(int err) noexcept
 {
+    sockaddr_storage sa{};
+    socklen_t len = sizeof sa;
+    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0 && sa.ss_family == AF_UNIX)
+        hs_.dial().local_error = err; // an auto:// client's try of the UNIX socket
     if (redial(err)) {
         handshake_wait(asio::posix::stream_descriptor::wait_write);
         return;
@@ -130,6 +134,8 @@ bool connection_engine::redial(int& err) noexcept
         if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) < 0 &&
             errno != EINPROGRESS) {
             err = errno;
+            if (a.addr.ss_family == AF_UNIX)
+                dial.local_error = err;
             continue;
         }
         // The reactor and the domain's progress set know the socket by number and by open
@@ -217,11 +223,10 @@ void connection_engine::wake_settled() noexcept
 void connection_engine::begin_established() noexcept
 {
     handshake_timer_.cancel();
+    settle_transport(); // before anyone sees `established` (backend())
     state_.store(connection_state::established, std::memory_order_release);
     events_.report(connection_state::established, {}, false);
     wake_settled();
-    if (dom_.backend() == backend::shm)
-        (void)cma_peer(); // while the peer is surely connected (see there)
     // As start(), on this thread already.
     rx_run();
     arm_progress_check();

@@ -175,6 +175,8 @@ public:
             bind_tcp(u, what);
         if (::listen(fd_.get(), backlog_) < 0)
             throw error(std::error_code(errno, std::system_category()), what + ": listen");
+        if (u.scheme == scheme::automatic && dom_->local_peers())
+            open_local(what);
         max_pending_ = std::max(static_cast<std::size_t>(backlog_), min_pending);
         max_per_source_ = std::max<std::size_t>(4, max_pending_ / source_share);
         epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -187,6 +189,8 @@ public:
         if (!timer_)
             throw_errno(errno, "timerfd_create");
         watch(fd_.get());
+        if (local_fd_)
+            watch(local_fd_.get());
         watch(ready_.get());
         watch(timer_.get());
     }
@@ -213,6 +217,24 @@ public:
             throw_errno(errno, "getsockname");
         port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                   : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+        bound_ = bound;
+    }
+
+    /// auto:// on a domain that auto:// chose: a UNIX socket beside the TCP one, named
+    /// after the TCP address bound (detail::auto_local_address), for clients on this host
+    /// (docs/shm.md, "auto://"). Without it (the name is taken in this network namespace,
+    /// or no socket could be had) the listener serves them by TCP, and says so.
+    void open_local(const std::string& what)
+    {
+        const socket_address a = detail::auto_local_address(bound_);
+        unique_fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+        if (!fd || ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) < 0 ||
+            ::listen(fd.get(), backlog_) < 0) {
+            log_limited("%s: no UNIX socket beside it for peers on this host (%s): they connect by TCP",
+                        what.c_str(), std::strerror(errno));
+            return;
+        }
+        local_fd_ = std::move(fd);
     }
 
     /// The UNIX socket of shm://name:port (shm_socket_address). Port 0 takes the first
@@ -265,6 +287,8 @@ public:
             if (paused_ && now >= accept_resume_) {
                 paused_ = false;
                 watch(fd_.get());
+                if (local_fd_)
+                    watch(local_fd_.get());
             }
             publish();
             int n =
@@ -274,7 +298,7 @@ public:
             bool accept = false;
             for (int i = 0; i < n; ++i) {
                 int fd = evs[i].data.fd;
-                if (fd == fd_.get())
+                if (fd == fd_.get() || fd == local_fd_.get())
                     accept = true;
                 else if (fd == timer_.get()) {
                     std::uint64_t ticks;
@@ -367,6 +391,15 @@ private:
 
     void accept_all()
     {
+        accept_from(fd_.get());
+        if (local_fd_ && !paused_)
+            accept_from(local_fd_.get());
+    }
+
+    /// Takes the connections waiting on the listening socket `lfd` (the TCP one, or the
+    /// UNIX one beside it).
+    void accept_from(int lfd)
+    {
         for (;;) {
             // Every slot taken by a complete HELLO: the rest wait in the kernel's queue until
             // the application takes requests (get_request returns one at once).
@@ -375,7 +408,7 @@ private:
                 return;
             sockaddr_storage sa{};
             socklen_t len = sizeof sa;
-            int c = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&sa), &len, SOCK_CLOEXEC);
+            int c = ::accept4(lfd, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_CLOEXEC);
             if (c < 0) {
                 int err = errno;
                 if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM)
@@ -506,6 +539,8 @@ private:
         accept_resume_ = clock::now() + accept_pause_;
         if (!paused_) {
             ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd_.get(), nullptr);
+            if (local_fd_)
+                ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, local_fd_.get(), nullptr);
             paused_ = true;
         }
         accept_pauses.fetch_add(1, std::memory_order_relaxed);
@@ -518,6 +553,9 @@ private:
     std::shared_ptr<tcp_domain> dom_; ///< for the requests it hands out
     int backlog_;
     unique_fd fd_;
+    /// auto://: the UNIX socket beside fd_ for clients on this host (open_local); else none
+    unique_fd local_fd_;
+    sockaddr_storage bound_{}; ///< fd_'s address (TCP), for local_fd_'s name
     std::uint16_t port_ = 0;
     std::size_t max_pending_ = min_pending;
     std::size_t max_per_source_ = min_pending / source_share;

@@ -62,8 +62,8 @@ void connection_engine::begin_request(const frame_header& h) noexcept
     case frame_op::write_cma:
     case frame_op::read_cma_req:
         // The descriptors first; the target is checked and the data moved when they are
-        // in (serve_cma). Only an shm:// peer shares this host's memory.
-        if (dom_.backend() != backend::shm) {
+        // in (serve_cma). Only a peer over a UNIX socket shares this host's memory.
+        if (!local_.load(std::memory_order_relaxed)) {
             protocol_violation("CMA request on a connection that is not shm://", false);
             return;
         }

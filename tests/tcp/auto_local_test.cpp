@@ -1,0 +1,167 @@
+// auto:// and peers on this host (docs/shm.md, "auto://"): a TCP domain that auto:// chose
+// opens a UNIX socket beside each auto:// listener, and its auto:// connections to a
+// listener on this host take it (backend shm, CMA) instead of TCP; anything else stays TCP,
+// and the client's log says which it took and why.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <rdmx/log.hpp>
+#include <rdmx/rdmx.hpp>
+
+#include "common/test_util.hpp"
+#include "tcp/tcp_engine.hpp"
+
+namespace rdmx::test
+{
+namespace
+{
+
+/// Records the library's log lines (info and up) while it lives.
+class log_lines
+{
+public:
+    log_lines() : saved_(get_log_level())
+    {
+        set_log_level(log_level::info);
+        set_log_sink([this](log_level, std::string_view text) {
+            std::lock_guard lk(mu_);
+            lines_.emplace_back(text);
+        });
+    }
+    ~log_lines()
+    {
+        set_log_sink({});
+        set_log_level(saved_);
+    }
+    /// Whether a line contains `part`.
+    bool has(const std::string& part)
+    {
+        std::lock_guard lk(mu_);
+        for (const auto& l : lines_)
+            if (l.find(part) != std::string::npos)
+                return true;
+        return false;
+    }
+
+private:
+    log_level saved_;
+    std::mutex mu_;
+    std::vector<std::string> lines_;
+};
+
+struct link {
+    std::unique_ptr<connection> client, server;
+};
+
+/// Connects `cd` to `address` and accepts on `l`.
+link connect_through(domain& cd, listener& l, const std::string& address)
+{
+    auto acc = std::async(std::launch::async, [&] {
+        auto req = l.get_request(10s);
+        return req ? req->accept() : nullptr;
+    });
+    link k;
+    k.client = cd.connect(address);
+    k.server = acc.get();
+    return k;
+}
+
+/// A 1 MiB write from the client into the server's region, and a send back; every byte
+/// checked. The write goes by CMA exactly when `by_cma`.
+void moves_data(domain& cd, domain& sd, link& k, bool by_cma)
+{
+    constexpr std::size_t n = 1 << 20;
+    std::vector<std::byte> src(n), dst(n, std::byte{0});
+    for (std::size_t i = 0; i < n; ++i)
+        src[i] = static_cast<std::byte>((i * 13) & 0xff);
+    auto sm = cd.register_memory(src.data(), n, access::local_write);
+    auto dm = sd.register_memory(dst.data(), n, access::local_write | access::remote_write);
+    const std::uint64_t cma0 = tcp::cma_requests_completed();
+    sge w{sm.get(), 0, n};
+    ASSERT_FALSE(k.client->post_write({&w, 1}, dm->remote(), 1));
+    expect_ok(*k.client, 1);
+    EXPECT_EQ(src, dst);
+    EXPECT_EQ(tcp::cma_requests_completed() - cma0, by_cma ? 1u : 0u);
+    sge r{sm.get(), 0, 64};
+    ASSERT_FALSE(k.client->post_recv({&r, 1}, 2));
+    sge s{dm.get(), 100, 64};
+    ASSERT_FALSE(k.server->post_send({&s, 1}, 3));
+    expect_ok(*k.server, 1);
+    expect_ok(*k.client, 1);
+    EXPECT_EQ(std::memcmp(src.data(), dst.data() + 100, 64), 0);
+}
+
+/// Skips unless auto:// falls back to TCP for loopback here (an RDMA device on loopback
+/// would take it: shm is auto://'s choice on TCP domains only).
+#define REQUIRE_AUTO_TCP(d)                                                                                  \
+    if ((d).backend() != backend::tcp)                                                                       \
+    GTEST_SKIP() << "auto:// chose " << to_string((d).backend())                                             \
+                 << " for loopback here: peers on this host take shm only where auto:// falls back to TCP"
+
+TEST(auto_local, a_listener_on_this_host_is_reached_over_its_unix_socket)
+{
+    log_lines log;
+    auto sd = domain::open("auto://127.0.0.1:0");
+    REQUIRE_AUTO_TCP(*sd);
+    auto cd = domain::open("auto://127.0.0.1:0");
+    auto l = sd->listen("auto://127.0.0.1:0");
+    const std::string at = "auto://127.0.0.1:" + std::to_string(l->port());
+    auto k = connect_through(*cd, *l, at);
+    ASSERT_TRUE(k.server);
+    EXPECT_EQ(cd->backend(), backend::tcp) << "the domain stays TCP: it serves remote peers too";
+    EXPECT_EQ(k.client->backend(), backend::shm);
+    EXPECT_EQ(k.server->backend(), backend::shm);
+    EXPECT_TRUE(log.has("connect " + at + ": the listener is on this host: shm"));
+    moves_data(*cd, *sd, k, true);
+}
+
+TEST(auto_local, a_wildcard_listener_is_reached_over_its_unix_socket_too)
+{
+    auto sd = domain::open("auto://127.0.0.1:0");
+    REQUIRE_AUTO_TCP(*sd);
+    auto cd = domain::open("auto://127.0.0.1:0");
+    auto l = sd->listen("auto://0.0.0.0:0");
+    auto k = connect_through(*cd, *l, "auto://127.0.0.1:" + std::to_string(l->port()));
+    ASSERT_TRUE(k.server);
+    EXPECT_EQ(k.client->backend(), backend::shm);
+    EXPECT_EQ(k.server->backend(), backend::shm);
+    moves_data(*cd, *sd, k, true);
+}
+
+TEST(auto_local, a_listener_without_a_unix_socket_is_reached_by_tcp_and_the_log_says_why)
+{
+    // A tcp:// listener opens no UNIX socket: the client's auto:// finds none on this
+    // host, says so, and connects by TCP.
+    log_lines log;
+    auto sd = domain::open("tcp://127.0.0.1:0");
+    auto cd = domain::open("auto://127.0.0.1:0");
+    REQUIRE_AUTO_TCP(*cd);
+    auto l = sd->listen("tcp://127.0.0.1:0");
+    const std::string at = "auto://127.0.0.1:" + std::to_string(l->port());
+    auto k = connect_through(*cd, *l, at);
+    ASSERT_TRUE(k.server);
+    EXPECT_EQ(k.client->backend(), backend::tcp);
+    EXPECT_EQ(k.server->backend(), backend::tcp);
+    EXPECT_TRUE(log.has("connect " + at + ": no auto:// listener for it in this network namespace"));
+    moves_data(*cd, *sd, k, false);
+}
+
+TEST(auto_local, a_tcp_client_of_an_auto_listener_is_served_by_tcp)
+{
+    auto sd = domain::open("auto://127.0.0.1:0");
+    REQUIRE_AUTO_TCP(*sd);
+    auto cd = domain::open("tcp://127.0.0.1:0");
+    auto l = sd->listen("auto://127.0.0.1:0");
+    auto k = connect_through(*cd, *l, "tcp://127.0.0.1:" + std::to_string(l->port()));
+    ASSERT_TRUE(k.server);
+    EXPECT_EQ(k.client->backend(), backend::tcp);
+    EXPECT_EQ(k.server->backend(), backend::tcp);
+    moves_data(*cd, *sd, k, false);
+}
+
+} // namespace
+} // namespace rdmx::test
