@@ -113,20 +113,22 @@ collect_results() { # FROM_DIR PREFIX
 }
 
 # ASan + UBSan: unit, tcp (conformance-tcp-staged too, which the plain pass leaves to this
-# one) and conformance-tcp on the host, the conformance suite on rxe in
+# one), conformance-tcp and shm's data suites (suite sanitized) on the host, the
+# conformance suite on rxe in
 # the guest (which runs host binaries over 9p, sanitizer runtime included). The siw run
 # and the samples' runs over rxe (suite verbs-samples) stay out: they exercise library
 # code that conformance-verbs runs under ASan already, and CI's 30 minutes are better
 # spent (they take 2 minutes here under ASan).
 test_asan() {
-    log "ASan + UBSan (suites: unit, tcp, gpu, conformance-verbs on soft-RoCE)"
+    log "ASan + UBSan (suites: unit, tcp, sanitized, gpu, conformance-verbs on soft-RoCE)"
     local rc=0
     rm -rf "$ASAN_BUILD/tests/results"
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
     RDMX_GUEST_CACHE="$(realpath "$BUILD")/guest-cache" \
         meson test -C "$ASAN_BUILD" --print-errorlogs --num-processes 1 --timeout-multiplier 2 \
-        --suite unit --suite tcp --suite gpu --suite verbs --no-suite siw --no-suite verbs-samples || rc=$?
+        --suite unit --suite tcp --suite sanitized --suite gpu --suite verbs --no-suite siw \
+        --no-suite verbs-samples || rc=$?
     grep -h '^\[rdmx\]' "$ASAN_BUILD/meson-logs/testlog.txt" | sort -u | sed 's/^/asan: /' || true
     collect_results "$ASAN_BUILD/tests/results" asan
     return "$rc"
@@ -136,18 +138,22 @@ test_asan() {
 # (-Wtsan) inside Boost.Asio's headers. Only the two test programs are built, and the
 # helper programs their tests spawn.
 test_tsan() {
-    log "ThreadSanitizer (tcp-unit, conformance on tcp)"
+    log "ThreadSanitizer (tcp-unit, conformance on tcp, its data suites on shm)"
     if [ ! -f "$TSAN_BUILD/build.ninja" ]; then
         CXX=clang++-14 meson setup "$TSAN_BUILD" -Drdma=disabled -Dcuda=disabled -Dtests=enabled \
             -Dsamples=disabled --werror -Db_sanitize=thread -Db_lundef=false || return
     fi
     # (set -e does not apply in a function called with ||: failures return explicitly.)
-    ninja -C "$TSAN_BUILD" tests/conformance_test tests/tcp/tcp_unit_test tests/disconnect_peer tests/endpoint_peer || return
+    ninja -C "$TSAN_BUILD" tests/conformance_test tests/tcp/tcp_unit_test tests/tcp/cma_target tests/disconnect_peer \
+        tests/endpoint_peer || return
     local rc=0 results=$BUILD/tests/results
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
     GTEST_OUTPUT="xml:$results/tsan-tcp-unit.xml" "$TSAN_BUILD/tests/tcp/tcp_unit_test" || rc=$?
     RDMX_TEST_BACKENDS=tcp GTEST_OUTPUT="xml:$results/tsan-conformance-tcp.xml" \
         "$TSAN_BUILD/tests/conformance_test" || rc=$?
+    # shm's data path (CMA), as conformance-shm-data runs it under ASan.
+    RDMX_TEST_BACKENDS=shm GTEST_FILTER='-*/server_cm.*:*/endpoint_race.*:*/endpoint_link.*' \
+        GTEST_OUTPUT="xml:$results/tsan-conformance-shm-data.xml" "$TSAN_BUILD/tests/conformance_test" || rc=$?
     return "$rc"
 }
 
@@ -252,8 +258,9 @@ test_all() {
     rm -rf "$BUILD/tests/results"
     log "meson test (suites: unit, tcp, verbs and fault on soft-RoCE guests, gpu)"
     local rc=0 failed=()
-    # The staged TCP conformance run (suite staged) runs in the ASan pass only.
-    meson test -C "$BUILD" --print-errorlogs --num-processes 1 --no-suite staged ||
+    # The staged TCP conformance run (suite staged) and shm's data suites again (suite
+    # sanitized) run in the sanitizer passes only.
+    meson test -C "$BUILD" --print-errorlogs --num-processes 1 --no-suite staged --no-suite sanitized ||
         { rc=$?; failed+=("meson test"); }
     local main_log
     main_log=$(grep -h '^\[rdmx\]' "$BUILD/meson-logs/testlog.txt" | sort -u || true)
