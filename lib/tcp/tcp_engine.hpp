@@ -341,8 +341,10 @@ private:
     void begin_request(const frame_header& h) noexcept RDMX_REQUIRES(mu_); ///< the peer's request arrived
 
     // --- cross-memory attach, shm:// only (tcp_cma.cpp; any thread, mu_ held) ---
-    /// Payloads from this size on go by CMA where the peer can reach this process.
-    static constexpr std::uint64_t cma_min_bytes = 16 * 1024;
+    /// Payloads from this size on go by CMA where the peer can reach this process. Below
+    /// it the socket is as fast or faster (16 KiB: CMA 0.8x; 32 KiB: 1.2-3x; bench/results/
+    /// 2026-12-06-shm-cma.txt).
+    static constexpr std::uint64_t cma_min_bytes = 32 * 1024;
     /// False if RDMX_SHM_CMA is "off" or "0" (read once).
     static bool cma_allowed() noexcept;
     /// Whether request `pos` (not sent yet) goes as a CMA request: sets its via_cma and,
