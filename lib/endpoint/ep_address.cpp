@@ -15,7 +15,7 @@
 namespace rdmx::ep
 {
 
-std::string to_text(const net_address& key, backend b)
+std::string to_text(const net_address& key, backend b, bool automatic)
 {
     char buf[INET6_ADDRSTRLEN] = {};
     std::string host;
@@ -30,10 +30,13 @@ std::string to_text(const net_address& key, backend b)
         ::inet_ntop(AF_INET6, key.ip.data(), buf, sizeof buf);
         host = std::string("[") + buf + "]";
     }
-    return std::string(b == backend::tcp ? "tcp://" : "rdma://") + host + ":" + std::to_string(key.port);
+    return std::string(automatic           ? "auto://"
+                       : b == backend::tcp ? "tcp://"
+                                           : "rdma://") +
+           host + ":" + std::to_string(key.port);
 }
 
-resolved_address resolve_address(std::string_view text, backend b, bool allow_port0)
+resolved_address resolve_address(std::string_view text, backend b, bool allow_port0, bool automatic)
 {
     uri u = uri::parse(text);
     // An endpoint on shm takes shm:// only: auto:// names a host, not a name on this one.
@@ -72,7 +75,7 @@ resolved_address resolve_address(std::string_view text, backend b, bool allow_po
         throw_error(errc::invalid_argument, "endpoint: " + std::string(text) +
                                                 " is a wildcard; an endpoint's address names one host");
     out.key.port = u.port;
-    out.text = to_text(out.key, b);
+    out.text = to_text(out.key, b, automatic);
     return out;
 }
 

@@ -100,10 +100,13 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
     delivery_acks_ = lim.iwarp;
 
     // The listener first: its port is part of the address that peers insert.
-    auto want = resolve_address(address, d.backend(), true);
+    // Opened with auto://: its peers are dialled by auto:// too, so that a peer's listener
+    // on this host is reached over shm where auto:// chose TCP (docs/shm.md, "auto://").
+    automatic_ = uri::parse(address).scheme == scheme::automatic;
+    auto want = resolve_address(address, d.backend(), true, automatic_);
     listener_ = d.listen(address, 1024);
     want.key.port = listener_->port();
-    want.text = to_text(want.key, d.backend());
+    want.text = to_text(want.key, d.backend(), automatic_);
     self_ = want;
 
     events_ = event_queue::create();
@@ -237,7 +240,7 @@ std::uint32_t endpoint_impl::find_or_add(const resolved_address& a)
 
 rdmx::peer endpoint_impl::insert(std::string_view address)
 {
-    auto a = resolve_address(address, dom_.backend());
+    auto a = resolve_address(address, dom_.backend(), false, automatic_);
     if (a.key == self_.key)
         throw_error(errc::invalid_argument,
                     "endpoint::insert: " + a.text + " is this endpoint's own address (not supported)");
@@ -337,7 +340,7 @@ void endpoint_impl::on_request(connection_request& req)
         req.reject(encode_reject(reject_reason::self));
         return;
     }
-    resolved_address a{id.listener, to_text(id.listener, dom_.backend())};
+    resolved_address a{id.listener, to_text(id.listener, dom_.backend(), automatic_)};
     std::uint32_t pi = find_or_add(a);
     peer_entry& p = *peers_[pi];
     if (p.remote_inc != 0 && p.remote_inc != id.incarnation) {

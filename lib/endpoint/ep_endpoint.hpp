@@ -364,6 +364,7 @@ private:
     endpoint_options opts_;
     std::uint64_t incarnation_ = 0;
     resolved_address self_;
+    bool automatic_ = false;       ///< opened with auto://: peers are dialled by auto:// (to_text)
     std::uint32_t send_sge_ = 2;   ///< max_send_sge in effect (with the header's)
     std::uint32_t buf_size_ = 0;   ///< of each receive buffer: header + payload
     std::uint32_t ctrl_size_ = 0;  ///< of each op's header / rts area

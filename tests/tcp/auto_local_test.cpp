@@ -4,6 +4,8 @@
 // and the client's log says which it took and why.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <string>
@@ -161,6 +163,47 @@ TEST(auto_local, a_tcp_client_of_an_auto_listener_is_served_by_tcp)
     EXPECT_EQ(k.client->backend(), backend::tcp);
     EXPECT_EQ(k.server->backend(), backend::tcp);
     moves_data(*cd, *sd, k, false);
+}
+
+TEST(auto_local, endpoints_opened_with_auto_reach_each_other_over_shm)
+{
+    // An endpoint opened with auto:// dials its peers by auto:// too: on this host that is
+    // shm, and a rendezvous message (the receiver reads it) moves by CMA.
+    auto d1 = domain::open("auto://127.0.0.1:0");
+    REQUIRE_AUTO_TCP(*d1);
+    auto d2 = domain::open("auto://127.0.0.1:0");
+    auto a = endpoint::open(*d1, "auto://127.0.0.1:0");
+    auto b = endpoint::open(*d2, "auto://127.0.0.1:0");
+    EXPECT_EQ(a->address().rfind("auto://127.0.0.1:", 0), 0u) << a->address();
+    constexpr std::size_t n = 1 << 20;
+    std::vector<std::byte> src(n), dst(n, std::byte{0});
+    for (std::size_t i = 0; i < n; ++i)
+        src[i] = static_cast<std::byte>((i * 31) & 0xff);
+    auto sm = d1->register_memory(src.data(), n, access::local_write | access::remote_read);
+    auto dm = d2->register_memory(dst.data(), n, access::local_write | access::remote_write);
+    const std::uint64_t cma0 = tcp::cma_requests_completed();
+    sge r{dm.get(), 0, n};
+    ASSERT_FALSE(b->recv(any_peer, 9, 0, {&r, 1}, 2));
+    sge s{sm.get(), 0, n};
+    ASSERT_FALSE(a->send(a->insert(b->address()), 9, {&s, 1}, 1));
+    bool sent = false, received = false;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!(sent && received) && std::chrono::steady_clock::now() < deadline) {
+        endpoint_completion out[8];
+        for (std::size_t i = 0, k = a->poll(out); i < k; ++i)
+            if (out[i].context == 1) {
+                EXPECT_FALSE(out[i].status) << out[i].status.message();
+                sent = true;
+            }
+        for (std::size_t i = 0, k = b->poll(out); i < k; ++i)
+            if (out[i].context == 2) {
+                EXPECT_FALSE(out[i].status) << out[i].status.message();
+                received = true;
+            }
+    }
+    ASSERT_TRUE(sent && received) << "the 1 MiB message did not arrive";
+    EXPECT_EQ(src, dst);
+    EXPECT_GE(tcp::cma_requests_completed() - cma0, 1u) << "the rendezvous did not go by CMA";
 }
 
 } // namespace
