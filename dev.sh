@@ -158,14 +158,15 @@ test_tsan() {
 }
 
 # libFuzzer: each target for a bounded time, starting from a scratch copy of its committed
-# corpus (tests/fuzz/corpus/TARGET). The three decoders run 30 s each: their input space is
+# corpus (tests/fuzz/corpus/TARGET). The three decoders run 20 s each: their input space is
 # small and coverage stops growing within seconds, at hundreds of thousands of inputs a
-# second. fuzz_engine, a real connection per input, runs 60 s. RDMX_FUZZ_SECONDS sets one
-# time for all. A crash, a failed check or a hang fails the pass; the input that caused it
-# is kept in $BUILD/fuzz-artifacts/. Two lanes, one per CPU: the engine's, and the three
-# decoders one after another (90 s for the pass instead of 150; each target keeps its time).
+# second (2-6 million inputs each in 20 s). fuzz_engine, a real connection per input, runs
+# 60 s. RDMX_FUZZ_SECONDS sets one time for all. A crash, a failed check or a hang fails the
+# pass; the input that caused it is kept in $BUILD/fuzz-artifacts/. Two lanes, one per CPU:
+# the engine's, and the three decoders one after another (60 s for the pass instead of 120;
+# each target keeps its time).
 fuzz_one() { # TARGET REPORT: runs TARGET, writes its lines for the log into REPORT
-    local t=$1 report=$2 work seeds extra=() trc=0 seconds=${RDMX_FUZZ_SECONDS:-30}
+    local t=$1 report=$2 work seeds extra=() trc=0 seconds=${RDMX_FUZZ_SECONDS:-20}
     [ "$t" != fuzz_engine ] || seconds=${RDMX_FUZZ_SECONDS:-60}
     work=$(mktemp -d)
     mkdir "$work/corpus"

@@ -103,8 +103,8 @@ if [ "$what" = atomics ]; then
     echo "$me: $kind: -s 16 -> $(cat "$out/size.log")"
 else
     for t in register register_send register_send_bind window_bind window_send window_send_local; do
-        run $t -s 4K -s 1M -n 200 -w 20
-        report $t 200 4096,1048576 lat+rate
+        run $t -s 4K -s 1M -n 60 -w 6
+        report $t 60 4096,1048576 lat+rate
     done
 fi
 rm -rf "$out"
