@@ -1,0 +1,52 @@
+#!/bin/sh
+# rdmx's shm:// (CMA) against UCX on one host, interleaved (issue 29's "against libfabric's
+# shm provider and UCX" rows, UCX's half): per round rdmx_perf over shm://, then
+# ucx_perftest with UCX_TLS=posix,cma (the issue's configuration) and UCX_TLS=sm: 8 B
+# latency (send_lat / tag_lat) and write / read bandwidth (write_bw / ucp_put_bw, read_bw /
+# ucp_get) at 64 KiB, 1 MiB and 4 MiB. Server on CPU 0, client on CPU 1.
+# Usage: sh bench/shm_vs_ucx.sh BUILD_DIR [ROUNDS]   (ucx-utils installed: ucx_perftest)
+# rdmx rows: send_lat: size iters t_min t_typical t_99 t_max (us); bandwidth: size iters
+# MB/s Mmsg/s us-per-message. UCX rows: "TEST SIZE: typical-latency-us MB/s".
+set -eu
+build=${1:?usage: shm_vs_ucx.sh BUILD_DIR [ROUNDS]}
+rounds=${2:-3}
+perf=$build/samples/rdmx_perf
+command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 1; }
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+port=13500
+
+rdmx() { # test args...
+    t=$1; shift
+    "$perf" --server --cpu 0 -t "$t" "$@" shm://ucxcmp:0 >"$log" 2>&1 &
+    i=0
+    until grep -q listening "$log"; do
+        i=$((i + 1)); [ $i -lt 100 ] || { cat "$log"; exit 1; }; sleep 0.1
+    done
+    p=$(sed -n 's/.*port \([0-9]*\).*/\1/p' "$log" | head -n 1)
+    "$perf" --cpu 1 -t "$t" "$@" "shm://ucxcmp:$p" | grep -E '^ *[0-9]'
+    wait
+}
+
+ucx() { # tls test size iters
+    port=$((port + 1))
+    UCX_TLS=$1 taskset -c 0 ucx_perftest -p $port >/dev/null 2>&1 &
+    sleep 0.5
+    # Final: iterations, latency 50%ile / average / overall (us), bandwidth average / overall (MB/s), ...
+    UCX_TLS=$1 taskset -c 1 ucx_perftest localhost -p $port -t "$2" -s "$3" -n "$4" 2>&1 |
+        awk -v t="$2" -v s="$3" '/Final:/ { printf "%s %s: %s %s\n", t, s, $3, $6 }'
+    wait
+}
+
+for r in $(seq "$rounds"); do
+    echo "== round $r rdmx shm:// (CMA)"
+    rdmx send_lat -s 8 -n 20000 -w 1000
+    rdmx write_bw -s 64K -s 1M -s 4M -n 2000
+    rdmx read_bw -s 64K -s 1M -s 4M -n 2000
+    for tls in posix,cma sm; do
+        echo "== round $r UCX_TLS=$tls"
+        ucx $tls tag_lat 8 20000
+        for s in 65536 1048576 4194304; do ucx $tls ucp_put_bw $s 2000; done
+        for s in 65536 1048576 4194304; do ucx $tls ucp_get $s 2000; done
+    done
+done
