@@ -5,7 +5,7 @@
 // process_vm_readv / process_vm_writev: one copy, by the side whose memory rules apply.
 // Where the kernel refuses (ptrace rules, another user or PID namespace), the target says
 // so (NAK CMA_REFUSED) and the initiator sends the data in the frames from then on.
-// docs/wire-format.md section 7 is the protocol; docs/shm.md what it promises.
+// docs/wire-format.md section 11 is the protocol; docs/shm.md what it promises.
 #include "tcp/tcp_engine.hpp"
 
 #include <poll.h>
@@ -283,8 +283,8 @@ void connection_engine::serve_cma(const frame_header& h) noexcept
                         "the socket",
                         err == ESRCH ? "its process is gone" : std::strerror(err));
         else
-            log_limited("shm: the peer's process is not visible here (PID namespace): its one-sided data "
-                        "comes through the socket");
+            log_limited("shm: the peer's process cannot be named here (another PID namespace, or no pidfd "
+                        "for it): its one-sided data comes through the socket");
         push_response({.op = frame_op::nak, .code = nak_code::cma_refused, .seq = h.seq, .data = {}});
         seq_.nak_rnr();
         return;
