@@ -52,8 +52,9 @@ int main(int argc, char** argv)
             std::fprintf(stderr, "rdmx_client: cannot connect to %s: %s\n", address.c_str(), e.what());
             return 1;
         }
-        std::printf("client: connected to %s (server said \"%.*s\")\n", address.c_str(),
-                    static_cast<int>(conn->peer_private_data().size()),
+        // The connection's backend: shm where auto:// found the listener on this host.
+        std::printf("client: connected to %s over %s (server said \"%.*s\")\n", address.c_str(),
+                    rdmx::to_string(conn->backend()), static_cast<int>(conn->peer_private_data().size()),
                     reinterpret_cast<const char*>(conn->peer_private_data().data()));
 
         std::vector<std::byte> inbox(msg_size), outbox(msg_size);
