@@ -3,8 +3,8 @@
 # own TCP" and "against the machine's limit" rows): per round, tcp, then shm with
 # cross-memory attach off (RDMX_SHM_CMA=off: every byte through the UNIX socket), then shm
 # as it is, each with 8 B send/recv latency and write and read bandwidth at 64 KiB, 1 MiB
-# and 4 MiB; then one core's memcpy of those sizes (bench/memcpy_bw.c, on CPU 1). Server
-# on CPU 0, client on CPU 1.
+# and 4 MiB (SEND_BW=1: send bandwidth too); then one core's memcpy of those sizes
+# (bench/memcpy_bw.c, on CPU 1). Server on CPU 0, client on CPU 1.
 # Usage: sh bench/shm_vs_tcp.sh BUILD_DIR [ROUNDS]   (a build with samples, debugoptimized)
 # Prints rdmx_perf's rows: send_lat: size iters t_min t_typical t_99 t_max (us);
 # bandwidth: size iters MB/s Mmsg/s us-per-message.
@@ -38,6 +38,7 @@ for r in $(seq "$rounds"); do
         run "$a" send_lat -s 8 -n 20000 -w 1000
         run "$a" write_bw -s 64K -s 1M -s 4M -n 2000
         run "$a" read_bw -s 64K -s 1M -s 4M -n 2000
+        [ -z "${SEND_BW:-}" ] || run "$a" send_bw -s 64K -s 1M -s 4M -n 2000
     done
     echo "== round $r memcpy (size iterations MB/s)"
     for s in 65536 1048576 4194304; do taskset -c 1 "$mc" $s 2000; done

@@ -1,7 +1,8 @@
-// Cross-memory attach (CMA) for shm://: one-sided payloads that do not cross the socket.
-// The initiator sends its own SGE list (descriptors) instead of the data; the target
-// checks its registration exactly as for a write or read frame (key, range, rights), and
-// only then moves the bytes between that registration and the initiator's process with
+// Cross-memory attach (CMA) for shm://: payloads of sends, writes and reads that do not
+// cross the socket. The initiator sends its own SGE list (descriptors) instead of the data;
+// the target checks its registration exactly as for a write or read frame (key, range,
+// rights; a send takes the posted receive as a send frame does), and only then moves the
+// bytes between that registration and the initiator's process with
 // process_vm_readv / process_vm_writev: one copy, by the side whose memory rules apply.
 // Where the kernel refuses (ptrace rules, another user or PID namespace), the target says
 // so (NAK CMA_REFUSED) and the initiator sends the data in the frames from then on.
@@ -87,7 +88,8 @@ bool connection_engine::cma_allowed() noexcept
 bool connection_engine::choose_cma(std::uint64_t pos, bool& revoked) noexcept
 {
     send_queue::entry& e = sq_.at(pos);
-    if (e.op != opcode::write && e.op != opcode::write_with_imm && e.op != opcode::read)
+    if (e.op != opcode::write && e.op != opcode::write_with_imm && e.op != opcode::read &&
+        e.op != opcode::send)
         return false;
     std::byte* d = sq_.cma_buf(pos);
     if (!d || e.length < cma_min_bytes || e.nseg == 0)
@@ -227,6 +229,10 @@ void connection_engine::serve_cma(const frame_header& h) noexcept
         remote[i] = {reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)),
                      static_cast<std::size_t>(len)};
     }
+    if (h.op == frame_op::send_cma) {
+        serve_cma_send(h, remote, count, total);
+        return;
+    }
     const bool read = h.op == frame_op::read_cma_req;
     // The same check as a write or read frame's (begin_request): nothing outside this
     // registration, or without its rights, is touched. Zero bytes touch nothing.
@@ -275,18 +281,7 @@ void connection_engine::serve_cma(const frame_header& h) noexcept
         }
     }
     if (err != 0 && refused(err)) {
-        // Not fatal: the initiator sends this request and what follows it again with
-        // the data in the frames; until this one comes again, those behind it are
-        // dropped (as after an RNR NAK).
-        if (err != ESRCH || cma_lookup_ == cma_lookup::found)
-            log_limited("shm: cannot reach the peer's memory by CMA (%s): its one-sided data comes through "
-                        "the socket",
-                        err == ESRCH ? "its process is gone" : std::strerror(err));
-        else
-            log_limited("shm: the peer's process cannot be named here (another PID namespace, or no pidfd "
-                        "for it): its one-sided data comes through the socket");
-        push_response({.op = frame_op::nak, .code = nak_code::cma_refused, .seq = h.seq, .data = {}});
-        seq_.nak_rnr();
+        refuse_cma(h, err);
         return;
     }
     if (err != 0) {
@@ -312,6 +307,133 @@ void connection_engine::serve_cma(const frame_header& h) noexcept
                           .imm = h.imm,
                           .with_imm = true},
                          (h.flags & flag_solicited) != 0);
+    push_ack(h.seq);
+}
+
+void connection_engine::refuse_cma(const frame_header& h, int err) noexcept
+{
+    {
+        // Not fatal: the initiator sends this request and what follows it again with
+        // the data in the frames; until this one comes again, those behind it are
+        // dropped (as after an RNR NAK).
+        if (err != ESRCH || cma_lookup_ == cma_lookup::found)
+            log_limited("shm: cannot reach the peer's memory by CMA (%s): its large payloads come through "
+                        "the socket",
+                        err == ESRCH ? "its process is gone" : std::strerror(err));
+        else
+            log_limited("shm: the peer's process cannot be named here (another PID namespace, or no pidfd "
+                        "for it): its large payloads come through the socket");
+        push_response({.op = frame_op::nak, .code = nak_code::cma_refused, .seq = h.seq, .data = {}});
+        seq_.nak_rnr();
+    }
+}
+
+int connection_engine::cma_into_receive(pid_t pid, const seg* segs, std::uint32_t nseg, const iovec* remote,
+                                        unsigned long count, std::uint64_t total) noexcept
+{
+    // The receive's segs that the bytes fill, pinned for the copy (as a socket read into
+    // them would be).
+    iovec local[max_cma_descriptors];
+    region_state* pinned[max_cma_descriptors];
+    unsigned long n = 0;
+    int np = 0;
+    bool staged = false;
+    int err = 0;
+    std::uint64_t left = total;
+    for (std::uint32_t i = 0; i < nseg && left > 0 && n < max_cma_descriptors; ++i) {
+        const seg& s = segs[i];
+        const std::uint64_t take = std::min(s.len, left);
+        if (s.st && !pin(s.st, s.tag)) {
+            err = -1;
+            break;
+        }
+        if (s.st) {
+            pinned[np++] = s.st;
+            staged = staged || s.st->stage != staging::none;
+        }
+        local[n++] = {s.ptr, static_cast<std::size_t>(take)};
+        left -= take;
+    }
+    if (err == 0 && left > 0)
+        err = EINVAL; // cannot happen: total <= the receive's length, its segs' sum
+    if (err == 0 && !staged) {
+        const ssize_t r = ::process_vm_readv(pid, local, n, remote, count, 0);
+        err = r < 0 ? errno : static_cast<std::uint64_t>(r) == total ? 0 : EFAULT;
+    } else if (err == 0) {
+        // Staged (device) memory among them: a chunk at a time into a host chunk, then
+        // each piece to its place.
+        bounce_pool& pool = dom_.bounce();
+        std::byte* c = pool.take();
+        err = c ? 0 : ENOMEM;
+        std::uint64_t li = 0, loff = 0; // the local iovec and offset the next byte goes to
+        for (std::uint64_t off = 0; err == 0 && off < total;) {
+            const std::uint64_t k = std::min<std::uint64_t>(pool.chunk_size(), total - off);
+            iovec part[max_cma_descriptors];
+            err = cma_move(pid, true, c, k, part, slice(remote, count, off, k, part));
+            for (std::uint64_t done = 0; err == 0 && done < k;) {
+                const seg& s = segs[li];
+                const std::uint64_t step = std::min<std::uint64_t>(local[li].iov_len - loff, k - done);
+                if (s.st && s.st->stage != staging::none) {
+                    if (!pool.copy_now(false, s.st->stage, s.st->device, s.ptr + loff, c + done, step))
+                        err = EIO;
+                    pool.count_in(step);
+                } else {
+                    std::memcpy(s.ptr + loff, c + done, step);
+                }
+                done += step;
+                loff += step;
+                if (loff == local[li].iov_len) {
+                    ++li;
+                    loff = 0;
+                }
+            }
+            off += k;
+        }
+        if (c)
+            pool.give(c);
+    }
+    for (int i = 0; i < np; ++i)
+        unpin(pinned[i]);
+    return err;
+}
+
+void connection_engine::serve_cma_send(const frame_header& h, const iovec* remote, unsigned long count,
+                                       std::uint64_t total) noexcept
+{
+    const bool solicited = (h.flags & flag_solicited) != 0;
+    const recv_queue::entry r = recv_head(); // recv_ready() held when the header came
+    if (total > r.length) {
+        // As a send frame larger than the receive: local_length here, invalid request there.
+        complete_rq_head({.wr_id = r.wr_id, .opcode = opcode::unknown, .status = errc::local_length},
+                         solicited);
+        target_fail(nak_code::invalid_request, h.seq);
+        return;
+    }
+    int err = 0;
+    if (total > 0) {
+        const pid_t pid = cma_peer();
+        err = pid == 0 ? ESRCH : cma_into_receive(pid, recv_head_segs(), r.nseg, remote, count, total);
+    }
+    if (err != 0 && refused(err)) {
+        refuse_cma(h, err); // the receive stays posted for the send's second coming
+        return;
+    }
+    if (err == -1) { // the receive's memory was deregistered: as a send frame into it
+        complete_rq_head({.wr_id = r.wr_id, .opcode = opcode::unknown, .status = errc::local_protection},
+                         solicited);
+        target_fail(nak_code::remote_operation, h.seq);
+        return;
+    }
+    if (err != 0) {
+        target_fail(nak_code::remote_operation, h.seq);
+        return;
+    }
+    complete_rq_head({.wr_id = r.wr_id,
+                      .opcode = opcode::recv,
+                      .status = {},
+                      .byte_len = static_cast<std::uint32_t>(total)},
+                     solicited);
+    seq_.carried_out();
     push_ack(h.seq);
 }
 
@@ -345,7 +467,7 @@ void connection_engine::on_cma_refused(std::uint64_t seq) noexcept
     // dropped by the peer and goes again, now without CMA (add_frame decides anew).
     cma_tx_ = false;
     cma_refusal_count.fetch_add(1, std::memory_order_relaxed);
-    log_limited("shm: the peer cannot reach this process's memory by CMA: one-sided data goes through the "
+    log_limited("shm: the peer cannot reach this process's memory by CMA: large payloads go through the "
                 "socket on this connection");
     sq_.go_back(seq);
     pump();

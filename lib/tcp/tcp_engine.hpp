@@ -354,6 +354,17 @@ private:
     /// registration exactly as write/read, then the data moved by process_vm_readv /
     /// process_vm_writev, and answered (ACK, READ_CMA_RESP, or a NAK).
     void serve_cma(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
+    /// The kernel refused CMA to the peer (`err`): NAK CMA_REFUSED for `h`, the requests
+    /// behind it dropped until it comes again (as after an RNR NAK), logged.
+    void refuse_cma(const frame_header& h, int err) noexcept RDMX_REQUIRES(mu_);
+    /// process_vm_readv of the `total` bytes of `remote` into the receive's `segs` (staged
+    /// ones through a host chunk): 0, -1 if a seg's region was deregistered, or the errno.
+    int cma_into_receive(pid_t pid, const seg* segs, std::uint32_t nseg, const iovec* remote,
+                         unsigned long count, std::uint64_t total) noexcept RDMX_REQUIRES(mu_);
+    /// serve_cma's SEND_CMA: the `total` bytes of the initiator's `remote` ranges into the
+    /// posted receive (as a send frame's payload would land), then its completion and ACK.
+    void serve_cma_send(const frame_header& h, const iovec* remote, unsigned long count,
+                        std::uint64_t total) noexcept RDMX_REQUIRES(mu_);
     /// The peer's process, for CMA: its pid (SO_PEERCRED) while a pidfd says that it has
     /// not exited (so that the pid names it, not a later process); 0 otherwise.
     pid_t cma_peer() noexcept RDMX_REQUIRES(mu_);

@@ -61,13 +61,14 @@ void connection_engine::begin_request(const frame_header& h) noexcept
     case frame_op::write_imm_cma:
     case frame_op::write_cma:
     case frame_op::read_cma_req:
+    case frame_op::send_cma:
         // The descriptors first; the target is checked and the data moved when they are
         // in (serve_cma). Only a peer over a UNIX socket shares this host's memory.
         if (!local_.load(std::memory_order_relaxed)) {
             protocol_violation("CMA request on a connection that is not shm://", false);
             return;
         }
-        if (h.op == frame_op::write_imm_cma && !recv_ready()) {
+        if ((h.op == frame_op::write_imm_cma || h.op == frame_op::send_cma) && !recv_ready()) {
             rx_.action = rx_action::rnr;
             return;
         }

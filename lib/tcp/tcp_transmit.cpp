@@ -60,11 +60,13 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
         if (e.via_cma) { // the payload is the descriptors (payload_segs)
             h.op = h.op == frame_op::write       ? frame_op::write_cma
                    : h.op == frame_op::write_imm ? frame_op::write_imm_cma
+                   : h.op == frame_op::send      ? frame_op::send_cma
                                                  : frame_op::read_cma_req;
             h.length = static_cast<std::uint32_t>(e.cma_seg.len);
         }
-        if (e.solicited && (h.op == frame_op::send || h.op == frame_op::send_inv ||
-                            h.op == frame_op::write_imm || h.op == frame_op::write_imm_cma))
+        if (e.solicited &&
+            (h.op == frame_op::send || h.op == frame_op::send_inv || h.op == frame_op::write_imm ||
+             h.op == frame_op::write_imm_cma || h.op == frame_op::send_cma))
             h.flags = flag_solicited;
     } else {
         const response& r = resp_.at(pos);

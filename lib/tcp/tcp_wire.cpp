@@ -109,12 +109,13 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
     case frame_op::compare_swap_req:
     case frame_op::write_cma:
     case frame_op::write_imm_cma:
-    case frame_op::read_cma_req: {
+    case frame_op::read_cma_req:
+    case frame_op::send_cma: {
         // Every field a request does not use must be zero (docs/wire-format.md section 2):
         // the version byte of the handshake is the only way to give one a meaning later.
         auto o = static_cast<frame_op>(op);
         bool may_solicit = o == frame_op::send || o == frame_op::send_inv || o == frame_op::write_imm ||
-                           o == frame_op::write_imm_cma;
+                           o == frame_op::write_imm_cma || o == frame_op::send_cma;
         if (h.status != 0)
             return bad(why, "status on a request");
         if ((h.flags & ~flag_solicited) != 0)
@@ -123,7 +124,7 @@ std::error_code frame_header::decode(const std::byte* in, frame_header& out, con
             return bad(why, "solicited flag on a write or read request");
         if (h.imm != 0 && o != frame_op::write_imm && o != frame_op::write_imm_cma)
             return bad(why, "imm on a request other than write_imm");
-        if (o == frame_op::send && (h.addr != 0 || h.key != 0))
+        if ((o == frame_op::send || o == frame_op::send_cma) && (h.addr != 0 || h.key != 0))
             return bad(why, "addr or key on a send");
         if (o == frame_op::send_inv && h.addr != 0)
             return bad(why, "addr on a send_inv");

@@ -42,6 +42,9 @@ enum class frame_op : std::uint8_t {
     write_cma = 8,
     write_imm_cma = 9,
     read_cma_req = 10,
+    /// shm:// only: as send (flags as send; addr and key 0), its data taken by the target
+    /// into the posted receive by CMA; the payload is the descriptors
+    send_cma = 11,
     ack = 16,       ///< response; acknowledges every request up to and including seq
     read_resp = 17, ///< response; payload = the bytes read for request seq
     nak = 18,       ///< response; request seq failed, status = nak_code
@@ -63,7 +66,8 @@ inline constexpr std::uint32_t max_cma_descriptors = 32;
 /// Whether `op` is one of the requests that carry CMA descriptors.
 inline bool is_cma_request(frame_op op) noexcept
 {
-    return op == frame_op::write_cma || op == frame_op::write_imm_cma || op == frame_op::read_cma_req;
+    return op == frame_op::write_cma || op == frame_op::write_imm_cma || op == frame_op::read_cma_req ||
+           op == frame_op::send_cma;
 }
 
 /// Payload bytes of the atomic frames: one or two little-endian 64-bit operands, the old value.

@@ -4,8 +4,9 @@
 //   cma_target ADDRESS reach|unreachable
 //
 // Listens on ADDRESS (shm://), writes one byte to stdout once it listens, accepts one
-// connection with private data = its 1 MiB region's remote_buffer (remote read and write),
-// and exits 0 once the peer disconnected. `unreachable` first makes this process one that
+// connection with private data = its 1 MiB region's remote_buffer (remote read and write)
+// and a receive of the region's first 256 KiB posted, and exits 0 once the peer
+// disconnected. `unreachable` first makes this process one that
 // may not reach its peer's memory: as root it becomes nobody (another user), otherwise
 // the test process makes itself not dumpable; either way the kernel refuses this
 // process's process_vm_readv / process_vm_writev of the peer (EPERM).
@@ -50,7 +51,9 @@ int main(int argc, char** argv)
         if (!req)
             return 1;
         const auto rb = mr->remote().serialize();
-        auto c = req->accept({}, rb);
+        const rdmx::sge first{mr.get(), 0, 256 * 1024};
+        const rdmx::recv_request r{.wr_id = 1, .local = {&first, 1}};
+        auto c = req->accept({}, rb, {&r, 1});
         // The engine serves the peer's writes and reads; nothing to poll here.
         const auto deadline = std::chrono::steady_clock::now() + 60s;
         while (c->state() == rdmx::connection_state::established &&

@@ -36,7 +36,8 @@ struct cma_counts {
 };
 
 /// Against a cma_target in `mode`: a 1 MiB write from three SGEs, a 1 MiB read back into two,
-/// and a 4 KiB write (below tcp::connection_engine::cma_min_bytes); every byte checked.
+/// a 4 KiB write (below tcp::connection_engine::cma_min_bytes), and a 256 KiB send into the
+/// receive it posted over the region's start, read back; every byte checked.
 void write_and_read_back(const std::string& mode, cma_counts& seen)
 {
     const std::string program = sibling_program("cma_target");
@@ -79,16 +80,29 @@ void write_and_read_back(const std::string& mode, cma_counts& seen)
     EXPECT_EQ(std::memcmp(src.data() + mib - 4096, back.data(), 4096), 0);
     EXPECT_EQ(tcp::cma_requests_completed(), done1) << "a 4 KiB request went by CMA";
 
+    constexpr std::size_t msg = 256 * 1024;
+    for (std::size_t i = 0; i < msg; ++i)
+        src[i] = static_cast<std::byte>((i * 11 + 3) & 0xff);
+    const sge m[2] = {{ms.get(), 0, 1000}, {ms.get(), 1000, msg - 1000}};
+    ASSERT_FALSE(c->post_send(m, 5));
+    expect_ok(*c, 1);
+    std::memset(back.data(), 0, msg);
+    const sge mback{mb.get(), 0, msg};
+    ASSERT_FALSE(c->post_read({&mback, 1}, *rb->slice(0, msg), 6));
+    expect_ok(*c, 1);
+    EXPECT_EQ(std::memcmp(src.data(), back.data(), msg), 0) << "the 256 KiB send did not land in the receive";
+
     seen = {tcp::cma_requests_completed() - done0, tcp::cma_refusals() - refused0};
     c->disconnect();
     EXPECT_EQ(child.wait(), 0) << "cma_target did not see a clean disconnect";
 }
 
-TEST(cma, a_peer_that_can_reach_this_process_moves_one_sided_data_itself)
+TEST(cma, a_peer_that_can_reach_this_process_moves_the_data_itself)
 {
     cma_counts seen;
     ASSERT_NO_FATAL_FAILURE(write_and_read_back("reach", seen));
-    EXPECT_EQ(seen.completed, 2u) << "the 1 MiB write and read did not both go by CMA";
+    EXPECT_EQ(seen.completed, 4u)
+        << "the 1 MiB write and read, the send and its read-back did not all go by CMA";
     EXPECT_EQ(seen.refusals, 0u);
 }
 

@@ -480,6 +480,68 @@ TEST_F(shm_engine, a_write_imm_by_cma_keeps_its_immediate_and_solicited_bit)
     EXPECT_EQ(dst, std::vector<std::byte>(2 * n, std::byte{0x5a}));
 }
 
+TEST_F(shm_engine, a_large_send_by_cma_lands_in_a_receive_of_several_sges)
+{
+    // 200 KiB from two SGEs into a receive of three: the target reads the sender's ranges
+    // into the receive's pieces (SEND_CMA), as a send frame's payload would land.
+    auto p = connect_pair();
+    constexpr std::size_t n = 200 * 1024;
+    std::vector<std::byte> src(n), dst(n + 30000, std::byte{0x11});
+    for (std::size_t i = 0; i < n; ++i)
+        src[i] = static_cast<std::byte>((i * 7 + i / 1000) & 0xff);
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dm = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    const sge r[3] = {
+        {dm.get(), 0, 50000}, {dm.get(), 60000, 100000}, {dm.get(), 170000, n + 30000 - 170000}};
+    ASSERT_FALSE(p.server->post_recv(r, 5));
+    const std::uint64_t cma0 = tcp::cma_requests_completed();
+    const sge s[2] = {{sm.get(), 0, 70000}, {sm.get(), 70000, n - 70000}};
+    ASSERT_FALSE(p.client->post_send(s, 1, send_flags::signaled | send_flags::solicited));
+    expect_ok(*p.client, 1);
+    auto rc = expect_ok(*p.server, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].opcode, opcode::recv);
+    EXPECT_EQ(rc[0].byte_len, n);
+    EXPECT_EQ(tcp::cma_requests_completed() - cma0, 1u) << "the send did not go by CMA";
+    EXPECT_EQ(std::memcmp(dst.data(), src.data(), 50000), 0);
+    EXPECT_EQ(std::memcmp(dst.data() + 60000, src.data() + 50000, 100000), 0);
+    EXPECT_EQ(std::memcmp(dst.data() + 170000, src.data() + 150000, n - 150000), 0);
+    EXPECT_EQ(dst[55000], std::byte{0x11}) << "a byte between the receive's pieces was written";
+}
+
+TEST_F(shm_engine, a_send_by_cma_waits_for_a_receive_and_one_too_large_fails_both_sides)
+{
+    connection_options o;
+    o.rnr_retry_count = 7;
+    auto p = connect_pair(o);
+    constexpr std::size_t n = 64 * 1024;
+    std::vector<std::byte> src(n, std::byte{0x3c}), dst(n, std::byte{0});
+    auto sm = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dm = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    // No receive yet: RNR, and the send goes again once one is posted.
+    sge s{sm.get(), 0, n};
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 1));
+    std::this_thread::sleep_for(30ms);
+    sge r{dm.get(), 0, n};
+    ASSERT_FALSE(p.server->post_recv({&r, 1}, 2));
+    expect_ok(*p.client, 1);
+    auto rc = expect_ok(*p.server, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].byte_len, n);
+    EXPECT_EQ(dst, src);
+    // Larger than the receive: local_length at the receiver, an invalid request at the
+    // sender, both connections in error, as for a send frame.
+    sge small{dm.get(), 0, n / 2};
+    ASSERT_FALSE(p.server->post_recv({&small, 1}, 3));
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 4));
+    auto cc = poll_n(*p.client, 1);
+    ASSERT_EQ(cc.size(), 1u);
+    EXPECT_EQ(cc[0].status, errc::remote_invalid_request);
+    auto sc = poll_n(*p.server, 1);
+    ASSERT_EQ(sc.size(), 1u);
+    EXPECT_EQ(sc[0].status, errc::local_length);
+}
+
 TEST_F(tcp_engine, burst_of_small_frames_reaches_a_sleeping_receiver)
 {
     // Hundreds of small sends arrive at once: the receiver's engine reads them a staging

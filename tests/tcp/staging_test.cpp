@@ -342,6 +342,28 @@ TEST(shm_staging, a_staged_target_region_is_served_by_cma_through_the_chunks)
     ASSERT_EQ(std::memcmp(back.data() + r[1].offset, b.data() + 7 + r[0].length, r[1].length), 0);
     EXPECT_GE(pool_of(*sd).bytes_out() - out0, rlen);
     EXPECT_EQ(tcp::cma_requests_completed() - cma0, 2u) << "not both by CMA";
+
+    // A send into a receive of three staged SGEs whose boundaries fall inside chunks.
+    fill(a, 7);
+    const std::uint64_t in1 = pool_of(*sd).bytes_in();
+    const sge rv[] = {{mb.get(), 0, 1000}, {mb.get(), chunk, chunk}, {mb.get(), 3 * chunk, 4096}};
+    ASSERT_FALSE(srv->post_recv(rv, 10));
+    const sge sd2[] = {{ma.get(), 5, chunk + 500}, {ma.get(), 2 * chunk, 3596}};
+    const std::size_t slen = sd2[0].length + sd2[1].length;
+    ASSERT_FALSE(c->post_send(sd2, 3));
+    expect_ok(*c, 1);
+    auto rc = expect_ok(*srv, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].byte_len, slen);
+    std::vector<std::byte> sent(a.begin() + 5, a.begin() + 5 + static_cast<std::ptrdiff_t>(chunk + 500));
+    sent.insert(sent.end(), a.begin() + 2 * chunk, a.begin() + 2 * chunk + 3596);
+    std::vector<std::byte> got(b.begin(), b.begin() + 1000);
+    got.insert(got.end(), b.begin() + chunk, b.begin() + 2 * chunk);
+    got.insert(got.end(), b.begin() + 3 * chunk,
+               b.begin() + 3 * chunk + static_cast<std::ptrdiff_t>(slen - 1000 - chunk));
+    EXPECT_EQ(got, sent) << "the send's bytes are not where the receive's pieces are";
+    EXPECT_GE(pool_of(*sd).bytes_in() - in1, slen);
+    EXPECT_EQ(tcp::cma_requests_completed() - cma0, 3u) << "the send did not go by CMA";
 }
 
 } // namespace

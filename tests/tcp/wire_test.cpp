@@ -143,7 +143,7 @@ TEST(tcp_wire, every_single_byte_opcode_either_decodes_or_is_rejected)
 
 TEST(tcp_wire, cma_frames_carry_whole_descriptors_and_the_read_response_no_payload)
 {
-    for (auto op : {frame_op::write_cma, frame_op::write_imm_cma, frame_op::read_cma_req}) {
+    for (auto op : {frame_op::write_cma, frame_op::write_imm_cma, frame_op::read_cma_req}) { // send_cma below
         frame_header h;
         h.op = op;
         h.addr = 0x1000;
@@ -168,6 +168,17 @@ TEST(tcp_wire, cma_frames_carry_whole_descriptors_and_the_read_response_no_paylo
         EXPECT_EQ(!decode_bytes(encoded(h)), op == frame_op::write_imm_cma)
             << "solicited only with write_imm_cma";
     }
+    frame_header sc;
+    sc.op = frame_op::send_cma;
+    sc.length = 2 * cma_descriptor_size;
+    sc.flags = flag_solicited;
+    EXPECT_FALSE(decode_bytes(encoded(sc))) << "a send by CMA may be solicited";
+    EXPECT_TRUE(is_cma_request(frame_op::send_cma));
+    sc.key = 1;
+    EXPECT_EQ(decode_bytes(encoded(sc)), errc::protocol_error) << "a send by CMA names no key";
+    sc.key = 0;
+    sc.addr = 1;
+    EXPECT_EQ(decode_bytes(encoded(sc)), errc::protocol_error) << "... and no address";
     EXPECT_FALSE(is_cma_request(frame_op::write));
     EXPECT_FALSE(is_cma_request(frame_op::read_req));
 
