@@ -118,10 +118,7 @@ bool connection_engine::choose_cma(std::uint64_t pos, bool& revoked) noexcept
 
 void connection_engine::settle_transport() noexcept
 {
-    sockaddr_storage sa{};
-    socklen_t len = sizeof sa;
-    const bool local =
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0 && sa.ss_family == AF_UNIX;
+    const bool local = is_unix_socket(fd_);
     local_.store(local, std::memory_order_release);
     connector::dial_plan& d = hs_.dial();
     if (d.local_first) { // an auto:// client: which way it took, and why
@@ -312,20 +309,18 @@ void connection_engine::serve_cma(const frame_header& h) noexcept
 
 void connection_engine::refuse_cma(const frame_header& h, int err) noexcept
 {
-    {
-        // Not fatal: the initiator sends this request and what follows it again with
-        // the data in the frames; until this one comes again, those behind it are
-        // dropped (as after an RNR NAK).
-        if (err != ESRCH || cma_lookup_ == cma_lookup::found)
-            log_limited("shm: cannot reach the peer's memory by CMA (%s): its large payloads come through "
-                        "the socket",
-                        err == ESRCH ? "its process is gone" : std::strerror(err));
-        else
-            log_limited("shm: the peer's process cannot be named here (another PID namespace, or no pidfd "
-                        "for it): its large payloads come through the socket");
-        push_response({.op = frame_op::nak, .code = nak_code::cma_refused, .seq = h.seq, .data = {}});
-        seq_.nak_rnr();
-    }
+    // Not fatal: the initiator sends this request and what follows it again with the data
+    // in the frames; until this one comes again, those behind it are dropped (as after an
+    // RNR NAK).
+    if (err != ESRCH || cma_lookup_ == cma_lookup::found)
+        log_limited("shm: cannot reach the peer's memory by CMA (%s): its large payloads come through "
+                    "the socket",
+                    err == ESRCH ? "its process is gone" : std::strerror(err));
+    else
+        log_limited("shm: the peer's process cannot be named here (another PID namespace, or no pidfd "
+                    "for it): its large payloads come through the socket");
+    push_response({.op = frame_op::nak, .code = nak_code::cma_refused, .seq = h.seq, .data = {}});
+    seq_.nak_rnr();
 }
 
 int connection_engine::cma_into_receive(pid_t pid, const seg* segs, std::uint32_t nseg, const iovec* remote,

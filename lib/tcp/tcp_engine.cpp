@@ -62,9 +62,7 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
     if (!efd_)
         throw_errno(errno, "eventfd");
     // What the socket is now (settle_transport says it again once it is final).
-    sockaddr_storage sa{};
-    socklen_t len = sizeof sa;
-    local_ = ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0 && sa.ss_family == AF_UNIX;
+    local_ = is_unix_socket(fd_);
     set_liveness_options(fd_, std::chrono::duration_cast<std::chrono::milliseconds>(progress_timeout_));
 }
 

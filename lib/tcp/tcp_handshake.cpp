@@ -101,9 +101,7 @@ void connection_engine::await_handshake(std::string_view what, std::string_view 
 
 void connection_engine::connect_failed(int err) noexcept
 {
-    sockaddr_storage sa{};
-    socklen_t len = sizeof sa;
-    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0 && sa.ss_family == AF_UNIX)
+    if (is_unix_socket(fd_))
         hs_.dial().local_error = err; // an auto:// client's try of the UNIX socket
     if (redial(err)) {
         handshake_wait(asio::posix::stream_descriptor::wait_write);

@@ -31,12 +31,28 @@ int poll_timeout(clock::time_point deadline) noexcept
     return ms > 1'000'000'000 ? 1'000'000'000 : static_cast<int>(ms);
 }
 
+namespace
+{
+
+/// The socket's address family (SO_DOMAIN); AF_UNSPEC if it cannot say.
+int socket_family(int fd) noexcept
+{
+    int domain = AF_UNSPEC;
+    socklen_t len = sizeof domain;
+    return ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 ? domain : AF_UNSPEC;
+}
+
+} // namespace
+
 bool is_tcp_socket(int fd) noexcept
 {
-    int domain = 0;
-    socklen_t len = sizeof domain;
-    return ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
-           (domain == AF_INET || domain == AF_INET6);
+    const int domain = socket_family(fd);
+    return domain == AF_INET || domain == AF_INET6;
+}
+
+bool is_unix_socket(int fd) noexcept
+{
+    return socket_family(fd) == AF_UNIX;
 }
 
 void set_socket_options(int fd)

@@ -62,6 +62,8 @@ int poll_timeout(clock::time_point deadline) noexcept;
 
 /// An AF_INET or AF_INET6 socket (not a UNIX socket of the shm backend).
 bool is_tcp_socket(int fd) noexcept;
+/// An AF_UNIX socket: shm://, or an auto:// connection to a listener on this host.
+bool is_unix_socket(int fd) noexcept;
 void set_socket_options(int fd); ///< non-blocking, TCP_NODELAY (TCP sockets); throws on failure
 /// TCP_CONGESTION (connection_options::tcp.congestion; empty: leave the system's); throws
 /// rdmx::error naming it on failure.

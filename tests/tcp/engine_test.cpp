@@ -1343,6 +1343,20 @@ std::vector<std::byte> cma_descriptors(std::initializer_list<std::pair<std::uint
     return d;
 }
 
+/// Sends a CMA request `op` (sequence 0) for the target range at `addr` under `key`,
+/// with the descriptors `d` as its payload.
+bool send_cma_request(int fd, frame_op op, std::uint64_t addr, std::uint64_t key,
+                      const std::vector<std::byte>& d)
+{
+    frame_header h;
+    h.op = op;
+    h.seq = 0;
+    h.addr = addr;
+    h.key = key;
+    h.length = static_cast<std::uint32_t>(d.size());
+    return send_header(fd, h) && send_all(fd, d.data(), d.size());
+}
+
 /// The hostile peer's tests of what exists on shm:// only (CMA requests; on TCP they are
 /// violations: cma_requests_are_served_only_on_shm_and_only_inside_the_registration).
 using hostile_shm = hostile;
@@ -1356,15 +1370,9 @@ TEST_P(hostile, cma_requests_are_served_only_on_shm_and_only_inside_the_registra
     std::vector<std::byte> evil(64, std::byte{0xee});
     int fd;
     auto c = accept_receiving(fd);
-    frame_header h;
-    h.op = frame_op::write_cma;
-    h.seq = 0;
-    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data()) + 4090;
-    h.key = mr_->remote().key;
     const auto d = cma_descriptors({{reinterpret_cast<std::uintptr_t>(evil.data()), evil.size()}});
-    h.length = static_cast<std::uint32_t>(d.size());
-    ASSERT_TRUE(send_header(fd, h));
-    ASSERT_TRUE(send_all(fd, d.data(), d.size()));
+    ASSERT_TRUE(send_cma_request(fd, frame_op::write_cma,
+                                 reinterpret_cast<std::uintptr_t>(buf_.data()) + 4090, mr_->remote().key, d));
     if (b_ == backend::shm) {
         frame_header r;
         ASSERT_NO_FATAL_FAILURE(expect_remote_access_nak(fd, r));
@@ -1380,15 +1388,9 @@ TEST_P(hostile_shm, cma_descriptors_that_name_no_memory_of_the_peer_fail_the_req
     // process_vm_readv fail, and the request fails (REMOTE_OPERATION) with buf_ untouched.
     int fd;
     auto c = accept_receiving(fd);
-    frame_header h;
-    h.op = frame_op::write_cma;
-    h.seq = 0;
-    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
-    h.key = mr_->remote().key;
     const auto d = cma_descriptors({{4096, 64}});
-    h.length = static_cast<std::uint32_t>(d.size());
-    ASSERT_TRUE(send_header(fd, h));
-    ASSERT_TRUE(send_all(fd, d.data(), d.size()));
+    ASSERT_TRUE(send_cma_request(fd, frame_op::write_cma, reinterpret_cast<std::uintptr_t>(buf_.data()),
+                                 mr_->remote().key, d));
     frame_header r;
     ASSERT_TRUE(read_header(fd, r));
     EXPECT_EQ(r.op, frame_op::nak);
@@ -1403,17 +1405,11 @@ TEST_P(hostile_shm, cma_descriptors_over_the_frame_limit_close_the_connection)
     // bits): a violation, nothing read or written.
     int fd;
     auto c = accept_receiving(fd);
-    frame_header h;
-    h.op = frame_op::read_cma_req;
-    h.seq = 0;
-    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data());
-    h.key = mr_->remote().key;
     const std::uint64_t big = tcp::max_frame_payload - 10;
     const auto d = cma_descriptors({{reinterpret_cast<std::uintptr_t>(buf_.data()), big},
                                     {reinterpret_cast<std::uintptr_t>(buf_.data()), big}});
-    h.length = static_cast<std::uint32_t>(d.size());
-    ASSERT_TRUE(send_header(fd, h));
-    ASSERT_TRUE(send_all(fd, d.data(), d.size()));
+    ASSERT_TRUE(send_cma_request(fd, frame_op::read_cma_req, reinterpret_cast<std::uintptr_t>(buf_.data()),
+                                 mr_->remote().key, d));
     expect_flushed_error(*c);
     char x;
     EXPECT_EQ(::recv(fd, &x, 1, 0), 0) << "the server closed the socket without a response";
@@ -1429,16 +1425,10 @@ TEST_P(hostile_shm, a_cma_read_lands_in_the_peer_and_is_answered_without_payload
     for (std::size_t i = 0; i < buf_.size(); ++i)
         buf_[i] = static_cast<std::byte>(i & 0xff);
     std::vector<std::byte> sink(300, std::byte{0});
-    frame_header h;
-    h.op = frame_op::read_cma_req;
-    h.seq = 0;
-    h.addr = reinterpret_cast<std::uintptr_t>(buf_.data()) + 100;
-    h.key = mr_->remote().key;
     const auto d = cma_descriptors({{reinterpret_cast<std::uintptr_t>(sink.data()), 100},
                                     {reinterpret_cast<std::uintptr_t>(sink.data()) + 100, 200}});
-    h.length = static_cast<std::uint32_t>(d.size());
-    ASSERT_TRUE(send_header(fd, h));
-    ASSERT_TRUE(send_all(fd, d.data(), d.size()));
+    ASSERT_TRUE(send_cma_request(fd, frame_op::read_cma_req,
+                                 reinterpret_cast<std::uintptr_t>(buf_.data()) + 100, mr_->remote().key, d));
     frame_header r;
     ASSERT_TRUE(read_header(fd, r));
     EXPECT_EQ(r.op, frame_op::read_cma_resp);
