@@ -97,9 +97,7 @@ bool connection_engine::app_took_data(bool app_in_call) noexcept
         return false;
     if (tx_.continuation_queued())
         return false; // a transmit continuation is due: not now, but this wake counts neither way
-    std::byte probe;
-    ssize_t n = sys::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
-    bool taken = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    bool taken = link_empty();
     // The application busy with another connection of this domain, or with its shared
     // queues' other sockets, counts as polling now: this wake preempted it on its CPU.
     const auto now = std::chrono::steady_clock::now();

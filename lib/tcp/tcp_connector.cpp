@@ -2,6 +2,8 @@
 #include "tcp/tcp_connector.hpp"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,6 +27,8 @@ void connector::begin(phase p, std::span<const std::byte> out) noexcept
     cause_ = {};
     why_[0] = '\0';
     reply_.reset();
+    came_.reset();
+    rings_.reset();
     phase_ = p;
 }
 
@@ -99,8 +103,26 @@ connector::next connector::read_reply(int fd) noexcept
 {
     // Exactly the reply: a frame the listener's engine sends after it stays for the engine.
     while (done_ < handshake::reply_size) {
-        ssize_t n = ::recv(fd, buf_.data() + done_, handshake::reply_size - done_, MSG_DONTWAIT);
+        // recvmsg: the rings' memfd, if the listener grants them, comes with the first byte.
+        iovec iov{buf_.data() + done_, handshake::reply_size - done_};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+        msghdr mh{};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = control;
+        mh.msg_controllen = sizeof control;
+        ssize_t n = ::recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n > 0) {
+            for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+                    c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                    int got;
+                    std::memcpy(&got, CMSG_DATA(c), sizeof got);
+                    if (came_)
+                        ::close(got); // one memfd per handshake: a second is dropped
+                    else
+                        came_.reset(got);
+                }
             done_ += static_cast<std::size_t>(n);
             continue;
         }
@@ -124,6 +146,20 @@ connector::next connector::read_reply(int fd) noexcept
     }
     if (reply_->type == handshake_type::reject)
         return failed(errc::rejected, "rejected by the listener");
+    if ((reply_->flags & handshake_flag_ring) != 0) {
+        // Granted only on a UNIX socket, to a HELLO that offered them.
+        if (!came_)
+            return failed(errc::protocol_error, "the ACCEPT grants rings but no memfd came with it");
+        std::string why;
+        rings_ = byte_ring_pair::adopt(came_.get(), why);
+        came_.reset(); // the mapping stays
+        if (!rings_) {
+            fail(errc::protocol_error, "rings: %s", why.c_str());
+            log_limited("connect: %s", why_.data());
+            return next::failed;
+        }
+    }
+    came_.reset(); // a memfd the ACCEPT did not announce is not used
     phase_ = phase::idle;
     return next::established;
 }
@@ -131,8 +167,24 @@ connector::next connector::read_reply(int fd) noexcept
 int connector::send_rest(int fd) noexcept
 {
     while (done_ < len_) {
-        ssize_t n = ::send(fd, buf_.data() + done_, len_ - done_, MSG_NOSIGNAL | MSG_DONTWAIT);
+        iovec iov{buf_.data() + done_, len_ - done_};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+        msghdr mh{};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        if (pass_) { // the rings' memfd, with the reply's first byte
+            mh.msg_control = control;
+            mh.msg_controllen = sizeof control;
+            cmsghdr* c = CMSG_FIRSTHDR(&mh);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            const int f = pass_.get();
+            std::memcpy(CMSG_DATA(c), &f, sizeof f);
+        }
+        ssize_t n = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
+            pass_.reset(); // the client holds it now (the mapping here stays)
             done_ += static_cast<std::size_t>(n);
             continue;
         }

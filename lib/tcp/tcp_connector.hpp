@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "resolve.hpp"
+#include "tcp/tcp_ring.hpp"
+#include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
 
 namespace rdmx::tcp
@@ -74,6 +76,10 @@ public:
     /// The reply a client read, ACCEPT (established) or REJECT (failed, errc::rejected).
     const std::optional<handshake>& reply() const noexcept { return reply_; }
     dial_plan& dial() noexcept { return dial_; }
+    /// Listener: `fd` (the rings' memfd) goes with the reply's first byte (SCM_RIGHTS).
+    void pass_fd(unique_fd fd) noexcept { pass_ = std::move(fd); }
+    /// Client: the rings an ACCEPT with handshake_flag_ring brought (mapped, checked), once.
+    std::unique_ptr<byte_ring_pair> take_rings() noexcept { return std::move(rings_); }
 
 private:
     /// Sends what is left of buf_ without blocking: 0 once all of it went out, EAGAIN when
@@ -92,6 +98,9 @@ private:
     std::array<char, 160> why_{};
     std::optional<handshake> reply_;
     dial_plan dial_;
+    unique_fd pass_; ///< listener: the memfd still to send
+    unique_fd came_; ///< client: a memfd that came with the reply
+    std::unique_ptr<byte_ring_pair> rings_;
 };
 
 } // namespace rdmx::tcp

@@ -16,6 +16,7 @@
 #include "tcp/tcp_completion_queue.hpp"
 #include "tcp/tcp_connection.hpp"
 #include "tcp/tcp_engine.hpp"
+#include "tcp/tcp_ring.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -104,7 +105,7 @@ seg region_seg(const memory_region& mr, std::size_t offset, std::size_t length) 
 std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t max_rd_atomic,
                                             std::span<const std::byte> private_data,
                                             std::span<std::byte, handshake::reply_size> out,
-                                            std::string_view verb)
+                                            std::string_view verb, bool ring)
 {
     using detail::private_data_use;
     detail::check_private_data(type == handshake_type::hello    ? private_data_use::connect
@@ -117,6 +118,8 @@ std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t m
     h.private_data_len = static_cast<std::uint8_t>(private_data.size());
     if (type != handshake_type::reject)
         h.flags = handshake_flag_goodbye; // this side always says goodbye (docs/wire-format.md)
+    if (ring && type != handshake_type::reject)
+        h.flags |= handshake_flag_ring; // HELLO: can take rings; ACCEPT: a memfd comes with it
     std::copy(private_data.begin(), private_data.end(), h.private_data.begin());
     h.encode(out.data());
     return out.first(h.wire_size());
@@ -458,7 +461,10 @@ tcp_domain::client_start tcp_domain::begin_client(const char* verb, std::string_
     tcp_srq::of(opts, *this, what);
     connection_limits lim = detail::clamp_limits(opts, limits_);
     detail::cq_reservation shared(opts, lim, backend_, verb);
-    auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what);
+    // Rings are offered wherever this client may dial a UNIX socket (shm://, and auto://
+    // to a listener on this host); a listener grants them on UNIX sockets only.
+    const bool ring = (backend_ == backend::shm || local_peers_) && byte_ring_pair::enabled();
+    auto hello = encode_handshake(handshake_type::hello, lim.max_rd_atomic, private_data, buf, what, ring);
     return {std::move(u), std::move(what), lim, std::move(shared), hello};
 }
 

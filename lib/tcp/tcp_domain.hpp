@@ -281,6 +281,6 @@ std::uint64_t listener_accept_pauses() noexcept;
 std::span<const std::byte> encode_handshake(handshake_type type, std::uint32_t max_rd_atomic,
                                             std::span<const std::byte> private_data,
                                             std::span<std::byte, handshake::reply_size> out,
-                                            std::string_view verb);
+                                            std::string_view verb, bool ring = false);
 
 } // namespace rdmx::tcp

@@ -51,7 +51,7 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
       takeover_check_(std::clamp<std::chrono::microseconds>(
           opts.tcp.takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
-      standdown_timer_(dom.io()), tx_check_timer_(dom.io()), linger_timer_(dom.io()),
+      standdown_timer_(dom.io()), tx_check_timer_(dom.io()), linger_timer_(dom.io()), ring_timer_(dom.io()),
       // At least 1 s: below that the kernel's own retransmission timeouts (200 ms at the
       // least, doubling) on a lossy link would look like a dead peer.
       progress_timeout_(std::max<std::chrono::steady_clock::duration>(

@@ -33,6 +33,7 @@
 #include "tcp/tcp_recv_queue.hpp"
 #include "tcp/tcp_reliability.hpp"
 #include "tcp/tcp_response_queue.hpp"
+#include "tcp/tcp_ring.hpp"
 #include "tcp/tcp_rx_frame.hpp"
 #include "tcp/tcp_send_queue.hpp"
 #include "tcp/tcp_socket.hpp"
@@ -96,6 +97,16 @@ public:
     {
         engine_lock lk(mu_);
         goodbye_ = yes ? goodbye::promised : goodbye::not_promised;
+    }
+
+    /// shm:// listener: the connection's frames go through `rings`; `memfd` goes to the
+    /// client with the ACCEPT. Before start_server().
+    void use_rings(std::unique_ptr<byte_ring_pair> rings, unique_fd memfd) noexcept RDMX_EXCLUDES(mu_);
+    /// Frames go through shared-memory rings (shm://, tcp_ring.hpp), not the socket.
+    bool uses_rings() noexcept RDMX_EXCLUDES(mu_)
+    {
+        engine_lock lk(mu_);
+        return rings_ != nullptr;
     }
 
     // --- start_connect (tcp_handshake.cpp): the handshake on the engine thread, its steps
@@ -303,6 +314,18 @@ private:
     /// name one not started yet, frame_kind::none the frame on the wire (cur_) when its
     /// rest could not be copied (copy_frame_on_wire).
     void revoked_frame(frame_kind kind, std::uint64_t pos) noexcept RDMX_REQUIRES(mu_);
+
+    // --- the byte stream (tcp_link.cpp): the socket, or the rings with the socket as their
+    // doorbell. As recvmsg / sendmsg with MSG_DONTWAIT: bytes, 0 at the end of the stream,
+    // -1 with errno (EAGAIN; EPROTO: a ring index of the peer out of range) ---
+    ssize_t link_recv(const iovec* iov, int n) noexcept RDMX_REQUIRES(mu_);
+    ssize_t link_send(const iovec* iov, int n) noexcept RDMX_REQUIRES(mu_);
+    /// Nothing to read now (busy-poll ownership's probe).
+    bool link_empty() noexcept RDMX_REQUIRES(mu_);
+    /// Whether a reader that finds the rings empty asks to be woken (rings only).
+    bool rx_may_sleep() const noexcept RDMX_REQUIRES(mu_);
+    /// The send ring is full: pump() again shortly (rings only; the engine's thread).
+    void wait_ring_space() noexcept RDMX_REQUIRES(mu_, engine_thread_);
 
     // --- receive framing (tcp_receive.cpp) ---
     // Waiting for the socket is the engine's; reading frames is any thread's under mu_ (the
@@ -637,6 +660,9 @@ private:
     cma_lookup cma_lookup_ RDMX_GUARDED_BY(mu_) = cma_lookup::not_yet;
     pid_t cma_pid_ RDMX_GUARDED_BY(mu_) = 0;
     std::shared_ptr<const unique_fd> cma_pidfd_ RDMX_GUARDED_BY(mu_); ///< tcp_domain::peer_process
+    /// shm://: the rings the frames go through (use_rings, or the client's ACCEPT), or none.
+    std::unique_ptr<byte_ring_pair> rings_ RDMX_GUARDED_BY(mu_);
+    unsigned ring_idle_ RDMX_GUARDED_BY(mu_) = 0; ///< empty reads of a stood-down poller (link_recv)
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
     int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)
     std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)
@@ -670,6 +696,7 @@ private:
     /// bounds start_linger() by progress_timeout_
     asio::steady_timer linger_timer_ RDMX_GUARDED_BY(engine_thread_);
     bool tx_check_armed_ RDMX_GUARDED_BY(mu_) = false;
+    asio::steady_timer ring_timer_ RDMX_GUARDED_BY(engine_thread_); ///< wait_ring_space
 
     /// ack_timeout * (retry_count + 1), at least 1 s: the dead-peer rule's bound (live_),
     /// and the linger's.

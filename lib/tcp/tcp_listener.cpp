@@ -35,6 +35,7 @@
 #include "tcp/tcp_connection.hpp"
 #include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_log.hpp"
+#include "tcp/tcp_ring.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_wire.hpp"
 #include "validate.hpp"
@@ -142,7 +143,19 @@ private:
         connection_limits lim = detail::clamp_limits(opts, dom_->limits());
         // Room on the shared completion queues first: without it the client is rejected.
         detail::cq_reservation shared(opts, lim, dom_->backend(), started ? "start_accept" : "accept");
-        reply_ = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept");
+        // Rings for a client that can take them, on a UNIX socket (shm://, auto:// on this
+        // host). If they cannot be made, the frames go through the socket as before.
+        unique_fd memfd;
+        std::unique_ptr<byte_ring_pair> rings;
+        if ((hello_.flags & handshake_flag_ring) != 0 && byte_ring_pair::enabled() &&
+            is_unix_socket(fd_.get())) {
+            std::string why;
+            rings = byte_ring_pair::create(memfd, why);
+            if (!rings)
+                log_limited("accept: no rings, the frames go through the socket: %s", why.c_str());
+        }
+        reply_ = encode_handshake(handshake_type::accept, lim.max_rd_atomic, private_data, buf, "accept",
+                                  rings != nullptr);
         set_congestion_control(fd_.get(), opts.tcp.congestion);
         // limits() says what the connection got: its reads at the peer are bounded by what
         // the peer serves too (section 1 of docs/wire-format.md).
@@ -151,6 +164,8 @@ private:
                                        std::vector<std::byte>(hello_.data().begin(), hello_.data().end()),
                                        std::move(shared), initial_recvs, started);
         conn->engine().set_peer_says_goodbye((hello_.flags & handshake_flag_goodbye) != 0);
+        if (rings)
+            conn->engine().use_rings(std::move(rings), std::move(memfd));
         return conn;
     }
 

@@ -29,6 +29,12 @@ void connection_engine::arm_read() noexcept
         continue_rx();
         return;
     }
+    if (rings_ && rings_->reader_waits()) {
+        // Bytes in the ring, which no doorbell announces (the peer wrote them before the
+        // flag went up, or a stood-down poller left them): read them now.
+        continue_rx();
+        return;
+    }
     if (sleeper_takes_over() && stand_down())
         return; // the next data wakes the poller sleeping on the queue's sockets
     set_rcvlowat(wanted_rcvlowat());
@@ -79,8 +85,8 @@ void connection_engine::keep_rcvlowat_reachable() noexcept
 
 void connection_engine::set_rcvlowat(int bytes) noexcept
 {
-    if (bytes == rcvlowat_)
-        return;
+    if (bytes == rcvlowat_ || rings_)
+        return; // (rings: the socket carries one-byte doorbells, each of them a wake)
     // A hint: if the kernel refuses it, waking at every byte is still correct.
     if (::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) == 0)
         rcvlowat_ = bytes;
@@ -176,6 +182,10 @@ connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noe
         return rx_status::again;
     if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK))
         return rx_status::wait;
+    if (n < 0 && err == EPROTO && rings_) {
+        protocol_violation("an index of the peer's ring out of range", false);
+        return rx_status::stop;
+    }
     // EOF or a reset: the peer disconnected or crashed.
     peer_gone();
     return rx_status::stop;
@@ -184,7 +194,8 @@ connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noe
 connection_engine::rx_status connection_engine::rx_drain() noexcept
 {
     std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
-    ssize_t n = sys::recv(fd_, sink.data(), sink.size(), MSG_DONTWAIT);
+    const iovec v{sink.data(), sink.size()};
+    ssize_t n = link_recv(&v, 1);
     if (n > 0)
         return rx_status::again;
     return rx_error(n, errno);
@@ -200,7 +211,8 @@ connection_engine::rx_status connection_engine::rx_step() noexcept
         if (rx_short_)
             return rx_status::wait;
         const std::span<std::byte> room = stage_.room_after();
-        ssize_t n = sys::recv(fd_, room.data(), room.size(), MSG_DONTWAIT);
+        const iovec v{room.data(), room.size()};
+        ssize_t n = link_recv(&v, 1);
         if (n <= 0)
             return rx_error(n, errno);
         rx_bytes_ += static_cast<std::uint64_t>(n); // the peer sent bytes: alive
@@ -333,10 +345,7 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
         iov[niov++] = {ahead.data(), ahead.size()};
         want += ahead.size();
     }
-    msghdr mh{};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = static_cast<std::size_t>(niov);
-    ssize_t n = sys::recvmsg(fd_, &mh, MSG_DONTWAIT);
+    ssize_t n = link_recv(iov, niov);
     int err = errno;
     if (nstaged > 0) {
         // What arrived in the chunk goes to its place: the copies start now and run while

@@ -252,10 +252,7 @@ void connection_engine::pump() noexcept
             break;
         }
         prefetch_tx(b); // runs during the sendmsg (device memory)
-        msghdr mh{};
-        mh.msg_iov = b.iov;
-        mh.msg_iovlen = static_cast<std::size_t>(b.niov);
-        ssize_t n = sys::sendmsg(fd_, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = link_send(b.iov, b.niov);
         int err = errno;
         b.unpin_all();
         if (n > 0)
@@ -266,6 +263,10 @@ void connection_engine::pump() noexcept
             if (err == EAGAIN || err == EWOULDBLOCK) {
                 if (!app_keeps_tx())
                     arm_write(true);
+                break;
+            }
+            if (err == EPROTO && rings_) {
+                protocol_violation("an index of the peer's ring out of range", false);
                 break;
             }
             // EPIPE, ECONNRESET: the peer is gone. What it sent before it went (the NAK of
@@ -436,8 +437,8 @@ void connection_engine::maybe_shutdown() noexcept
         frame_header::bytes g{};
         frame_header{.op = frame_op::goodbye}.encode(g.data());
         while (goodbye_sent_ < g.size()) {
-            ssize_t n =
-                ::send(fd_, g.data() + goodbye_sent_, g.size() - goodbye_sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+            const iovec v{g.data() + goodbye_sent_, g.size() - goodbye_sent_};
+            ssize_t n = link_send(&v, 1);
             if (n > 0) {
                 goodbye_sent_ += static_cast<std::size_t>(n);
                 tx_bytes_ += static_cast<std::uint64_t>(n);
@@ -557,6 +558,10 @@ void connection_engine::arm_write(bool would_block) noexcept
         return; // the engine's continuation (a post, or a wait for space) is still to come
     if (would_block && on_engine()) {
         assert_on_engine();
+        if (rings_) {
+            wait_ring_space();
+            return;
+        }
         reclaim_rx(); // the write wait needs the socket in the engine's epoll set
         // The socket said EAGAIN on this thread just now, so the wait is queued before the
         // reactor looks again: the edge that frees space cannot slip past it.

@@ -205,7 +205,8 @@ std::optional<handshake> handshake::decode(std::span<const std::byte> in, bool e
 {
     if (in.size() < header_size || std::memcmp(in.data(), handshake_magic.data(), 4) != 0 ||
         get_le(in.data() + 4, 1) != protocol_version ||
-        (get_le(in.data() + 7, 1) & ~handshake_flag_goodbye) != 0 || get_le(in.data() + 12, 4) != 0)
+        (get_le(in.data() + 7, 1) & ~(handshake_flag_goodbye | handshake_flag_ring)) != 0 ||
+        get_le(in.data() + 12, 4) != 0)
         return std::nullopt;
     handshake h;
     auto t = static_cast<std::uint8_t>(get_le(in.data() + 5, 1));

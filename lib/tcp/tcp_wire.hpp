@@ -136,6 +136,10 @@ enum class handshake_type : std::uint8_t { hello = 1, accept = 2, reject = 3 };
 /// Handshake flags (byte 7): the sender ends a connection on purpose with a GOODBYE frame
 /// before FIN, so that its bare FIN or reset means its process died (errc::peer_lost).
 inline constexpr std::uint8_t handshake_flag_goodbye = 1u << 0;
+/// Handshake flag bit 1, shm:// (UNIX sockets) only: in a HELLO, "I can take rings"; in an
+/// ACCEPT, "the frames go through the rings of the memfd that came with this message"
+/// (SCM_RIGHTS; tcp_ring.hpp, docs/wire-format.md section 1).
+inline constexpr std::uint8_t handshake_flag_ring = 1u << 1;
 
 /// HELLO (client to listener) and ACCEPT / REJECT (the reply). Fixed sizes, so that the
 /// client reads exactly the reply and leaves any frame after it for the engine.
@@ -143,7 +147,7 @@ struct handshake {
     handshake_type type = handshake_type::hello;
     std::uint32_t max_rd_atomic = 0; ///< reads the sender will serve at once (its responder resources)
     std::uint8_t private_data_len = 0;
-    std::uint8_t flags = 0; ///< handshake_flag_goodbye; other bits are malformed
+    std::uint8_t flags = 0; ///< handshake_flag_goodbye, handshake_flag_ring; other bits are malformed
     /// encode() writes it; decode() accepts protocol_version alone (see peer_version).
     std::uint8_t version = protocol_version;
     std::array<std::byte, 196> private_data{};

@@ -449,25 +449,28 @@ TEST(tcp_wire, handshake_padding_and_reserved_bytes_must_be_zero)
             b[at] = std::byte{1};
             EXPECT_FALSE(handshake::decode(b, hello)) << "padding byte " << at;
         }
-        // Reserved: bytes 12..15, and every flag of byte 7 but handshake_flag_goodbye.
+        // Reserved: bytes 12..15, and every flag of byte 7 but handshake_flag_goodbye and
+        // handshake_flag_ring.
         for (std::size_t at : {12u, 13u, 14u, 15u}) {
             auto b = good;
             b[at] = std::byte{1};
             EXPECT_FALSE(handshake::decode(b, hello)) << "reserved byte " << at;
         }
-        for (unsigned bit = 1; bit < 8; ++bit) {
+        for (unsigned bit = 2; bit < 8; ++bit) {
             auto b = good;
             b[7] = static_cast<std::byte>(1u << bit);
             EXPECT_FALSE(handshake::decode(b, hello)) << "unknown flag bit " << bit;
         }
-        auto flagged = good;
-        flagged[7] = std::byte{handshake_flag_goodbye};
-        auto h = handshake::decode(flagged, hello);
-        if (t == handshake_type::reject) {
-            EXPECT_FALSE(h) << "the GOODBYE flag in a REJECT (no connection follows it)";
-        } else {
-            ASSERT_TRUE(h);
-            EXPECT_EQ(h->flags, handshake_flag_goodbye);
+        for (std::uint8_t f : {handshake_flag_goodbye, handshake_flag_ring}) {
+            auto flagged = good;
+            flagged[7] = std::byte{f};
+            auto h = handshake::decode(flagged, hello);
+            if (t == handshake_type::reject) {
+                EXPECT_FALSE(h) << "flag " << unsigned{f} << " in a REJECT (no connection follows it)";
+            } else {
+                ASSERT_TRUE(h);
+                EXPECT_EQ(h->flags, f);
+            }
         }
         // A full private data area leaves no padding.
         auto full = handshake_bytes(t, rd, std::string(handshake::max_private_data(t), 'x'));

@@ -1,0 +1,136 @@
+// The byte stream under the frames: the socket, or a shm:// connection's rings
+// (tcp_ring.hpp), with the socket as their doorbell and as the sign of the peer's end. The
+// framing above (tcp_receive.cpp, tcp_transmit.cpp) reads and writes through link_recv and
+// link_send and waits as it does on a socket: a reader that found the rings empty sleeps
+// on the socket, which its peer's next write rings (docs/shm.md, "Rings").
+#include "tcp/tcp_engine.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+
+#include "tcp/tcp_log.hpp"
+#include "tcp/tcp_syscall.hpp"
+
+namespace rdmx::tcp
+{
+
+void connection_engine::use_rings(std::unique_ptr<byte_ring_pair> rings, unique_fd memfd) noexcept
+{
+    engine_lock lk(mu_);
+    rings_ = std::move(rings);
+    hs_.pass_fd(std::move(memfd));
+}
+
+bool connection_engine::rx_may_sleep() const noexcept
+{
+    // An application that the engine stood down for polls the rings itself and is never
+    // woken: its peer need not ring. Every other reader sleeps on the socket once the ring
+    // is empty: the engine, a shared queue's poller (its sleep watches the socket), an
+    // application that reads while the engine's wait is armed.
+    return on_shared_cq_ || !ownership_.app_owns();
+}
+
+ssize_t connection_engine::link_recv(const iovec* iov, int n) noexcept
+{
+    if (!rings_) {
+        if (n == 1)
+            return sys::recv(fd_, iov->iov_base, iov->iov_len, MSG_DONTWAIT);
+        msghdr mh{};
+        mh.msg_iov = const_cast<iovec*>(iov);
+        mh.msg_iovlen = static_cast<std::size_t>(n);
+        return sys::recvmsg(fd_, &mh, MSG_DONTWAIT);
+    }
+    if (ssize_t got = rings_->read(iov, n); got != 0)
+        return got; // bytes, or -1 with EPROTO (rx_error)
+    // Empty. A stood-down poller looks at the socket (the peer's end) every 64th time only.
+    const bool sleeps = rx_may_sleep();
+    if (!sleeps && (++ring_idle_ & 63u) != 0) {
+        errno = EAGAIN;
+        return -1;
+    }
+    // The doorbells that woke us, read before the flag goes up again (a byte that comes
+    // after it is a new wake). A peer that floods bytes is read in bounded pieces.
+    std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
+    bool drained = false;
+    for (int i = 0; i < 4 && !drained; ++i) {
+        ssize_t r = sys::recv(fd_, sink.data(), sink.size(), MSG_DONTWAIT);
+        if (r > 0 || (r < 0 && errno == EINTR))
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            drained = true;
+            break;
+        }
+        // The end of the stream (0) or a reset: what the peer wrote before it, its GOODBYE
+        // say, is in the ring; read that first, and the end comes again after it.
+        const int err = errno;
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (ssize_t got = rings_->read(iov, n); got != 0)
+            return got;
+        errno = err;
+        return r;
+    }
+    if (!drained) {
+        errno = EINTR; // more doorbells than a peer sends: again (rx_error), within the budget
+        return -1;
+    }
+    if (sleeps && rings_->reader_waits())
+        if (ssize_t got = rings_->read(iov, n); got != 0)
+            return got; // came meanwhile
+    errno = EAGAIN;
+    return -1;
+}
+
+ssize_t connection_engine::link_send(const iovec* iov, int n) noexcept
+{
+    if (!rings_) {
+        msghdr mh{};
+        mh.msg_iov = const_cast<iovec*>(iov);
+        mh.msg_iovlen = static_cast<std::size_t>(n);
+        return sys::sendmsg(fd_, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    bool doorbell = false;
+    const ssize_t put = rings_->write(iov, n, doorbell);
+    if (doorbell) {
+        // EAGAIN: the socket holds doorbells the peer has not read, which wake it all the
+        // same. EPIPE, ECONNRESET: the peer went; the next full ring or read says so.
+        const char b = 0;
+        [[maybe_unused]] ssize_t r = ::send(fd_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    if (put != 0)
+        return put; // bytes, or -1 with EPROTO
+    // Full. A peer that went reads no more: say so as the socket would (EPIPE), else wait.
+    pollfd p{fd_, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0) {
+        errno = EPIPE;
+        return -1;
+    }
+    errno = EAGAIN;
+    return -1;
+}
+
+bool connection_engine::link_empty() noexcept
+{
+    if (rings_)
+        return rings_->rx_empty();
+    std::byte probe;
+    ssize_t n = sys::recv(fd_, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+void connection_engine::wait_ring_space() noexcept
+{
+    // The reader frees space without a word: look again shortly. (A full ring means a
+    // reader slower than this side; 20 us is a tenth of what it takes to read a ring.)
+    ring_timer_.expires_after(std::chrono::microseconds(20));
+    ring_timer_.async_wait(with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        self->tx_.continuation_ran();
+        self->pump();
+    }));
+}
+
+} // namespace rdmx::tcp
