@@ -21,7 +21,8 @@ readonly PACKAGES=(
     qemu-system-x86 busybox-static kmod iproute2 xz-utils zstd util-linux procps
 )
 
-log() { printf '\n=== %s\n' "$*"; }
+# Each step with the time since the command started (where CI's 30 minutes go).
+log() { printf '\n=== %s [%d:%02d]\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 deps() {
     local missing=()

@@ -92,7 +92,10 @@ bool connection_engine::choose_cma(std::uint64_t pos, bool& revoked) noexcept
         e.op != opcode::send)
         return false;
     std::byte* d = sq_.cma_buf(pos);
-    if (!d || e.length < cma_min_bytes || e.nseg == 0)
+    const std::uint64_t min = !rings_                ? cma_min_bytes
+                              : e.op == opcode::send ? cma_min_send_bytes_ring
+                                                     : cma_min_bytes_ring;
+    if (!d || e.length < min || e.nseg == 0)
         return false;
     const seg* sg = sq_.segs(pos);
     // Host memory of a registration only: staged (device) memory and inline copies go

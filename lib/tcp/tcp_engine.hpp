@@ -368,6 +368,11 @@ private:
     /// it the socket is as fast or faster (16 KiB: CMA 0.8x; 32 KiB: 1.2-3x; bench/results/
     /// 2026-12-06-shm-cma.txt).
     static constexpr std::uint64_t cma_min_bytes = 32 * 1024;
+    /// The same through rings, which copy twice but cache-hot and without a system call:
+    /// writes and reads from 64 KiB on, sends from 128 KiB on (bench/results/
+    /// 2026-12-06-shm-ring.txt).
+    static constexpr std::uint64_t cma_min_bytes_ring = 64 * 1024;
+    static constexpr std::uint64_t cma_min_send_bytes_ring = 128 * 1024;
     /// False if RDMX_SHM_CMA is "off" or "0" (read once).
     static bool cma_allowed() noexcept;
     /// Whether request `pos` (not sent yet) goes as a CMA request: sets its via_cma and,

@@ -45,9 +45,10 @@ ssize_t connection_engine::link_recv(const iovec* iov, int n) noexcept
     }
     if (ssize_t got = rings_->read(iov, n); got != 0)
         return got; // bytes, or -1 with EPROTO (rx_error)
-    // Empty. A stood-down poller looks at the socket (the peer's end) every 64th time only.
+    // Empty. A stood-down poller looks at the socket (the peer's end) every 1024th time
+    // only (a system call costs more than ten polls; its peer never rings it anyway).
     const bool sleeps = rx_may_sleep();
-    if (!sleeps && (++ring_idle_ & 63u) != 0) {
+    if (!sleeps && (++ring_idle_ & 1023u) != 0) {
         errno = EAGAIN;
         return -1;
     }

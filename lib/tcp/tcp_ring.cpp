@@ -163,13 +163,19 @@ ssize_t byte_ring_pair::read(const iovec* iov, int n) noexcept
 ssize_t byte_ring_pair::write(const iovec* iov, int n, bool& doorbell) noexcept
 {
     doorbell = false;
-    const std::uint64_t head = tx_ctl_->head.load(std::memory_order_acquire);
-    const std::uint64_t used = tx_tail_ - head;
-    if (used > capacity) {
-        errno = EPROTO;
-        return -1;
+    const std::size_t want = total(iov, n);
+    // The reader's head as last seen: it only grows, so the room it shows is there. Looked
+    // at again (a cache miss: the reader writes that line) only when that is not enough.
+    if (capacity - (tx_tail_ - tx_head_seen_) < want) {
+        const std::uint64_t head = tx_ctl_->head.load(std::memory_order_acquire);
+        if (tx_tail_ - head > capacity || head - tx_head_seen_ > capacity) {
+            errno = EPROTO; // past what was written, or behind what it said before
+            return -1;
+        }
+        tx_head_seen_ = head;
     }
-    const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(capacity - used), total(iov, n));
+    const std::uint64_t used = tx_tail_ - tx_head_seen_;
+    const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(capacity - used), want);
     if (len == 0)
         return 0;
     copy_ring(tx_data_, tx_tail_, len, iov, n, false);

@@ -81,6 +81,7 @@ private:
     std::byte* tx_data_;
     std::uint64_t rx_head_ = 0; ///< this side's own indices, never read back from the mapping
     std::uint64_t tx_tail_ = 0;
+    std::uint64_t tx_head_seen_ = 0; ///< the reader's head as last read (write)
 };
 
 } // namespace rdmx::tcp

@@ -185,8 +185,23 @@ TEST(tcp_ring, indices_of_the_peer_out_of_range_fail_with_eproto)
         ASSERT_TRUE(rs.client && rs.raw);
         ASSERT_EQ(put(*rs.client, b, 10), 10);
         rs.store(head_at(1), 11);
+        // The writer looks at the head when the room it saw last is not enough.
+        std::vector<std::byte> big(cap);
         errno = 0;
-        EXPECT_EQ(put(*rs.client, b, 10), -1);
+        EXPECT_EQ(put(*rs.client, big.data(), big.size()), -1);
+        EXPECT_EQ(errno, EPROTO);
+    }
+    {
+        SCOPED_TRACE("a head that went backwards");
+        rings rs;
+        ASSERT_TRUE(rs.client && rs.raw);
+        std::vector<std::byte> big(cap);
+        ASSERT_EQ(put(*rs.client, big.data(), big.size()), static_cast<ssize_t>(cap));
+        ASSERT_EQ(get(*rs.listener, big.data(), 100), 100);
+        ASSERT_EQ(put(*rs.client, big.data(), 100), 100) << "the room the reader made";
+        rs.store(head_at(1), 50);
+        errno = 0;
+        EXPECT_EQ(put(*rs.client, big.data(), 1), -1);
         EXPECT_EQ(errno, EPROTO);
     }
     {
