@@ -29,6 +29,9 @@ void connector::begin(phase p, std::span<const std::byte> out) noexcept
     reply_.reset();
     came_.reset();
     rings_.reset();
+    // A client's HELLO says whether it takes rings (flags, byte 7).
+    offered_rings_ =
+        p == phase::connect && n > 7 && (std::to_integer<unsigned>(out[7]) & handshake_flag_ring) != 0;
     phase_ = p;
 }
 
@@ -148,6 +151,8 @@ connector::next connector::read_reply(int fd) noexcept
         return failed(errc::rejected, "rejected by the listener");
     if ((reply_->flags & handshake_flag_ring) != 0) {
         // Granted only on a UNIX socket, to a HELLO that offered them.
+        if (!offered_rings_)
+            return failed(errc::protocol_error, "the ACCEPT grants rings the HELLO did not offer");
         if (!came_)
             return failed(errc::protocol_error, "the ACCEPT grants rings but no memfd came with it");
         std::string why;

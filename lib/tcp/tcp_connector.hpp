@@ -98,8 +98,9 @@ private:
     std::array<char, 160> why_{};
     std::optional<handshake> reply_;
     dial_plan dial_;
-    unique_fd pass_; ///< listener: the memfd still to send
-    unique_fd came_; ///< client: a memfd that came with the reply
+    unique_fd pass_;             ///< listener: the memfd still to send
+    unique_fd came_;             ///< client: a memfd that came with the reply
+    bool offered_rings_ = false; ///< client: its HELLO carries handshake_flag_ring
     std::unique_ptr<byte_ring_pair> rings_;
 };
 

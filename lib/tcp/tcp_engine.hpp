@@ -668,6 +668,9 @@ private:
     /// shm://: the rings the frames go through (use_rings, or the client's ACCEPT), or none.
     std::unique_ptr<byte_ring_pair> rings_ RDMX_GUARDED_BY(mu_);
     unsigned ring_idle_ RDMX_GUARDED_BY(mu_) = 0; ///< empty reads of a stood-down poller (link_recv)
+    /// wait_ring_space's next wait: doubles while the ring stays full, from 20 us to 1 ms.
+    static constexpr unsigned ring_backoff_min_us = 20, ring_backoff_max_us = 1000;
+    unsigned ring_backoff_us_ RDMX_GUARDED_BY(mu_) = ring_backoff_min_us;
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
     int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)
     std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)

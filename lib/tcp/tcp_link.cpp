@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 
@@ -43,11 +44,19 @@ ssize_t connection_engine::link_recv(const iovec* iov, int n) noexcept
         mh.msg_iovlen = static_cast<std::size_t>(n);
         return sys::recvmsg(fd_, &mh, MSG_DONTWAIT);
     }
-    if (ssize_t got = rings_->read(iov, n); got != 0)
+    const bool sleeps = rx_may_sleep();
+    if (ssize_t got = rings_->read(iov, n); got != 0) {
+        // A short read emptied the ring, and the framing stops reading for this run (as
+        // after a short read of a socket, rx_short_): a reader that may sleep raises its
+        // flag now, or what comes next would wake nobody. What came meanwhile is read on.
+        if (got > 0 && sleeps && static_cast<std::size_t>(got) < byte_ring_pair::room(iov, n) &&
+            rings_->reader_waits())
+            if (ssize_t more = rings_->read(iov, n, static_cast<std::size_t>(got)); more > 0)
+                got += more;
         return got; // bytes, or -1 with EPROTO (rx_error)
+    }
     // Empty. A stood-down poller looks at the socket (the peer's end) every 1024th time
     // only (a system call costs more than ten polls; its peer never rings it anyway).
-    const bool sleeps = rx_may_sleep();
     if (!sleeps && (++ring_idle_ & 1023u) != 0) {
         errno = EAGAIN;
         return -1;
@@ -100,8 +109,10 @@ ssize_t connection_engine::link_send(const iovec* iov, int n) noexcept
         const char b = 0;
         [[maybe_unused]] ssize_t r = ::send(fd_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     }
-    if (put != 0)
+    if (put != 0) {
+        ring_backoff_us_ = ring_backoff_min_us;
         return put; // bytes, or -1 with EPROTO
+    }
     // Full. A peer that went reads no more: say so as the socket would (EPIPE), else wait.
     pollfd p{fd_, POLLRDHUP, 0};
     if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0) {
@@ -124,8 +135,12 @@ bool connection_engine::link_empty() noexcept
 void connection_engine::wait_ring_space() noexcept
 {
     // The reader frees space without a word: look again shortly. (A full ring means a
-    // reader slower than this side; 20 us is a tenth of what it takes to read a ring.)
-    ring_timer_.expires_after(std::chrono::microseconds(20));
+    // reader slower than this side; 20 us is a tenth of what it takes to read a ring.) A
+    // reader that stays behind (stopped, or stalled on its responses) is looked at less
+    // often, up to every millisecond, so that it does not cost this thread a wake-up every
+    // 20 us until the dead-peer rule ends the connection.
+    ring_timer_.expires_after(std::chrono::microseconds(ring_backoff_us_));
+    ring_backoff_us_ = std::min(2 * ring_backoff_us_, ring_backoff_max_us);
     ring_timer_.async_wait(with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
         engine_lock lk(self->mu_);
         self->assert_on_engine();

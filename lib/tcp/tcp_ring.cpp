@@ -30,15 +30,17 @@ void* map_shared(int fd, std::string& why) noexcept
 }
 
 /// Copies between the ring's data (`len` bytes at position `pos`, wrapping) and the
-/// iovecs, in the direction `into_iov`.
-void copy_ring(std::byte* data, std::uint64_t pos, std::size_t len, const iovec* iov, int n,
-               bool into_iov) noexcept
+/// iovecs after their first `skip` bytes, in the direction `into_iov`.
+void copy_ring(std::byte* data, std::uint64_t pos, std::size_t len, const iovec* iov, int n, bool into_iov,
+               std::size_t skip = 0) noexcept
 {
     constexpr std::size_t cap = byte_ring_pair::capacity;
     std::size_t at = static_cast<std::size_t>(pos & (cap - 1));
     for (int i = 0; i < n && len > 0; ++i) {
-        auto* p = static_cast<std::byte*>(iov[i].iov_base);
-        std::size_t left = std::min(iov[i].iov_len, len);
+        const std::size_t past = std::min(skip, iov[i].iov_len);
+        skip -= past;
+        auto* p = static_cast<std::byte*>(iov[i].iov_base) + past;
+        std::size_t left = std::min(iov[i].iov_len - past, len);
         len -= left;
         while (left > 0) {
             const std::size_t step = std::min(left, cap - at);
@@ -143,7 +145,7 @@ std::unique_ptr<byte_ring_pair> byte_ring_pair::adopt(int fd, std::string& why) 
     return r;
 }
 
-ssize_t byte_ring_pair::read(const iovec* iov, int n) noexcept
+ssize_t byte_ring_pair::read(const iovec* iov, int n, std::size_t skip) noexcept
 {
     const std::uint64_t tail = rx_ctl_->tail.load(std::memory_order_acquire);
     const std::uint64_t avail = tail - rx_head_;
@@ -151,10 +153,12 @@ ssize_t byte_ring_pair::read(const iovec* iov, int n) noexcept
         errno = EPROTO;
         return -1;
     }
-    const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(avail), total(iov, n));
+    const std::size_t room = total(iov, n);
+    const std::size_t len =
+        std::min<std::size_t>(static_cast<std::size_t>(avail), room - std::min(skip, room));
     if (len == 0)
         return 0;
-    copy_ring(rx_data_, rx_head_, len, iov, n, true);
+    copy_ring(rx_data_, rx_head_, len, iov, n, true, skip);
     rx_head_ += len;
     rx_ctl_->head.store(rx_head_, std::memory_order_release);
     return static_cast<ssize_t>(len);
@@ -187,6 +191,11 @@ ssize_t byte_ring_pair::write(const iovec* iov, int n, bool& doorbell) noexcept
     doorbell = tx_ctl_->wake.load(std::memory_order_relaxed) != 0 &&
                tx_ctl_->wake.exchange(0, std::memory_order_relaxed) != 0;
     return static_cast<ssize_t>(len);
+}
+
+std::size_t byte_ring_pair::room(const iovec* iov, int n) noexcept
+{
+    return total(iov, n);
 }
 
 bool byte_ring_pair::reader_waits() noexcept

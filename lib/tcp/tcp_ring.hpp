@@ -50,9 +50,12 @@ public:
     byte_ring_pair(const byte_ring_pair&) = delete;
     byte_ring_pair& operator=(const byte_ring_pair&) = delete;
 
-    /// As recvmsg: copies what the receive ring holds, up to the iovecs' total. The bytes
-    /// copied, 0 if it is empty, -1 with errno EPROTO if the peer's index is out of range.
-    ssize_t read(const iovec* iov, int n) noexcept;
+    /// As recvmsg: copies what the receive ring holds, up to the iovecs' total (into them
+    /// after their first `skip` bytes: a read that goes on). The bytes copied, 0 if it is
+    /// empty, -1 with errno EPROTO if the peer's index is out of range.
+    ssize_t read(const iovec* iov, int n, std::size_t skip = 0) noexcept;
+    /// The iovecs' total length.
+    static std::size_t room(const iovec* iov, int n) noexcept;
     /// As sendmsg: copies what fits into the send ring. The bytes copied (0: full), -1 with
     /// errno EPROTO. `doorbell` comes back true when the reader asked to be woken: the
     /// caller sends it a byte on the socket.

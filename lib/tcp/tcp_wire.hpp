@@ -35,7 +35,7 @@ enum class frame_op : std::uint8_t {
     /// request; as send, and key = the target's memory window to revoke before the
     /// receive completes (opcode::send_with_invalidate)
     send_inv = 7,
-    /// shm:// only (docs/wire-format.md section 7). Requests whose data the target moves
+    /// shm:// only (docs/wire-format.md section 11). Requests whose data the target moves
     /// itself by cross-memory attach (CMA): the payload is the initiator's own SGE list as
     /// cma_descriptor entries, not the data. addr/key, imm and flags as write / write_imm /
     /// read_req; the data length is the descriptors' sum.

@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <array>
@@ -18,6 +20,7 @@
 #include <rdmx/error.hpp>
 
 #include "tcp/tcp_connector.hpp"
+#include "tcp/tcp_ring.hpp"
 
 namespace rdmx::tcp
 {
@@ -178,6 +181,141 @@ TEST(tcp_connector, the_listener_side_sends_its_reply_and_is_established)
     EXPECT_FALSE(c.owns_socket());
     EXPECT_FALSE(c.reply().has_value()); // the listener read the HELLO, not the connector
     EXPECT_EQ(read_all(s.fd[1]), reply);
+}
+
+/// Sends `b` with `fd_to_pass` attached (SCM_RIGHTS), as a listener that grants rings does.
+void send_with_fd(int fd, std::span<const std::byte> b, int fd_to_pass)
+{
+    iovec v{const_cast<std::byte*>(b.data()), b.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+    msghdr mh{};
+    mh.msg_iov = &v;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof fd_to_pass);
+    ASSERT_EQ(::sendmsg(fd, &mh, MSG_NOSIGNAL), static_cast<ssize_t>(b.size()));
+}
+
+/// A client whose HELLO (`hello_flags`) went out, waiting for its reply.
+void hello_sent(connector& c, socket_pair& s, std::uint8_t hello_flags)
+{
+    c.begin(phase::connect, encoded(handshake_type::hello, 4, hello_flags, ""));
+    ASSERT_EQ(c.step(s.fd[0]), next::wait_read);
+    (void)read_all(s.fd[1]);
+}
+
+TEST(tcp_connector, rings_come_as_a_sealed_memfd_with_an_accept_that_grants_them)
+{
+    const std::uint8_t offer = handshake_flag_goodbye | handshake_flag_ring;
+    const auto grant = encoded(handshake_type::accept, 2, offer, "");
+    {
+        SCOPED_TRACE("granted");
+        socket_pair s;
+        connector c;
+        ASSERT_NO_FATAL_FAILURE(hello_sent(c, s, offer));
+        unique_fd memfd;
+        std::string why;
+        auto listener_side = byte_ring_pair::create(memfd, why);
+        ASSERT_NE(listener_side, nullptr) << why;
+        ASSERT_NO_FATAL_FAILURE(send_with_fd(s.fd[1], grant, memfd.get()));
+        ASSERT_EQ(c.step(s.fd[0]), next::established) << c.why();
+        auto client_side = c.take_rings();
+        ASSERT_NE(client_side, nullptr);
+        // The same memory: what one side writes, the other reads.
+        iovec v{const_cast<char*>("ring"), 4};
+        bool bell;
+        ASSERT_EQ(listener_side->write(&v, 1, bell), 4);
+        char got[8]{};
+        iovec r{got, sizeof got};
+        ASSERT_EQ(client_side->read(&r, 1), 4);
+        EXPECT_STREQ(got, "ring");
+    }
+    {
+        SCOPED_TRACE("granted without a memfd");
+        socket_pair s;
+        connector c;
+        ASSERT_NO_FATAL_FAILURE(hello_sent(c, s, offer));
+        send_all(s.fd[1], grant);
+        ASSERT_EQ(c.step(s.fd[0]), next::failed);
+        EXPECT_EQ(c.cause(), errc::protocol_error);
+        EXPECT_NE(std::string(c.why()).find("no memfd"), std::string::npos) << c.why();
+    }
+    {
+        SCOPED_TRACE("granted to a HELLO that did not offer them");
+        socket_pair s;
+        connector c;
+        ASSERT_NO_FATAL_FAILURE(hello_sent(c, s, handshake_flag_goodbye));
+        unique_fd memfd;
+        std::string why;
+        auto listener_side = byte_ring_pair::create(memfd, why);
+        ASSERT_NE(listener_side, nullptr) << why;
+        ASSERT_NO_FATAL_FAILURE(send_with_fd(s.fd[1], grant, memfd.get()));
+        ASSERT_EQ(c.step(s.fd[0]), next::failed);
+        EXPECT_EQ(c.cause(), errc::protocol_error);
+        EXPECT_NE(std::string(c.why()).find("did not offer"), std::string::npos) << c.why();
+    }
+    {
+        SCOPED_TRACE("a memfd that could be resized");
+        socket_pair s;
+        connector c;
+        ASSERT_NO_FATAL_FAILURE(hello_sent(c, s, offer));
+        unique_fd m(::memfd_create("unsealed", MFD_CLOEXEC));
+        ASSERT_TRUE(m);
+        ASSERT_EQ(::ftruncate(m.get(), byte_ring_pair::map_size), 0);
+        ASSERT_NO_FATAL_FAILURE(send_with_fd(s.fd[1], grant, m.get()));
+        ASSERT_EQ(c.step(s.fd[0]), next::failed);
+        EXPECT_EQ(c.cause(), errc::protocol_error);
+        EXPECT_NE(std::string(c.why()).find("sealed"), std::string::npos) << c.why();
+    }
+    {
+        SCOPED_TRACE("a memfd the ACCEPT does not announce is not used");
+        socket_pair s;
+        connector c;
+        ASSERT_NO_FATAL_FAILURE(hello_sent(c, s, offer));
+        unique_fd m(::memfd_create("stray", MFD_CLOEXEC));
+        ASSERT_TRUE(m);
+        ASSERT_NO_FATAL_FAILURE(
+            send_with_fd(s.fd[1], encoded(handshake_type::accept, 2, handshake_flag_goodbye, ""), m.get()));
+        ASSERT_EQ(c.step(s.fd[0]), next::established) << c.why();
+        EXPECT_EQ(c.take_rings(), nullptr);
+    }
+}
+
+TEST(tcp_connector, the_listener_side_passes_the_rings_memfd_with_the_first_byte_of_its_reply)
+{
+    socket_pair s;
+    connector c;
+    unique_fd memfd;
+    std::string why;
+    auto rings = byte_ring_pair::create(memfd, why);
+    ASSERT_NE(rings, nullptr) << why;
+    const auto reply = encoded(handshake_type::accept, 3, handshake_flag_goodbye | handshake_flag_ring, "");
+    c.pass_fd(std::move(memfd));
+    c.begin(phase::accept, reply);
+    ASSERT_EQ(c.step(s.fd[0]), next::established);
+    std::vector<std::byte> got(reply.size());
+    iovec v{got.data(), got.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr mh{};
+    mh.msg_iov = &v;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    ASSERT_EQ(::recvmsg(s.fd[1], &mh, MSG_CMSG_CLOEXEC), static_cast<ssize_t>(reply.size()));
+    EXPECT_EQ(got, reply);
+    cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+    ASSERT_NE(cm, nullptr) << "no memfd came";
+    ASSERT_EQ(cm->cmsg_type, SCM_RIGHTS);
+    int passed;
+    std::memcpy(&passed, CMSG_DATA(cm), sizeof passed);
+    unique_fd p(passed);
+    auto peer = byte_ring_pair::adopt(p.get(), why);
+    EXPECT_NE(peer, nullptr) << why;
 }
 
 TEST(tcp_connector, a_client_gone_before_the_listener_replies_is_named)

@@ -375,5 +375,48 @@ TEST_F(shm_rings, a_raw_peer_gets_a_sealed_memfd_and_a_corrupt_index_fails_only_
     EXPECT_EQ(dst, src);
 }
 
+TEST_F(shm_rings, a_raw_peer_on_the_documented_layout_is_served_and_a_doorbell_flood_is_only_bytes)
+{
+    // docs/wire-format.md section 12, by hand: a zero-length WRITE into ring 1 (the
+    // client's), its tail published, after 64 KiB of doorbell bytes; the ACK comes back
+    // through ring 0.
+    int fd;
+    handshake reply;
+    unique_fd memfd;
+    auto c = accept_ring_peer(fd, reply, memfd);
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(memfd);
+    void* m = ::mmap(nullptr, byte_ring_pair::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
+    ASSERT_NE(m, MAP_FAILED);
+    auto* base = static_cast<std::byte*>(m);
+    auto* tail0 = reinterpret_cast<std::atomic<std::uint64_t>*>(base + tail_at(0));
+    auto* tail1 = reinterpret_cast<std::atomic<std::uint64_t>*>(base + tail_at(1));
+    std::byte* data0 = base + 2 * 4096;
+    std::byte* data1 = data0 + cap;
+
+    std::vector<char> flood(64 << 10, 'x');
+    ASSERT_TRUE(send_all(fd, flood.data(), flood.size()));
+    frame_header h;
+    h.op = frame_op::write;
+    h.seq = 0;
+    h.encode(data1);
+    tail1->store(frame_header::wire_size, std::memory_order_release);
+    const char bell = 0;
+    ASSERT_EQ(::send(fd, &bell, 1, MSG_NOSIGNAL), 1);
+
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (tail0->load(std::memory_order_acquire) < frame_header::wire_size &&
+           std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    ASSERT_GE(tail0->load(std::memory_order_acquire), frame_header::wire_size) << "no frame back";
+    frame_header r;
+    ASSERT_FALSE(frame_header::decode(data0, r));
+    EXPECT_EQ(r.op, frame_op::ack);
+    EXPECT_EQ(r.seq, 0u);
+    EXPECT_EQ(c->state(), connection_state::established);
+    ::munmap(m, byte_ring_pair::map_size);
+    ::close(fd);
+}
+
 } // namespace
 } // namespace rdmx::test
