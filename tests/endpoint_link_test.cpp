@@ -371,7 +371,10 @@ TEST_P(endpoint_link, a_long_outage_fails_operations_within_the_bounds_and_the_p
                 to_string(b_),
                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()),
                 a.done[a0].status.message().c_str());
-    EXPECT_LT(took, detection_bound(o) + 2s);
+    // On verbs the first QP of this fresh device that leaves a shared receive queue waits up
+    // to last_wqe_timeout (1 s) for IBV_EVENT_QP_LAST_WQE_REACHED, which rxe never sends
+    // (cm_connection::await_last_wqe): within the bound, not slack for the emulation.
+    EXPECT_LT(took, detection_bound(o) + 2s + (b_ == backend::verbs ? 1s : 0s));
     // 2. Issued while the link is still down: the peer is redialled, and the operations fail
     //    at the connect deadline with the last cause. Not on siw: it ends its connections
     //    when its netdev goes down, but its kernel TCP still reaches an address of this host
