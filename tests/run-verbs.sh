@@ -27,6 +27,9 @@ else
 fi
 # RDMX_GUEST_CACHE lets a second build directory (the sanitizer build) reuse the kernel
 # that the first one downloaded.
+# A GTEST_FILTER of the caller's (dev.sh's ASan pass) goes into the guest with the run (as
+# one word: no globbing of its stars, and it has no spaces).
+set -f
 exec "$here/guest/rxe-guest.sh" --provider "$provider" --cache "${RDMX_GUEST_CACHE:-$build/guest-cache}" --share "$build" --timeout 1100 -- \
-    env RDMX_TEST_BACKENDS=verbs GTEST_OUTPUT="xml:$xml" \
+    env RDMX_TEST_BACKENDS=verbs GTEST_OUTPUT="xml:$xml" ${GTEST_FILTER:+GTEST_FILTER="$GTEST_FILTER"} \
     sh -c 'RDMX_TEST_RDMA_ADDR=$RDMX_GUEST_IP exec "$0" "$@"' "$bin" "$@"
