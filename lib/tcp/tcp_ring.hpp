@@ -85,8 +85,9 @@ private:
     std::uint64_t rx_head_ = 0; ///< this side's own indices, never read back from the mapping
     std::uint64_t tx_tail_ = 0;
     std::uint64_t tx_head_seen_ = 0; ///< the reader's head as last read (write)
-    void* tsan_tx_ = nullptr;        ///< ThreadSanitizer builds: stand-ins for the tails (tcp_ring.cpp)
-    void* tsan_rx_ = nullptr;
+    [[maybe_unused]] void* tsan_tx_ =
+        nullptr; ///< ThreadSanitizer builds: stand-ins for the tails (tcp_ring.cpp)
+    [[maybe_unused]] void* tsan_rx_ = nullptr;
 };
 
 } // namespace rdmx::tcp
