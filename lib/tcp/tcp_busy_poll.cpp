@@ -116,6 +116,13 @@ bool connection_engine::app_may_read() const noexcept
 
 bool connection_engine::stand_down() noexcept
 {
+    // Rings: the doorbells still in the socket (rung for the engine, whose wake found the
+    // ring read by a poller) would stay there once the engine stops reading it, and wake a
+    // sleeper on the domain's sockets for nothing: read them now. At the end of the stream
+    // the engine goes on reading (rx_run says so). A sleeper that watches the sockets
+    // reads the ring from now on: its flag goes up (and what came meanwhile is read first).
+    if (rings_ && (take_doorbells() != doorbells::taken || (queues_watched() && rings_->reader_waits())))
+        return false;
     if (on_shared_cq_) {
         // The flag first, then the queues' arm: a poller that arms and then looks at the
         // flag (tcp_completion_queue::request_notify) either sees it or is seen here.

@@ -132,8 +132,10 @@ void connection_engine::settle_transport() noexcept
                      d.what.c_str(), std::strerror(d.local_error ? d.local_error : ECONNREFUSED));
         d.local_first = false;
     }
-    if (auto r = hs_.take_rings())
+    if (auto r = hs_.take_rings()) {
         rings_ = std::move(r); // the client's: what the listener's ACCEPT brought
+        rings_ready();
+    }
     if (!local)
         return;
     (void)cma_peer(); // while the peer is surely connected (see there)

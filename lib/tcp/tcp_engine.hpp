@@ -179,11 +179,18 @@ public:
     /// Before close(): leaves it, so that no poll progresses this engine again.
     void detach_queues() noexcept RDMX_EXCLUDES(mu_);
     /// A run of the domain's progress `p` (a poll of one of its queues) found the socket
-    /// readable, or (`listed`) ran this engine from its pending list (mark_pending; the
-    /// caller's thread, `p`'s registration lock held): reads what came and sends what it
-    /// owes. `queue_busy`: the previous run found data on some socket (an ACK may wait a
-    /// little longer).
-    void queue_progress(domain_progress& p, bool listed, bool queue_busy) noexcept RDMX_EXCLUDES(mu_);
+    /// readable or the rings holding bytes, or ran this engine from its pending list
+    /// (mark_pending; the caller's thread, `p`'s registration lock held): reads what came
+    /// and sends what it owes. `queue_busy`: the previous run found data on some socket or
+    /// ring (an ACK may wait a little longer).
+    void queue_progress(domain_progress& p, queue_visit why, bool queue_busy) noexcept RDMX_EXCLUDES(mu_);
+    /// Whether its rings hold bytes it has not read (shm://, once they are in use and while
+    /// the domain's polls read it): a hint, without the lock (domain_progress::run).
+    bool ring_has_data() const noexcept
+    {
+        const byte_ring_pair* r = ring_peek_.load(std::memory_order_acquire);
+        return r && r->rx_maybe_data();
+    }
     /// A side of it reports to `q` (no lock: fixed at construction).
     bool reports_to(const tcp_completion_queue& q) const noexcept { return send_cq_ == &q || recv_cq_ == &q; }
     /// The engine stood down for a shared queue's poller (any thread, no lock).
@@ -191,10 +198,11 @@ public:
     /// That poller is about to sleep on the queue's fd: the engine takes the socket back.
     void queue_sleeps() noexcept RDMX_EXCLUDES(mu_);
     /// A poller of the domain of `p` is about to sleep on a queue's fd and the sockets
-    /// (request_notify_watching) and ran this engine from `p`'s pending list: staged frames
-    /// are read and what is owed leaves now, nothing held back for a poll (the caller's
-    /// thread, `p`'s registration lock held).
-    void queue_flush(domain_progress& p) noexcept RDMX_EXCLUDES(mu_);
+    /// (request_notify_watching) and ran this engine from `p`'s pending list, its rings or
+    /// its readable socket: staged frames are read and what is owed leaves now, nothing held
+    /// back for a poll; a reader of rings raises its wake flag (the caller's thread, `p`'s
+    /// registration lock held).
+    void queue_flush(domain_progress& p, queue_visit why) noexcept RDMX_EXCLUDES(mu_);
 
 private:
     // Fixed batch sizes of one sendmsg / recvmsg (tcp_tx_frame.hpp); a frame that does not
@@ -322,6 +330,11 @@ private:
     ssize_t link_send(const iovec* iov, int n) noexcept RDMX_REQUIRES(mu_);
     /// Nothing to read now (busy-poll ownership's probe).
     bool link_empty() noexcept RDMX_REQUIRES(mu_);
+    /// Rings: reads the doorbells from the socket until it is empty (taken), its end or an
+    /// error (end; errno 0 at the end of the stream, else the error), or four buffers full
+    /// (more: a peer that floods; again later).
+    enum class doorbells : std::uint8_t { taken, end, more };
+    doorbells take_doorbells() noexcept RDMX_REQUIRES(mu_);
     /// Whether a reader that finds the rings empty asks to be woken (rings only).
     bool rx_may_sleep() const noexcept RDMX_REQUIRES(mu_);
     /// The send ring is full: pump() again shortly (rings only; the engine's thread).
@@ -668,6 +681,14 @@ private:
     /// shm://: the rings the frames go through (use_rings, or the client's ACCEPT), or none.
     std::unique_ptr<byte_ring_pair> rings_ RDMX_GUARDED_BY(mu_);
     unsigned ring_idle_ RDMX_GUARDED_BY(mu_) = 0; ///< empty reads of a stood-down poller (link_recv)
+    /// rings_, for a look without the lock (ring_has_data): set while the domain's polls
+    /// read it (it reports to a shared queue and its socket is in the progress sets).
+    std::atomic<const byte_ring_pair*> ring_peek_{nullptr};
+    /// The domain's progress found the socket readable: an empty ring read reads it
+    /// (doorbells, the end of the stream) at once (link_recv).
+    bool socket_ready_ RDMX_GUARDED_BY(mu_) = false;
+    /// rings_ in use: the domain's progress looks at them from now on (add_rings).
+    void rings_ready() noexcept RDMX_REQUIRES(mu_);
     /// wait_ring_space's next wait: doubles while the ring stays full, from 20 us to 1 ms.
     static constexpr unsigned ring_backoff_min_us = 20, ring_backoff_max_us = 1000;
     unsigned ring_backoff_us_ RDMX_GUARDED_BY(mu_) = ring_backoff_min_us;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <utility>
 
 #include "tcp/tcp_log.hpp"
 #include "tcp/tcp_syscall.hpp"
@@ -23,15 +24,21 @@ void connection_engine::use_rings(std::unique_ptr<byte_ring_pair> rings, unique_
     engine_lock lk(mu_);
     rings_ = std::move(rings);
     hs_.pass_fd(std::move(memfd));
+    rings_ready();
 }
 
 bool connection_engine::rx_may_sleep() const noexcept
 {
-    // An application that the engine stood down for polls the rings itself and is never
-    // woken: its peer need not ring. Every other reader sleeps on the socket once the ring
-    // is empty: the engine, a shared queue's poller (its sleep watches the socket), an
-    // application that reads while the engine's wait is armed.
-    return on_shared_cq_ || !ownership_.app_owns();
+    // The engine sleeps on the socket once the ring is empty (and so does an application
+    // that reads while the engine's wait is armed). An application that the engine stood
+    // down for polls the rings itself and is never woken: its peer need not ring. Nor
+    // while a shared queue's poller polls (each run of the domain's progress looks at the
+    // rings); once it arms a notification it may sleep: armed to watch the sockets, its
+    // flush() raises the flag (here) before the sleep; a plain arming gives the socket
+    // back to the engine, which raises it (arm_read).
+    if (!ownership_.app_owns())
+        return true;
+    return on_shared_cq_ && (queues_watched() || queues_armed());
 }
 
 ssize_t connection_engine::link_recv(const iovec* iov, int n) noexcept
@@ -56,23 +63,28 @@ ssize_t connection_engine::link_recv(const iovec* iov, int n) noexcept
         return got; // bytes, or -1 with EPROTO (rx_error)
     }
     // Empty. A stood-down poller looks at the socket (the peer's end) every 1024th time
-    // only (a system call costs more than ten polls; its peer never rings it anyway).
-    if (!sleeps && (++ring_idle_ & 1023u) != 0) {
+    // only (a system call costs more than ten polls; its peer never rings it anyway),
+    // or when the domain's progress found it readable.
+    const bool look = std::exchange(socket_ready_, false);
+    if (!sleeps && !look && (++ring_idle_ & 1023u) != 0) {
+        errno = EAGAIN;
+        return -1;
+    }
+    if (sleeps && !look && ownership_.app_owns() && rings_->reader_asked()) {
+        // A shared queue's poller about to sleep, whose flag is still up: no byte came
+        // since it went up, and the writer's next one rings (one system call less per
+        // connection and sleep).
         errno = EAGAIN;
         return -1;
     }
     // The doorbells that woke us, read before the flag goes up again (a byte that comes
-    // after it is a new wake). A peer that floods bytes is read in bounded pieces.
-    std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
-    bool drained = false;
-    for (int i = 0; i < 4 && !drained; ++i) {
-        ssize_t r = sys::recv(fd_, sink.data(), sink.size(), MSG_DONTWAIT);
-        if (r > 0 || (r < 0 && errno == EINTR))
-            continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            drained = true;
-            break;
-        }
+    // after it is a new wake).
+    switch (take_doorbells()) {
+    case doorbells::taken: break;
+    case doorbells::more:
+        errno = EINTR; // more doorbells than a peer sends: again (rx_error), within the budget
+        return -1;
+    case doorbells::end: {
         // The end of the stream (0) or a reset: what the peer wrote before it, its GOODBYE
         // say, is in the ring; read that first, and the end comes again after it.
         const int err = errno;
@@ -80,17 +92,31 @@ ssize_t connection_engine::link_recv(const iovec* iov, int n) noexcept
         if (ssize_t got = rings_->read(iov, n); got != 0)
             return got;
         errno = err;
-        return r;
+        return err == 0 ? 0 : -1;
     }
-    if (!drained) {
-        errno = EINTR; // more doorbells than a peer sends: again (rx_error), within the budget
-        return -1;
     }
     if (sleeps && rings_->reader_waits())
         if (ssize_t got = rings_->read(iov, n); got != 0)
             return got; // came meanwhile
     errno = EAGAIN;
     return -1;
+}
+
+connection_engine::doorbells connection_engine::take_doorbells() noexcept
+{
+    // A peer that floods bytes is read in bounded pieces.
+    std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
+    for (int i = 0; i < 4; ++i) {
+        ssize_t r = sys::recv(fd_, sink.data(), sink.size(), MSG_DONTWAIT);
+        if (r > 0 || (r < 0 && errno == EINTR))
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return doorbells::taken;
+        if (r == 0)
+            errno = 0;
+        return doorbells::end;
+    }
+    return doorbells::more;
 }
 
 ssize_t connection_engine::link_send(const iovec* iov, int n) noexcept

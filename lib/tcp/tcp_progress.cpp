@@ -26,12 +26,38 @@ void domain_progress::run() noexcept
     // First the engines with work pending (mark_pending): their sockets may be silent.
     take_pending();
     for (connection_engine* e : pending_run_)
-        e->queue_progress(*this, true, busy_);
+        e->queue_progress(*this, queue_visit::listed, busy_);
     pending_run_.clear();
+    // The rings: their writers ring no doorbell while this poller reads them
+    // (connection_engine::rx_may_sleep), so their sockets would not say.
+    take_ringed();
+    bool found = false;
+    for (connection_engine* e : ringed_run_)
+        if (e->ring_has_data()) {
+            e->queue_progress(*this, queue_visit::ring, busy_);
+            found = true;
+        }
+    // The sockets: every run while some attached engine has no rings. Theirs carry only the
+    // doorbells of sleepers and the end of the stream: every 64th run then, and the first
+    // run of a poll that starts 1 ms or more after the latest look (a peer that went is
+    // seen as soon by a poller that polls seldom).
+    const auto started = activity_.last_entered();
+    if (ringed_run_.size() == engines_.size() && ++ring_only_runs_ % 64 != 0 &&
+        started - sockets_at_ < std::chrono::milliseconds(1)) {
+        busy_ = found;
+        return;
+    }
+    sockets_at_ = started;
+    run_sockets();
+    busy_ = busy_ || found;
+}
+
+void domain_progress::run_sockets() noexcept
+{
     epoll_event ev[32];
     int n = ::epoll_wait(epfd_.get(), ev, 32, 0);
     for (int i = 0; i < n; ++i)
-        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this, false, busy_);
+        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this, queue_visit::socket, busy_);
     busy_ = n > 0;
 }
 
@@ -40,14 +66,43 @@ void domain_progress::flush() noexcept
     engine_lock rl(reg_mu_);
     take_pending();
     for (connection_engine* e : pending_run_)
-        e->queue_flush(*this);
+        e->queue_flush(*this, queue_visit::listed);
     pending_run_.clear();
+    take_ringed();
+    for (connection_engine* e : ringed_run_)
+        e->queue_flush(*this, queue_visit::ring);
+    if (ringed_run_.empty())
+        return;
+    epoll_event ev[32];
+    int n = ::epoll_wait(epfd_.get(), ev, 32, 0);
+    for (int i = 0; i < n; ++i)
+        static_cast<connection_engine*>(ev[i].data.ptr)->queue_flush(*this, queue_visit::socket);
 }
 
 void domain_progress::take_pending() noexcept
 {
     engine_lock sl(pending_mu_);
     pending_run_.swap(pending_);
+}
+
+void domain_progress::take_ringed() noexcept
+{
+    const std::uint64_t changes = ringed_changes_.load(std::memory_order_acquire);
+    if (changes == ringed_seen_)
+        return;
+    engine_lock sl(pending_mu_);
+    ringed_run_.assign(ringed_.begin(), ringed_.end()); // within the room attach reserved
+    ringed_seen_ = changes;
+}
+
+void domain_progress::add_rings(connection_engine& e) noexcept
+{
+    engine_lock sl(pending_mu_);
+    if (ringed_.size() == ringed_.capacity() ||
+        std::find(ringed_.begin(), ringed_.end(), &e) != ringed_.end())
+        return; // (cannot be: one per attached engine)
+    ringed_.push_back(&e);
+    ringed_changes_.fetch_add(1, std::memory_order_release);
 }
 
 bool domain_progress::mark_pending(connection_engine& e) noexcept
@@ -67,6 +122,8 @@ void domain_progress::attach(connection_engine& e, int fd)
         engine_lock sl(pending_mu_);
         pending_.reserve(engines_.capacity());
         pending_run_.reserve(engines_.capacity());
+        ringed_.reserve(engines_.capacity());
+        ringed_run_.reserve(engines_.capacity());
     }
     if (!watch(e, fd)) {
         engines_.pop_back();
@@ -80,8 +137,11 @@ void domain_progress::detach(connection_engine& e) noexcept
     engine_lock rl(reg_mu_);
     std::erase(engines_, &e);
     attached_.store(engines_.size(), std::memory_order_relaxed);
+    std::erase(ringed_run_, &e);
     engine_lock sl(pending_mu_);
     std::erase(pending_, &e);
+    if (std::erase(ringed_, &e) != 0)
+        ringed_changes_.fetch_add(1, std::memory_order_release);
 }
 
 void domain_progress::unwatch(int fd) noexcept

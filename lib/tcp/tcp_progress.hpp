@@ -25,6 +25,13 @@ namespace rdmx::tcp
 
 class connection_engine;
 
+/// Why a run of the domain's progress visits an engine (connection_engine::queue_progress).
+enum class queue_visit : std::uint8_t {
+    listed, ///< it was on the pending list (mark_pending)
+    ring,   ///< its rings hold bytes (add_rings)
+    socket, ///< epoll says its socket is readable
+};
+
 class domain_progress
 {
 public:
@@ -33,11 +40,17 @@ public:
     domain_progress& operator=(const domain_progress&) = delete;
 
     /// One poll's progress (the caller's thread): the listed engines first, then those whose
-    /// sockets have data (one epoll_wait with a zero timeout, at most 32 sockets).
-    /// Level-triggered, so what a budget left is seen by the next run.
+    /// rings hold bytes (shm://: a look at two indices each, no system call), then those
+    /// whose sockets have data (one epoll_wait with a zero timeout, at most 32 sockets;
+    /// every 64th run only while every attached engine has rings, whose sockets then carry
+    /// just the doorbells of sleepers and the end of the stream, and at least once a
+    /// millisecond). Level-triggered, so what a budget left is seen by the next run.
     void run() noexcept RDMX_EXCLUDES(reg_mu_, pending_mu_);
     /// Before a sleep on a queue's fd and the sockets (request_notify_watching): the listed
-    /// engines read what they left staged and send what they held back, now.
+    /// engines read what they left staged and send what they held back, now; the engines
+    /// with rings raise their wake flags (their writers ring the doorbell from now on) and
+    /// read what came before; the sockets are read (doorbells left there would wake the
+    /// sleeper at once).
     void flush() noexcept RDMX_EXCLUDES(reg_mu_, pending_mu_);
     /// Some connection reports to a shared queue of the domain: a run may find work. A
     /// connection's own poll() runs the domain's progress only then (one relaxed load).
@@ -90,6 +103,10 @@ public:
     /// list (the engine remembers); never allocates (room for every attached engine is
     /// kept: false, and the engine does without, would say otherwise).
     bool mark_pending(connection_engine& e) noexcept RDMX_EXCLUDES(pending_mu_);
+    /// `e`, attached, reads frames from rings (shm://): each run looks at them, so that no
+    /// doorbell is needed while the domain's queues are polled. Under `e`'s mutex; never
+    /// allocates (attach reserved room).
+    void add_rings(connection_engine& e) noexcept RDMX_EXCLUDES(pending_mu_);
     /// Runs `f(engine)` for each attached engine, with them kept attached meanwhile.
     template <class F> void for_each(F&& f) noexcept RDMX_EXCLUDES(reg_mu_)
     {
@@ -101,6 +118,10 @@ public:
 private:
     /// Moves the pending list into pending_run_ (empty, with the same room), for a run.
     void take_pending() noexcept RDMX_REQUIRES(reg_mu_) RDMX_EXCLUDES(pending_mu_);
+    /// ringed_run_ becomes ringed_ if that changed since.
+    void take_ringed() noexcept RDMX_REQUIRES(reg_mu_) RDMX_EXCLUDES(pending_mu_);
+    /// The engines whose sockets have data progress (one epoll_wait).
+    void run_sockets() noexcept RDMX_REQUIRES(reg_mu_);
 
     /// Held while a run progresses the engines (they stay alive and attached meanwhile).
     engine_mutex reg_mu_;
@@ -112,7 +133,16 @@ private:
     engine_mutex pending_mu_;
     std::vector<connection_engine*> pending_ RDMX_GUARDED_BY(pending_mu_);
     std::vector<connection_engine*> pending_run_ RDMX_GUARDED_BY(reg_mu_);
-    /// The latest run found sockets with data (ACKs of the listed may wait on).
+    /// The engines with rings (add_rings; room reserved as for pending_), and the copy a
+    /// run goes through (taken when ringed_changes_ moved).
+    std::vector<connection_engine*> ringed_ RDMX_GUARDED_BY(pending_mu_);
+    std::vector<connection_engine*> ringed_run_ RDMX_GUARDED_BY(reg_mu_);
+    std::atomic<std::uint64_t> ringed_changes_{0};
+    std::uint64_t ringed_seen_ RDMX_GUARDED_BY(reg_mu_) = 0;
+    unsigned ring_only_runs_ RDMX_GUARDED_BY(reg_mu_) = 0; ///< runs without epoll_wait (run)
+    /// The start of the poll whose run last asked epoll (run).
+    std::chrono::steady_clock::time_point sockets_at_ RDMX_GUARDED_BY(reg_mu_){};
+    /// The latest run found sockets or rings with data (ACKs of the listed may wait on).
     bool busy_ RDMX_GUARDED_BY(reg_mu_) = false;
     unique_fd epfd_; ///< the attached engines' sockets, level-triggered, data = the engine
     std::atomic<std::uint64_t> polls_{0};

@@ -40,11 +40,23 @@ void connection_engine::detach_queues() noexcept
             p->detach(*this);
 }
 
+void connection_engine::rings_ready() noexcept
+{
+    if (!rings_ || !queues_reach() || detached_)
+        return;
+    if (watch_ == queue_watch::watched)
+        ring_peek_.store(rings_.get(), std::memory_order_release);
+    for (domain_progress* p : progresses())
+        if (p)
+            p->add_rings(*this);
+}
+
 void connection_engine::unwatch_queues() noexcept
 {
     if (!queues_reach() || detached_)
         return;
     watch_ = queue_watch::gone;
+    ring_peek_.store(nullptr, std::memory_order_relaxed);
     for (domain_progress* p : progresses())
         if (p)
             p->unwatch(fd_);
@@ -55,6 +67,7 @@ void connection_engine::pause_queue_watch() noexcept
     if (watch_ != queue_watch::watched || detached_)
         return;
     watch_ = queue_watch::paused;
+    ring_peek_.store(nullptr, std::memory_order_relaxed);
     for (domain_progress* p : progresses())
         if (p)
             p->unwatch(fd_);
@@ -83,13 +96,18 @@ void connection_engine::resume_queue_watch() noexcept
             fail(connection_state::error);
             return;
         }
+    if (rings_)
+        ring_peek_.store(rings_.get(), std::memory_order_release);
 }
 
-void connection_engine::queue_progress(domain_progress& p, bool listed, bool queue_busy) noexcept
+void connection_engine::queue_progress(domain_progress& p, queue_visit why, bool queue_busy) noexcept
 {
     engine_lock lk(mu_);
+    const bool listed = why == queue_visit::listed;
     if (listed) // off the list now (a run for readiness leaves us there, marked)
         unmark(p);
+    else if (why == queue_visit::socket)
+        socket_ready_ = true;
     if (closed_ || detached_ || hs_.owns_socket())
         return; // the handshake's socket is the engine's; a reply there waits for it
     if (rx_state_ == rx_state::done) {
@@ -218,14 +236,25 @@ bool connection_engine::sleeper_takes_over() noexcept
            (wake_saw_sleeper_ || queues_watched());
 }
 
-void connection_engine::queue_flush(domain_progress& p) noexcept
+void connection_engine::queue_flush(domain_progress& p, queue_visit why) noexcept
 {
     engine_lock lk(mu_);
-    unmark(p);
+    if (why == queue_visit::listed)
+        unmark(p);
     if (closed_ || detached_ || hs_.owns_socket())
         return;
-    if (ownership_.app_owns() && app_may_read())
-        rx_read(); // frames a budget left staged: a marking of them fires the arming
+    const bool reads = ownership_.app_owns() && app_may_read();
+    if (why == queue_visit::ring && !reads)
+        return; // the engine reads the rings: its flag is up whenever it waits
+    if (why == queue_visit::socket)
+        socket_ready_ = true;
+    // Frames a budget left staged (a marking of them fires the arming); a ring read that
+    // finds it empty raises the wake flag, since the poller sleeps now (rx_may_sleep). A
+    // readable socket is read while the engine's wait is armed too: a doorbell left there
+    // (one the engine's wait did not wake for) would wake the sleeper at once, again and
+    // again.
+    if (reads || (why == queue_visit::socket && read_armed_))
+        rx_read();
     ack_waits_ = 0;
     pump();
 }

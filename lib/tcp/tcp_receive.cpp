@@ -29,14 +29,23 @@ void connection_engine::arm_read() noexcept
         continue_rx();
         return;
     }
-    if (rings_ && rings_->reader_waits()) {
-        // Bytes in the ring, which no doorbell announces (the peer wrote them before the
-        // flag went up, or a stood-down poller left them): read them now.
+    if (rings_ && (take_doorbells() != doorbells::taken || rings_->reader_waits())) {
+        // The doorbells first (the reactor may have taken the wake of one while no wait was
+        // armed: it would stay in the socket, unseen by this wait, and keep a sleeper on
+        // the domain's sockets awake), then the flag. Bytes in the ring, which no doorbell
+        // announces (the peer wrote them before the flag went up, or a poller left them),
+        // or the end of the stream: read them now.
         continue_rx();
         return;
     }
-    if (sleeper_takes_over() && stand_down())
-        return; // the next data wakes the poller sleeping on the queue's sockets
+    if (sleeper_takes_over()) {
+        if (stand_down())
+            return; // the next data wakes the poller sleeping on the queue's sockets
+        if (rings_ && !rings_->rx_empty()) {
+            continue_rx(); // the refusal may have read the doorbell of these bytes
+            return;
+        }
+    }
     set_rcvlowat(wanted_rcvlowat());
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,

@@ -65,6 +65,16 @@ public:
     bool reader_waits() noexcept;
     /// Nothing to read (or an index out of range, which the next read reports).
     bool rx_empty() const noexcept;
+    /// Without the reader's lock, from any thread: whether the peer wrote bytes that this
+    /// side has not read. A hint (the mapping's two indices as they are now, relaxed): a
+    /// domain's progress looks at its connections' rings with it (domain_progress::run)
+    /// and reads under their locks where it says so.
+    bool rx_maybe_data() const noexcept
+    {
+        return rx_ctl_->tail.load(std::memory_order_relaxed) != rx_ctl_->head.load(std::memory_order_relaxed);
+    }
+    /// The reader's wake flag is still up (reader_waits): the writer has not written since.
+    bool reader_asked() const noexcept { return rx_ctl_->wake.load(std::memory_order_relaxed) != 0; }
 
 private:
     /// One direction's control block, on a page of its own. Each index is written by one

@@ -18,9 +18,13 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/post.hpp>
+
+#include "backends.hpp"
 #include "common/test_util.hpp"
 #include "tcp/raw_peer.hpp"
 #include "tcp/tcp_connection.hpp"
+#include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_engine.hpp"
 #include "tcp/tcp_ring.hpp"
 
@@ -262,7 +266,8 @@ protected:
     static bool rings_of(connection& c) { return static_cast<tcp::tcp_connection&>(c).engine().uses_rings(); }
 
     /// A raw client that offers rings: its socket, the ACCEPT, and the memfd that came.
-    std::unique_ptr<connection> accept_ring_peer(int& fd, handshake& reply, unique_fd& memfd)
+    std::unique_ptr<connection> accept_ring_peer(int& fd, handshake& reply, unique_fd& memfd,
+                                                 const connection_options& opts = {})
     {
         fd = raw_dial();
         EXPECT_GE(fd, 0);
@@ -277,7 +282,7 @@ protected:
         EXPECT_NE(req, nullptr);
         if (!req)
             return nullptr;
-        auto c = req->accept({});
+        auto c = req->accept(opts);
         std::byte buf[handshake::reply_size];
         iovec v{buf, sizeof buf};
         alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
@@ -413,6 +418,98 @@ TEST_F(shm_rings, a_raw_peer_on_the_documented_layout_is_served_and_a_doorbell_f
     ASSERT_FALSE(frame_header::decode(data0, r));
     EXPECT_EQ(r.op, frame_op::ack);
     EXPECT_EQ(r.seq, 0u);
+    EXPECT_EQ(c->state(), connection_state::established);
+    ::munmap(m, byte_ring_pair::map_size);
+    ::close(fd);
+}
+
+TEST_F(shm_rings,
+       a_shared_queue_poll_reads_frames_no_doorbell_announced_and_a_poller_gone_leaves_the_ring_to_the_engine)
+{
+    // A connection on a shared queue: the queue's polls look at its ring themselves
+    // (domain_progress::run), not only at sockets that doorbells made readable. With the
+    // server's engine thread held, a raw peer writes frames and never rings: the polls
+    // alone read them and answer. Then the polls stop and the engine thread goes on: it
+    // raises the wake flag, and the doorbell that the next frame rings by the documented
+    // rule is read with nobody polling.
+    auto cq = server_dom_->create_completion_queue({.depth = 1024});
+    connection_options opts;
+    opts.send_cq = opts.recv_cq = cq;
+    int fd;
+    handshake reply;
+    unique_fd memfd;
+    auto c = accept_ring_peer(fd, reply, memfd, opts);
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(memfd);
+    void* m = ::mmap(nullptr, byte_ring_pair::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
+    ASSERT_NE(m, MAP_FAILED);
+    auto* base = static_cast<std::byte*>(m);
+    auto* tail0 = reinterpret_cast<std::atomic<std::uint64_t>*>(base + tail_at(0));
+    auto* tail1 = reinterpret_cast<std::atomic<std::uint64_t>*>(base + tail_at(1));
+    auto* wake1 = reinterpret_cast<std::atomic<std::uint32_t>*>(base + tail_at(1) + 128);
+    std::byte* data0 = base + 2 * 4096;
+    std::byte* data1 = data0 + cap;
+    // Zero-length WRITEs (nothing to complete here), each answered by an ACK in ring 0.
+    auto write_frame = [&](std::uint32_t seq) {
+        frame_header h;
+        h.op = frame_op::write;
+        h.seq = seq;
+        h.encode(data1 + seq * frame_header::wire_size);
+        tail1->store((seq + 1) * frame_header::wire_size, std::memory_order_release);
+    };
+    auto acked = [&](std::uint32_t seq) { // an ACK of `seq` or later in ring 0 (header-sized frames)
+        const std::uint64_t end = tail0->load(std::memory_order_acquire);
+        for (std::uint64_t at = 0; at + frame_header::wire_size <= end; at += frame_header::wire_size) {
+            frame_header r;
+            if (frame_header::decode(data0 + at, r) || r.op != frame_op::ack)
+                return false;
+            if (r.seq >= seq)
+                return true;
+        }
+        return false;
+    };
+
+    std::promise<void> gate, held;
+    boost::asio::post(static_cast<tcp::tcp_domain&>(detail::backend_domain(*server_dom_)).io(), [&] {
+        held.set_value();
+        gate.get_future().wait();
+    });
+    held.get_future().wait();
+    struct release_gate {
+        std::promise<void>* g;
+        ~release_gate()
+        {
+            if (g)
+                g->set_value();
+        }
+    } release{&gate};
+
+    completion got[4];
+    const std::uint32_t frames = 50;
+    for (std::uint32_t seq = 0; seq < frames; ++seq) {
+        write_frame(seq); // no doorbell, whatever the flag says
+        auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (!acked(seq) && std::chrono::steady_clock::now() < deadline)
+            EXPECT_EQ(cq->poll(got), 0u);
+        ASSERT_TRUE(acked(seq)) << "frame " << seq << " was not read by the queue's polls";
+    }
+    EXPECT_EQ(c->state(), connection_state::established);
+
+    // The polls stop, the engine thread goes on: the flag goes up (the engine drains the
+    // socket and raises it whenever it finds its ring empty), then a frame and its doorbell.
+    release.g = nullptr;
+    gate.set_value();
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (wake1->load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    ASSERT_NE(wake1->exchange(0), 0u) << "nobody asked for a doorbell once the polls stopped";
+    write_frame(frames);
+    const char bell = 0;
+    ASSERT_EQ(::send(fd, &bell, 1, MSG_NOSIGNAL), 1);
+    deadline = std::chrono::steady_clock::now() + 5s;
+    while (!acked(frames) && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(acked(frames)) << "the doorbell woke nobody";
     EXPECT_EQ(c->state(), connection_state::established);
     ::munmap(m, byte_ring_pair::map_size);
     ::close(fd);
