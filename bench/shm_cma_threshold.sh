@@ -12,17 +12,8 @@ rounds=${2:-3}
 perf=$build/samples/rdmx_perf
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-run() { # address test args...
-    a=$1; t=$2; shift 2
-    "$perf" --server --cpu 0 -t "$t" "$@" "$a" >"$log" 2>&1 &
-    i=0
-    until grep -q listening "$log"; do
-        i=$((i + 1)); [ $i -lt 100 ] || { cat "$log"; exit 1; }; sleep 0.1
-    done
-    port=$(sed -n 's/.*port \([0-9]*\).*/\1/p' "$log" | head -n 1)
-    "$perf" --cpu 1 -t "$t" "$@" "$(echo "$a" | sed "s/:0\$/:$port/")" | grep -E '^ *[0-9]'
-    wait
-}
+. "$(dirname "$0")/lib.sh"
+run() { rdmx_pair "$@"; } # address test args...
 sizes="-s 32K -s 64K -s 128K -s 256K"
 [ "${RING:-on}" != off ] || sizes="-s 8K -s 16K -s 32K"
 export RDMX_SHM_RING=${RING:-on}

@@ -18,17 +18,8 @@ mc=$(mktemp)
 trap 'rm -f "$log" "$mc"' EXIT
 cc -O2 -o "$mc" "$(dirname "$0")/memcpy_bw.c"
 
-run() { # address test args...
-    a=$1; t=$2; shift 2
-    "$perf" --server --cpu 0 -t "$t" "$@" "$a" >"$log" 2>&1 &
-    i=0
-    until grep -q listening "$log"; do
-        i=$((i + 1)); [ $i -lt 100 ] || { cat "$log"; exit 1; }; sleep 0.1
-    done
-    port=$(sed -n 's/.*port \([0-9]*\).*/\1/p' "$log" | head -n 1)
-    "$perf" --cpu 1 -t "$t" "$@" "$(echo "$a" | sed "s/:0\$/:$port/")" | grep -E '^ *[0-9]'
-    wait
-}
+. "$(dirname "$0")/lib.sh"
+run() { rdmx_pair "$@"; } # address test args...
 
 for r in $(seq "$rounds"); do
     for v in tcp shm-socket shm-ring shm; do

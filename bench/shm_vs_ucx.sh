@@ -16,17 +16,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 port=13500
 
-rdmx() { # test args...
-    t=$1; shift
-    "$perf" --server --cpu 0 -t "$t" "$@" shm://ucxcmp:0 >"$log" 2>&1 &
-    i=0
-    until grep -q listening "$log"; do
-        i=$((i + 1)); [ $i -lt 100 ] || { cat "$log"; exit 1; }; sleep 0.1
-    done
-    p=$(sed -n 's/.*port \([0-9]*\).*/\1/p' "$log" | head -n 1)
-    "$perf" --cpu 1 -t "$t" "$@" "shm://ucxcmp:$p" | grep -E '^ *[0-9]'
-    wait
-}
+. "$(dirname "$0")/lib.sh"
+rdmx() { rdmx_pair shm://ucxcmp:0 "$@"; } # test args...
 
 ucx() { # tls test size iters
     port=$((port + 1))

@@ -106,26 +106,11 @@ connector::next connector::read_reply(int fd) noexcept
 {
     // Exactly the reply: a frame the listener's engine sends after it stays for the engine.
     while (done_ < handshake::reply_size) {
-        // recvmsg: the rings' memfd, if the listener grants them, comes with the first byte.
-        iovec iov{buf_.data() + done_, handshake::reply_size - done_};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-        msghdr mh{};
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
-        mh.msg_control = control;
-        mh.msg_controllen = sizeof control;
-        ssize_t n = ::recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        // The rings' memfd, if the listener grants them, comes with the first byte; one per
+        // handshake (a second is closed).
+        ssize_t n = recv_with_fd(fd, std::span(buf_.data() + done_, handshake::reply_size - done_), came_,
+                                 MSG_DONTWAIT);
         if (n > 0) {
-            for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-                    c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-                    int got;
-                    std::memcpy(&got, CMSG_DATA(c), sizeof got);
-                    if (came_)
-                        ::close(got); // one memfd per handshake: a second is dropped
-                    else
-                        came_.reset(got);
-                }
             done_ += static_cast<std::size_t>(n);
             continue;
         }
@@ -172,22 +157,9 @@ connector::next connector::read_reply(int fd) noexcept
 int connector::send_rest(int fd) noexcept
 {
     while (done_ < len_) {
-        iovec iov{buf_.data() + done_, len_ - done_};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-        msghdr mh{};
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
-        if (pass_) { // the rings' memfd, with the reply's first byte
-            mh.msg_control = control;
-            mh.msg_controllen = sizeof control;
-            cmsghdr* c = CMSG_FIRSTHDR(&mh);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int));
-            const int f = pass_.get();
-            std::memcpy(CMSG_DATA(c), &f, sizeof f);
-        }
-        ssize_t n = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        // The rings' memfd, with the reply's first byte.
+        ssize_t n = send_with_fd(fd, std::span<const std::byte>(buf_.data() + done_, len_ - done_),
+                                 pass_.get(), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             pass_.reset(); // the client holds it now (the mapping here stays)
             done_ += static_cast<std::size_t>(n);

@@ -52,12 +52,12 @@ ssize_t connection_engine::link_recv(const iovec* iov, int n) noexcept
         return sys::recvmsg(fd_, &mh, MSG_DONTWAIT);
     }
     const bool sleeps = rx_may_sleep();
-    if (ssize_t got = rings_->read(iov, n); got != 0) {
+    bool short_read = false;
+    if (ssize_t got = rings_->read(iov, n, 0, &short_read); got != 0) {
         // A short read emptied the ring, and the framing stops reading for this run (as
         // after a short read of a socket, rx_short_): a reader that may sleep raises its
         // flag now, or what comes next would wake nobody. What came meanwhile is read on.
-        if (got > 0 && sleeps && static_cast<std::size_t>(got) < byte_ring_pair::room(iov, n) &&
-            rings_->reader_waits())
+        if (got > 0 && sleeps && short_read && rings_->reader_waits())
             if (ssize_t more = rings_->read(iov, n, static_cast<std::size_t>(got)); more > 0)
                 got += more;
         return got; // bytes, or -1 with EPROTO (rx_error)

@@ -132,23 +132,13 @@ std::unique_ptr<byte_ring_pair> byte_ring_pair::create(unique_fd& fd, std::strin
         why = std::string("sizing and sealing the ring memfd: ") + std::strerror(errno);
         return nullptr;
     }
-    void* map = map_shared(m.get(), why);
-    if (!map)
+    auto r = map_side(m.get(), true, why);
+    if (!r)
         return nullptr;
     // Fresh pages read as zero: both rings empty. Each reader starts asleep, so that the
     // first frames wake whoever waits on the socket.
-    std::unique_ptr<byte_ring_pair> r(new (std::nothrow) byte_ring_pair(map, true));
-    if (!r) {
-        ::munmap(map, map_size);
-        why = "out of memory";
-        return nullptr;
-    }
     r->rx_ctl_->wake.store(1, std::memory_order_relaxed);
     r->tx_ctl_->wake.store(1, std::memory_order_relaxed);
-#ifdef RDMX_RING_TSAN
-    r->tsan_tx_ = tsan_address(m.get(), 0);
-    r->tsan_rx_ = tsan_address(m.get(), 1);
-#endif
     fd = std::move(m);
     return r;
 }
@@ -166,23 +156,29 @@ std::unique_ptr<byte_ring_pair> byte_ring_pair::adopt(int fd, std::string& why) 
         why = "the listener's ring memfd is not sealed against resizing";
         return nullptr;
     }
+    return map_side(fd, false, why);
+}
+
+std::unique_ptr<byte_ring_pair> byte_ring_pair::map_side(int fd, bool listener, std::string& why) noexcept
+{
     void* map = map_shared(fd, why);
     if (!map)
         return nullptr;
-    std::unique_ptr<byte_ring_pair> r(new (std::nothrow) byte_ring_pair(map, false));
+    std::unique_ptr<byte_ring_pair> r(new (std::nothrow) byte_ring_pair(map, listener));
     if (!r) {
         ::munmap(map, map_size);
         why = "out of memory";
-        return r;
+        return nullptr;
     }
 #ifdef RDMX_RING_TSAN
-    r->tsan_tx_ = tsan_address(fd, 1);
-    r->tsan_rx_ = tsan_address(fd, 0);
+    // Ring 0 is the listener's to write, ring 1 the client's.
+    r->tsan_tx_ = tsan_address(fd, listener ? 0 : 1);
+    r->tsan_rx_ = tsan_address(fd, listener ? 1 : 0);
 #endif
     return r;
 }
 
-ssize_t byte_ring_pair::read(const iovec* iov, int n, std::size_t skip) noexcept
+ssize_t byte_ring_pair::read(const iovec* iov, int n, std::size_t skip, bool* short_read) noexcept
 {
     const std::uint64_t tail = rx_ctl_->tail.load(std::memory_order_acquire);
     const std::uint64_t avail = tail - rx_head_;
@@ -191,8 +187,10 @@ ssize_t byte_ring_pair::read(const iovec* iov, int n, std::size_t skip) noexcept
         return -1;
     }
     const std::size_t room = total(iov, n);
-    const std::size_t len =
-        std::min<std::size_t>(static_cast<std::size_t>(avail), room - std::min(skip, room));
+    const std::size_t want = room - std::min(skip, room);
+    const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(avail), want);
+    if (short_read)
+        *short_read = len < want;
     if (len == 0)
         return 0;
 #ifdef RDMX_RING_TSAN
@@ -234,11 +232,6 @@ ssize_t byte_ring_pair::write(const iovec* iov, int n, bool& doorbell) noexcept
     doorbell = tx_ctl_->wake.load(std::memory_order_relaxed) != 0 &&
                tx_ctl_->wake.exchange(0, std::memory_order_relaxed) != 0;
     return static_cast<ssize_t>(len);
-}
-
-std::size_t byte_ring_pair::room(const iovec* iov, int n) noexcept
-{
-    return total(iov, n);
 }
 
 bool byte_ring_pair::reader_waits() noexcept

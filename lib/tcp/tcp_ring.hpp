@@ -52,10 +52,9 @@ public:
 
     /// As recvmsg: copies what the receive ring holds, up to the iovecs' total (into them
     /// after their first `skip` bytes: a read that goes on). The bytes copied, 0 if it is
-    /// empty, -1 with errno EPROTO if the peer's index is out of range.
-    ssize_t read(const iovec* iov, int n, std::size_t skip = 0) noexcept;
-    /// The iovecs' total length.
-    static std::size_t room(const iovec* iov, int n) noexcept;
+    /// empty, -1 with errno EPROTO if the peer's index is out of range. `short_read`, if
+    /// given, says whether the ring held less than the iovecs' room (it is empty now).
+    ssize_t read(const iovec* iov, int n, std::size_t skip = 0, bool* short_read = nullptr) noexcept;
     /// As sendmsg: copies what fits into the send ring. The bytes copied (0: full), -1 with
     /// errno EPROTO. `doorbell` comes back true when the reader asked to be woken: the
     /// caller sends it a byte on the socket.
@@ -86,6 +85,8 @@ private:
     };
 
     byte_ring_pair(void* map, bool listener) noexcept;
+    /// Maps the memfd `fd` for one side (create, adopt): nullptr, with `why`, on failure.
+    static std::unique_ptr<byte_ring_pair> map_side(int fd, bool listener, std::string& why) noexcept;
 
     void* map_;
     control* rx_ctl_;

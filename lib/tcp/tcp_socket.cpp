@@ -4,6 +4,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -119,6 +121,54 @@ void send_exact(int fd, std::span<const std::byte> data, clock::time_point deadl
         if (rc == 0)
             throw error(make_error_code(errc::timed_out), what);
     }
+}
+
+ssize_t send_with_fd(int fd, std::span<const std::byte> data, int pass, int flags) noexcept
+{
+    iovec iov{const_cast<std::byte*>(data.data()), data.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    if (pass >= 0) {
+        mh.msg_control = control;
+        mh.msg_controllen = sizeof control;
+        cmsghdr* c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(c), &pass, sizeof pass);
+    }
+    return ::sendmsg(fd, &mh, flags);
+}
+
+ssize_t recv_with_fd(int fd, std::span<std::byte> data, unique_fd& got, int flags) noexcept
+{
+    iovec iov{data.data(), data.size()};
+    // Room for one descriptor: the kernel closes those that do not fit (MSG_CTRUNC).
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(fd, &mh, flags | MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return n;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
+            continue;
+        const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < count; ++i) {
+            int one;
+            std::memcpy(&one, CMSG_DATA(c) + i * sizeof(int), sizeof one);
+            if (got)
+                ::close(one);
+            else
+                got.reset(one);
+        }
+    }
+    return n;
 }
 
 } // namespace rdmx::tcp

@@ -60,6 +60,15 @@ void send_exact(int fd, std::span<const std::byte> data, clock::time_point deadl
 /// Milliseconds from now to `deadline` for poll(): 0 if passed, rounded up otherwise.
 int poll_timeout(clock::time_point deadline) noexcept;
 
+/// sendmsg of `data` on a UNIX socket with the descriptor `pass` attached (SCM_RIGHTS;
+/// none if it is -1): the bytes sent, or -1 with errno. The descriptor goes with the
+/// first byte that leaves.
+ssize_t send_with_fd(int fd, std::span<const std::byte> data, int pass, int flags) noexcept;
+/// recvmsg into `data` that takes the descriptors passed with it (SCM_RIGHTS, close-on-exec):
+/// the first into `got` if it is empty, every other one closed (a peer cannot leave this
+/// process descriptors it does not ask for). As recvmsg otherwise.
+ssize_t recv_with_fd(int fd, std::span<std::byte> data, unique_fd& got, int flags) noexcept;
+
 /// An AF_INET or AF_INET6 socket (not a UNIX socket of the shm backend).
 bool is_tcp_socket(int fd) noexcept;
 /// An AF_UNIX socket: shm://, or an auto:// connection to a listener on this host.

@@ -184,21 +184,9 @@ TEST(tcp_connector, the_listener_side_sends_its_reply_and_is_established)
 }
 
 /// Sends `b` with `fd_to_pass` attached (SCM_RIGHTS), as a listener that grants rings does.
-void send_with_fd(int fd, std::span<const std::byte> b, int fd_to_pass)
+void send_accept_with_fd(int fd, std::span<const std::byte> b, int fd_to_pass)
 {
-    iovec v{const_cast<std::byte*>(b.data()), b.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-    msghdr mh{};
-    mh.msg_iov = &v;
-    mh.msg_iovlen = 1;
-    mh.msg_control = control;
-    mh.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof fd_to_pass);
-    ASSERT_EQ(::sendmsg(fd, &mh, MSG_NOSIGNAL), static_cast<ssize_t>(b.size()));
+    ASSERT_EQ(send_with_fd(fd, b, fd_to_pass, MSG_NOSIGNAL), static_cast<ssize_t>(b.size()));
 }
 
 /// A client whose HELLO (`hello_flags`) went out, waiting for its reply.
@@ -222,7 +210,7 @@ TEST(tcp_connector, rings_come_as_a_sealed_memfd_with_an_accept_that_grants_them
         std::string why;
         auto listener_side = byte_ring_pair::create(memfd, why);
         ASSERT_NE(listener_side, nullptr) << why;
-        ASSERT_NO_FATAL_FAILURE(send_with_fd(s.fd[1], grant, memfd.get()));
+        ASSERT_NO_FATAL_FAILURE(send_accept_with_fd(s.fd[1], grant, memfd.get()));
         ASSERT_EQ(c.step(s.fd[0]), next::established) << c.why();
         auto client_side = c.take_rings();
         ASSERT_NE(client_side, nullptr);
@@ -254,7 +242,7 @@ TEST(tcp_connector, rings_come_as_a_sealed_memfd_with_an_accept_that_grants_them
         std::string why;
         auto listener_side = byte_ring_pair::create(memfd, why);
         ASSERT_NE(listener_side, nullptr) << why;
-        ASSERT_NO_FATAL_FAILURE(send_with_fd(s.fd[1], grant, memfd.get()));
+        ASSERT_NO_FATAL_FAILURE(send_accept_with_fd(s.fd[1], grant, memfd.get()));
         ASSERT_EQ(c.step(s.fd[0]), next::failed);
         EXPECT_EQ(c.cause(), errc::protocol_error);
         EXPECT_NE(std::string(c.why()).find("did not offer"), std::string::npos) << c.why();
@@ -267,7 +255,7 @@ TEST(tcp_connector, rings_come_as_a_sealed_memfd_with_an_accept_that_grants_them
         unique_fd m(::memfd_create("unsealed", MFD_CLOEXEC));
         ASSERT_TRUE(m);
         ASSERT_EQ(::ftruncate(m.get(), byte_ring_pair::map_size), 0);
-        ASSERT_NO_FATAL_FAILURE(send_with_fd(s.fd[1], grant, m.get()));
+        ASSERT_NO_FATAL_FAILURE(send_accept_with_fd(s.fd[1], grant, m.get()));
         ASSERT_EQ(c.step(s.fd[0]), next::failed);
         EXPECT_EQ(c.cause(), errc::protocol_error);
         EXPECT_NE(std::string(c.why()).find("sealed"), std::string::npos) << c.why();
@@ -279,8 +267,8 @@ TEST(tcp_connector, rings_come_as_a_sealed_memfd_with_an_accept_that_grants_them
         ASSERT_NO_FATAL_FAILURE(hello_sent(c, s, offer));
         unique_fd m(::memfd_create("stray", MFD_CLOEXEC));
         ASSERT_TRUE(m);
-        ASSERT_NO_FATAL_FAILURE(
-            send_with_fd(s.fd[1], encoded(handshake_type::accept, 2, handshake_flag_goodbye, ""), m.get()));
+        ASSERT_NO_FATAL_FAILURE(send_accept_with_fd(
+            s.fd[1], encoded(handshake_type::accept, 2, handshake_flag_goodbye, ""), m.get()));
         ASSERT_EQ(c.step(s.fd[0]), next::established) << c.why();
         EXPECT_EQ(c.take_rings(), nullptr);
     }
@@ -299,21 +287,10 @@ TEST(tcp_connector, the_listener_side_passes_the_rings_memfd_with_the_first_byte
     c.begin(phase::accept, reply);
     ASSERT_EQ(c.step(s.fd[0]), next::established);
     std::vector<std::byte> got(reply.size());
-    iovec v{got.data(), got.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr mh{};
-    mh.msg_iov = &v;
-    mh.msg_iovlen = 1;
-    mh.msg_control = control;
-    mh.msg_controllen = sizeof control;
-    ASSERT_EQ(::recvmsg(s.fd[1], &mh, MSG_CMSG_CLOEXEC), static_cast<ssize_t>(reply.size()));
+    unique_fd p;
+    ASSERT_EQ(recv_with_fd(s.fd[1], got, p, 0), static_cast<ssize_t>(reply.size()));
     EXPECT_EQ(got, reply);
-    cmsghdr* cm = CMSG_FIRSTHDR(&mh);
-    ASSERT_NE(cm, nullptr) << "no memfd came";
-    ASSERT_EQ(cm->cmsg_type, SCM_RIGHTS);
-    int passed;
-    std::memcpy(&passed, CMSG_DATA(cm), sizeof passed);
-    unique_fd p(passed);
+    ASSERT_TRUE(p) << "no memfd came";
     auto peer = byte_ring_pair::adopt(p.get(), why);
     EXPECT_NE(peer, nullptr) << why;
 }

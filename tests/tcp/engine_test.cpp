@@ -43,24 +43,6 @@ class tcp_engine : public tcp_loopback
 {
 protected:
     tcp_engine() : tcp_loopback(16) {}
-
-    struct pair {
-        std::unique_ptr<connection> client, server;
-    };
-    pair connect_pair(const connection_options& opts = {}) { return connect_pair(opts, opts); }
-    pair connect_pair(const connection_options& client_opts, const connection_options& server_opts)
-    {
-        auto acc = std::async(std::launch::async, [&] {
-            auto req = listener_->get_request(10s);
-            if (!req)
-                throw std::runtime_error("no request");
-            return req->accept(server_opts);
-        });
-        pair p;
-        p.client = client_dom_->connect(addr(), client_opts);
-        p.server = acc.get();
-        return p;
-    }
 };
 
 bool wait_state(connection& c, connection_state s, std::chrono::milliseconds t = 5s)

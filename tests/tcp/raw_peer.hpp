@@ -11,8 +11,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "common/test_util.hpp"
@@ -169,6 +172,25 @@ protected:
         auto c = req->accept(opts);
         EXPECT_TRUE(read_accept(fd));
         return c;
+    }
+
+    /// A client connection and the listener's, through rdmx on both sides.
+    struct pair {
+        std::unique_ptr<connection> client, server;
+    };
+    pair connect_pair(const connection_options& opts = {}) { return connect_pair(opts, opts); }
+    pair connect_pair(const connection_options& client_opts, const connection_options& server_opts)
+    {
+        auto acc = std::async(std::launch::async, [&] {
+            auto req = listener_->get_request(std::chrono::seconds(10));
+            if (!req)
+                throw std::runtime_error("no request");
+            return req->accept(server_opts);
+        });
+        pair p;
+        p.client = client_dom_->connect(addr(), client_opts);
+        p.server = acc.get();
+        return p;
     }
 
     const int backlog_;

@@ -284,19 +284,7 @@ protected:
             return nullptr;
         auto c = req->accept(opts);
         std::byte buf[handshake::reply_size];
-        iovec v{buf, sizeof buf};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-        msghdr mh{};
-        mh.msg_iov = &v;
-        mh.msg_iovlen = 1;
-        mh.msg_control = control;
-        mh.msg_controllen = sizeof control;
-        EXPECT_EQ(::recvmsg(fd, &mh, MSG_WAITALL | MSG_CMSG_CLOEXEC), static_cast<ssize_t>(sizeof buf));
-        if (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm && cm->cmsg_type == SCM_RIGHTS) {
-            int got;
-            std::memcpy(&got, CMSG_DATA(cm), sizeof got);
-            memfd.reset(got);
-        }
+        EXPECT_EQ(tcp::recv_with_fd(fd, buf, memfd, MSG_WAITALL), static_cast<ssize_t>(sizeof buf));
         auto r = handshake::decode(buf, false);
         EXPECT_TRUE(r && r->type == handshake_type::accept);
         if (r)
@@ -307,12 +295,7 @@ protected:
 
 TEST_F(shm_rings, rdmx_peers_take_rings_and_a_peer_that_does_not_offer_them_gets_the_socket)
 {
-    auto acc = std::async(std::launch::async, [&] {
-        auto req = listener_->get_request(10s);
-        return req ? req->accept({}) : nullptr;
-    });
-    auto client = client_dom_->connect(addr(), {});
-    auto server = acc.get();
+    auto [client, server] = connect_pair();
     ASSERT_NE(server, nullptr);
     EXPECT_TRUE(rings_of(*client));
     EXPECT_TRUE(rings_of(*server));
@@ -325,12 +308,7 @@ TEST_F(shm_rings, rdmx_peers_take_rings_and_a_peer_that_does_not_offer_them_gets
 TEST_F(shm_rings, a_raw_peer_gets_a_sealed_memfd_and_a_corrupt_index_fails_only_its_connection)
 {
     // A second, well-behaved connection on the same listener keeps working throughout.
-    auto acc = std::async(std::launch::async, [&] {
-        auto req = listener_->get_request(10s);
-        return req ? req->accept({}) : nullptr;
-    });
-    auto client = client_dom_->connect(addr(), {});
-    auto server = acc.get();
+    auto [client, server] = connect_pair();
     ASSERT_NE(server, nullptr);
 
     int fd;
