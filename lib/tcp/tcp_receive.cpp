@@ -30,11 +30,10 @@ void connection_engine::arm_read() noexcept
         return;
     }
     if (rings_ && (take_doorbells() != doorbells::taken || rings_->reader_waits())) {
-        // The doorbells first (the reactor may have taken the wake of one while no wait was
-        // armed: it would stay in the socket, unseen by this wait, and keep a sleeper on
-        // the domain's sockets awake), then the flag. Bytes in the ring, which no doorbell
-        // announces (the peer wrote them before the flag went up, or a poller left them),
-        // or the end of the stream: read them now.
+        // The doorbells first, then the flag, as link_recv does (a doorbell left in the
+        // socket would wake this wait at once, and a sleeper on the domain's sockets too).
+        // Bytes in the ring, which no doorbell announces (the peer wrote them before the
+        // flag went up, or a poller left them), or the end of the stream: read them now.
         continue_rx();
         return;
     }
