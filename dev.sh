@@ -242,9 +242,14 @@ test_format() {
         clang-format-14 -i "${files[@]}"
         return
     fi
-    for f in "${files[@]}"; do
-        clang-format-14 --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")
-    done
+    # In batches, two at a time (a clang-format per file took 20 s of CI's 30 minutes);
+    # only when a batch fails is each file asked, to name the ones not formatted.
+    if ! printf '%s\0' "${files[@]}" | xargs -0 -P 2 -n 32 clang-format-14 --dry-run -Werror >/dev/null 2>&1; then
+        for f in "${files[@]}"; do
+            clang-format-14 --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")
+        done
+        ((${#bad[@]})) || bad+=("(clang-format-14 failed on a batch, but on no file alone)")
+    fi
     if ((${#bad[@]})); then
         printf 'not formatted (./dev.sh format --fix): %s\n' "${bad[@]}"
         return 1
