@@ -3,7 +3,8 @@
 # rdmx_ep_perf over shm:// against fabtests over libfabric 1.17's shm provider (an RDM
 # endpoint: fi_rdm_tagged_pingpong, fi_rdm_tagged_bw) and UCX 1.13 with UCX_TLS=sm
 # (ucx_perftest tag_lat, tag_bw), interleaved per round: 8 B tagged ping-pong (rdmx also
-# with -B, busy polling), 64 B message rate, 1 MiB and 4 MiB bandwidth (rendezvous).
+# with -B, busy polling), 64 B message rate, 1 MiB and 4 MiB bandwidth (rendezvous; rdmx
+# also with -1, one buffer on each side, which is how fabtests and ucx_perftest move them).
 # Server on CPU 0, client on CPU 1. fabtests come from bench/fabtests.sh; each fabtests side
 # needs a name of its own (-B PORT on the server, -B PORT+1 -P PORT on the client, -E).
 # Usage: sh bench/endpoints_shm.sh BUILD_DIR FABTESTS_DIR [ROUNDS]
@@ -62,9 +63,11 @@ for r in $(seq 1 "$rounds"); do
     fab fi_shm_tagged_bw_64B fi_rdm_tagged_bw -S 64 -I 200000 -W 64
     ucx ucx_sm_tag_rate_64B tag_bw 64 200000
     rdmx tag_bw_1M -t tag_bw -s 1M -n 2000 -W 16
+    SRV=-1 rdmx tag_bw_1M_one_buffer -t tag_bw -s 1M -n 2000 -W 16 -1
     fab fi_shm_tagged_bw_1M fi_rdm_tagged_bw -S 1048576 -I 2000 -W 16
     ucx ucx_sm_tag_bw_1M tag_bw 1048576 2000
     rdmx tag_bw_4M -t tag_bw -s 4M -n 500 -W 8
+    SRV=-1 rdmx tag_bw_4M_one_buffer -t tag_bw -s 4M -n 500 -W 8 -1
     fab fi_shm_tagged_bw_4M fi_rdm_tagged_bw -S 4194304 -I 500 -W 8
     ucx ucx_sm_tag_bw_4M tag_bw 4194304 500
 done

@@ -14,7 +14,10 @@
 // tag_bw: a window of W sends in flight; after n of them the client sends FIN, which the
 //   server answers once all n arrived (messages from one peer arrive in order), so the
 //   time runs from the first send to the answer. Sizes above the eager limit go by
-//   rendezvous. Reports MB/s (1e6 B/s) and messages/s.
+//   rendezvous. Reports MB/s (1e6 B/s) and messages/s. Each send of the window has bytes
+//   of its own, and each of the server's receives too (what an application moves); with
+//   --one-buffer (both sides) every send is from and every receive into the same bytes,
+//   as fi_rdm_tagged_bw and ucx_perftest do: they measure copies that stay in the cache.
 // first_msg: each iteration opens a new client endpoint (a new incarnation), then times
 //   insert() of the server and one 8 B ping-pong: the lazy connect included, the open not.
 // conn_rate: opens n small client endpoints in one domain (not timed), then each inserts
@@ -59,8 +62,9 @@ struct options {
     std::uint32_t window = 16;
     std::uint32_t eager_limit = 8192;
     bool event = false;
-    bool busy_poll = false; ///< endpoint_options::busy_poll
-    bool take_fd = false;   ///< ask for fd() at once, as an application that sleeps on it does
+    bool busy_poll = false;  ///< endpoint_options::busy_poll
+    bool take_fd = false;    ///< ask for fd() at once, as an application that sleeps on it does
+    bool one_buffer = false; ///< tag_bw: every send from, every receive into, the same bytes
     bool json = false;
     int timeout_ms = 20000;
     std::uint32_t peers = 0; ///< server: size the completion queue for this many peers
@@ -183,7 +187,7 @@ int run_server(const options& o)
     auto mr =
         dom->register_memory(mem.data(), mem.size(), rdmx::access::local_write | rdmx::access::remote_read);
     auto post = [&](std::size_t i) {
-        rdmx::sge s{mr.get(), i * size, size};
+        rdmx::sge s{mr.get(), o.one_buffer ? 0 : i * size, size};
         check(ep->recv(rdmx::any_peer, 0, served_tags, {&s, 1}, i), "recv");
     };
     for (std::size_t i = 0; i < nbuf; ++i)
@@ -407,7 +411,7 @@ row run_bw(const options& o, std::size_t size)
         std::uint64_t sent = 0, done = 0;
         while (done < n) {
             while (sent < n && sent - done < o.window) {
-                rdmx::sge s{mr.get(), (sent % o.window) * size, size};
+                rdmx::sge s{mr.get(), o.one_buffer ? 0 : (sent % o.window) * size, size};
                 auto ec = ep->send(server, tag_data, {&s, 1}, sent);
                 if (ec == rdmx::errc::would_block)
                     break;
@@ -455,6 +459,9 @@ int main(int argc, char** argv)
     app.add_flag("-F,--take-fd", o.take_fd,
                  "ask for the endpoint's fd() at once (as an application that sleeps on it): poll() keeps "
                  "the queue armed");
+    app.add_flag("-1,--one-buffer", o.one_buffer,
+                 "tag_bw (give it to both sides): every send from, every receive into, the same bytes, as "
+                 "fi_rdm_tagged_bw and ucx_perftest do");
     app.add_flag("--json", o.json, "one JSON line");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on every wait");
     CLI11_PARSE(app, argc, argv);
