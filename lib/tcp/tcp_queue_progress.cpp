@@ -106,8 +106,8 @@ void connection_engine::queue_progress(domain_progress& p, queue_visit why, bool
     const bool listed = why == queue_visit::listed;
     if (listed) // off the list now (a run for readiness leaves us there, marked)
         unmark(p);
-    else if (why == queue_visit::socket)
-        socket_ready_ = true;
+    else if (why == queue_visit::socket && rings_)
+        socket_ready_ = true; // read by the ring path only (link_recv)
     if (closed_ || detached_ || hs_.owns_socket())
         return; // the handshake's socket is the engine's; a reply there waits for it
     if (rx_state_ == rx_state::done) {
@@ -246,7 +246,7 @@ void connection_engine::queue_flush(domain_progress& p, queue_visit why) noexcep
     const bool reads = ownership_.app_owns() && app_may_read();
     if (why == queue_visit::ring && !reads)
         return; // the engine reads the rings: its flag is up whenever it waits
-    if (why == queue_visit::socket)
+    if (why == queue_visit::socket && rings_)
         socket_ready_ = true;
     // Frames a budget left staged (a marking of them fires the arming); a ring read that
     // finds it empty raises the wake flag, since the poller sleeps now (rx_may_sleep). A

@@ -23,8 +23,6 @@
 #include <utility>
 #include <vector>
 
-#include <boost/asio/post.hpp>
-
 #include "backends.hpp"
 #include "common/test_data.hpp"
 #include "common/test_util.hpp"
@@ -1919,16 +1917,7 @@ TEST_F(tcp_engine, a_poll_of_any_queue_of_the_domain_progresses_its_shared_queue
     auto smr = client_dom_->register_memory(src.data(), src.size(), access::local_write);
     auto dmr = client_dom_->register_memory(dst.data(), dst.size(), access::local_write);
 
-    std::promise<void> gate, held;
-    boost::asio::post(static_cast<tcp::tcp_domain&>(detail::backend_domain(*server_dom_)).io(), [&] {
-        held.set_value();
-        gate.get_future().wait();
-    });
-    held.get_future().wait();
-    struct release_gate {
-        std::promise<void>& g;
-        ~release_gate() { g.set_value(); }
-    } release{gate};
+    engine_hold hold(*server_dom_);
 
     // `served` receives 8 messages, a 4 KiB write into the target and a read of it back,
     // while a thread polls only `poll_one`; what the messages complete goes to `its_queue`.

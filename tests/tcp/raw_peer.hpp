@@ -1,6 +1,7 @@
 // A raw TCP peer of the engine, for the tests that speak the wire format by hand
 // (engine_test.cpp, hostile_peer_test.cpp): blocking socket helpers, the handshake, frame
-// headers, and a fixture with a listener that accepts such peers.
+// headers, and a fixture with a listener that accepts such peers; and a hold on a domain's
+// engine thread.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,8 +19,12 @@
 #include <stdexcept>
 #include <string>
 
+#include <boost/asio/post.hpp>
+
+#include "backends.hpp"
 #include "common/test_util.hpp"
 #include "resolve.hpp"
+#include "tcp/tcp_domain.hpp"
 #include "tcp/tcp_wire.hpp"
 
 namespace rdmx::test
@@ -138,6 +143,37 @@ inline bool read_header(int fd, frame_header& h)
 /// Two TCP domains on loopback and a listener (with `backlog`) on the server one; with
 /// `b_` set to backend::shm before SetUp (a fixture of both, in its constructor), two shm
 /// domains and a listener on shm://rdmx-raw:PORT, the same engine over UNIX sockets.
+/// Holds a TCP or shm domain's engine thread (its io context) from construction until
+/// release() or the end of the scope: meanwhile only the application's polls progress the
+/// domain's connections (docs/tcp-engine.md, "Progress by the polled queue").
+class engine_hold
+{
+public:
+    explicit engine_hold(domain& d)
+    {
+        std::shared_future<void> gate = gate_.get_future().share();
+        boost::asio::post(static_cast<tcp::tcp_domain&>(detail::backend_domain(d)).io(), [this, gate] {
+            held_.set_value(); // the last use of `this`: the constructor returns after it
+            gate.wait();
+        });
+        held_.get_future().wait();
+    }
+    ~engine_hold() { release(); }
+    engine_hold(const engine_hold&) = delete;
+    engine_hold& operator=(const engine_hold&) = delete;
+
+    void release()
+    {
+        if (!released_)
+            gate_.set_value();
+        released_ = true;
+    }
+
+private:
+    std::promise<void> gate_, held_;
+    bool released_ = false;
+};
+
 class tcp_loopback : public testing::Test
 {
 protected:

@@ -14,11 +14,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <future>
+#include <optional>
 #include <thread>
 #include <vector>
-
-#include <boost/asio/post.hpp>
 
 #include "backends.hpp"
 #include "common/test_util.hpp"
@@ -49,10 +47,45 @@ constexpr std::size_t head_at(int r)
     return static_cast<std::size_t>(r) * 4096 + 64;
 }
 
+/// A peer's own mapping of the rings' memfd, read and written by hand on the documented
+/// layout: ring r's tail, head and wake flag (+128) in its control page, its bytes after
+/// the two control pages.
+class raw_rings
+{
+public:
+    explicit raw_rings(int memfd)
+    {
+        void* m = ::mmap(nullptr, byte_ring_pair::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+        EXPECT_NE(m, MAP_FAILED) << std::strerror(errno);
+        base_ = m == MAP_FAILED ? nullptr : static_cast<std::byte*>(m);
+    }
+    ~raw_rings()
+    {
+        if (base_)
+            ::munmap(base_, byte_ring_pair::map_size);
+    }
+    raw_rings(const raw_rings&) = delete;
+    raw_rings& operator=(const raw_rings&) = delete;
+
+    explicit operator bool() const { return base_ != nullptr; }
+    std::atomic<std::uint64_t>& tail(int r) const { return *at<std::atomic<std::uint64_t>>(tail_at(r)); }
+    std::atomic<std::uint32_t>& wake(int r) const
+    {
+        return *at<std::atomic<std::uint32_t>>(tail_at(r) + 128);
+    }
+    std::byte* data(int r) const { return base_ + 2 * 4096 + static_cast<std::size_t>(r) * cap; }
+    /// Any 8 bytes of the control pages, as a corrupting peer writes them.
+    void store(std::size_t off, std::uint64_t v) const { std::memcpy(base_ + off, &v, sizeof v); }
+
+private:
+    template <class T> T* at(std::size_t off) const { return reinterpret_cast<T*>(base_ + off); }
+    std::byte* base_ = nullptr;
+};
+
 struct rings {
     unique_fd fd;
     std::unique_ptr<byte_ring_pair> listener, client;
-    std::byte* raw = nullptr; ///< the test's own mapping, to corrupt indices as a peer could
+    std::optional<raw_rings> raw; ///< the test's own mapping, to corrupt indices as a peer could
 
     rings()
     {
@@ -63,16 +96,10 @@ struct rings {
             return;
         client = byte_ring_pair::adopt(fd.get(), why);
         EXPECT_NE(client, nullptr) << why;
-        void* m = ::mmap(nullptr, byte_ring_pair::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-        EXPECT_NE(m, MAP_FAILED);
-        raw = m == MAP_FAILED ? nullptr : static_cast<std::byte*>(m);
+        if (!raw.emplace(fd.get()))
+            raw.reset();
     }
-    ~rings()
-    {
-        if (raw)
-            ::munmap(raw, byte_ring_pair::map_size);
-    }
-    void store(std::size_t at, std::uint64_t v) { std::memcpy(raw + at, &v, sizeof v); }
+    void store(std::size_t at, std::uint64_t v) { raw->store(at, v); }
 };
 
 ssize_t put(byte_ring_pair& r, const void* p, std::size_t n, bool* bell = nullptr)
@@ -325,10 +352,9 @@ TEST_F(shm_rings, a_raw_peer_gets_a_sealed_memfd_and_a_corrupt_index_fails_only_
 
     // The client's ring (1): a tail two rings ahead of what the listener read, and a
     // doorbell so that it looks.
-    void* m = ::mmap(nullptr, byte_ring_pair::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
-    ASSERT_NE(m, MAP_FAILED);
-    const std::uint64_t bad = 2 * cap;
-    std::memcpy(static_cast<std::byte*>(m) + tail_at(1), &bad, sizeof bad);
+    raw_rings peer(memfd.get());
+    ASSERT_TRUE(peer);
+    peer.store(tail_at(1), 2 * cap);
     const char bell = 0;
     ASSERT_EQ(::send(fd, &bell, 1, MSG_NOSIGNAL), 1);
     for (auto deadline = std::chrono::steady_clock::now() + 5s;
@@ -336,7 +362,6 @@ TEST_F(shm_rings, a_raw_peer_gets_a_sealed_memfd_and_a_corrupt_index_fails_only_
         std::this_thread::sleep_for(1ms);
     EXPECT_EQ(c->state(), connection_state::error) << to_string(c->state());
     EXPECT_EQ(c->last_error(), errc::protocol_error) << c->last_error().message();
-    ::munmap(m, byte_ring_pair::map_size);
     ::close(fd);
 
     // The other connection is untouched.
@@ -369,35 +394,29 @@ TEST_F(shm_rings, a_raw_peer_on_the_documented_layout_is_served_and_a_doorbell_f
     auto c = accept_ring_peer(fd, reply, memfd);
     ASSERT_NE(c, nullptr);
     ASSERT_TRUE(memfd);
-    void* m = ::mmap(nullptr, byte_ring_pair::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
-    ASSERT_NE(m, MAP_FAILED);
-    auto* base = static_cast<std::byte*>(m);
-    auto* tail0 = reinterpret_cast<std::atomic<std::uint64_t>*>(base + tail_at(0));
-    auto* tail1 = reinterpret_cast<std::atomic<std::uint64_t>*>(base + tail_at(1));
-    std::byte* data0 = base + 2 * 4096;
-    std::byte* data1 = data0 + cap;
+    raw_rings peer(memfd.get());
+    ASSERT_TRUE(peer);
 
     std::vector<char> flood(64 << 10, 'x');
     ASSERT_TRUE(send_all(fd, flood.data(), flood.size()));
     frame_header h;
     h.op = frame_op::write;
     h.seq = 0;
-    h.encode(data1);
-    tail1->store(frame_header::wire_size, std::memory_order_release);
+    h.encode(peer.data(1));
+    peer.tail(1).store(frame_header::wire_size, std::memory_order_release);
     const char bell = 0;
     ASSERT_EQ(::send(fd, &bell, 1, MSG_NOSIGNAL), 1);
 
     auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (tail0->load(std::memory_order_acquire) < frame_header::wire_size &&
+    while (peer.tail(0).load(std::memory_order_acquire) < frame_header::wire_size &&
            std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(1ms);
-    ASSERT_GE(tail0->load(std::memory_order_acquire), frame_header::wire_size) << "no frame back";
+    ASSERT_GE(peer.tail(0).load(std::memory_order_acquire), frame_header::wire_size) << "no frame back";
     frame_header r;
-    ASSERT_FALSE(frame_header::decode(data0, r));
+    ASSERT_FALSE(frame_header::decode(peer.data(0), r));
     EXPECT_EQ(r.op, frame_op::ack);
     EXPECT_EQ(r.seq, 0u);
     EXPECT_EQ(c->state(), connection_state::established);
-    ::munmap(m, byte_ring_pair::map_size);
     ::close(fd);
 }
 
@@ -419,27 +438,21 @@ TEST_F(shm_rings,
     auto c = accept_ring_peer(fd, reply, memfd, opts);
     ASSERT_NE(c, nullptr);
     ASSERT_TRUE(memfd);
-    void* m = ::mmap(nullptr, byte_ring_pair::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
-    ASSERT_NE(m, MAP_FAILED);
-    auto* base = static_cast<std::byte*>(m);
-    auto* tail0 = reinterpret_cast<std::atomic<std::uint64_t>*>(base + tail_at(0));
-    auto* tail1 = reinterpret_cast<std::atomic<std::uint64_t>*>(base + tail_at(1));
-    auto* wake1 = reinterpret_cast<std::atomic<std::uint32_t>*>(base + tail_at(1) + 128);
-    std::byte* data0 = base + 2 * 4096;
-    std::byte* data1 = data0 + cap;
+    raw_rings peer(memfd.get());
+    ASSERT_TRUE(peer);
     // Zero-length WRITEs (nothing to complete here), each answered by an ACK in ring 0.
     auto write_frame = [&](std::uint32_t seq) {
         frame_header h;
         h.op = frame_op::write;
         h.seq = seq;
-        h.encode(data1 + seq * frame_header::wire_size);
-        tail1->store((seq + 1) * frame_header::wire_size, std::memory_order_release);
+        h.encode(peer.data(1) + seq * frame_header::wire_size);
+        peer.tail(1).store((seq + 1) * frame_header::wire_size, std::memory_order_release);
     };
     auto acked = [&](std::uint32_t seq) { // an ACK of `seq` or later in ring 0 (header-sized frames)
-        const std::uint64_t end = tail0->load(std::memory_order_acquire);
+        const std::uint64_t end = peer.tail(0).load(std::memory_order_acquire);
         for (std::uint64_t at = 0; at + frame_header::wire_size <= end; at += frame_header::wire_size) {
             frame_header r;
-            if (frame_header::decode(data0 + at, r) || r.op != frame_op::ack)
+            if (frame_header::decode(peer.data(0) + at, r) || r.op != frame_op::ack)
                 return false;
             if (r.seq >= seq)
                 return true;
@@ -447,20 +460,7 @@ TEST_F(shm_rings,
         return false;
     };
 
-    std::promise<void> gate, held;
-    boost::asio::post(static_cast<tcp::tcp_domain&>(detail::backend_domain(*server_dom_)).io(), [&] {
-        held.set_value();
-        gate.get_future().wait();
-    });
-    held.get_future().wait();
-    struct release_gate {
-        std::promise<void>* g;
-        ~release_gate()
-        {
-            if (g)
-                g->set_value();
-        }
-    } release{&gate};
+    engine_hold hold(*server_dom_);
 
     completion got[4];
     const std::uint32_t frames = 50;
@@ -475,12 +475,11 @@ TEST_F(shm_rings,
 
     // The polls stop, the engine thread goes on: the flag goes up (the engine drains the
     // socket and raises it whenever it finds its ring empty), then a frame and its doorbell.
-    release.g = nullptr;
-    gate.set_value();
+    hold.release();
     auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (wake1->load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < deadline)
+    while (peer.wake(1).load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(1ms);
-    ASSERT_NE(wake1->exchange(0), 0u) << "nobody asked for a doorbell once the polls stopped";
+    ASSERT_NE(peer.wake(1).exchange(0), 0u) << "nobody asked for a doorbell once the polls stopped";
     write_frame(frames);
     const char bell = 0;
     ASSERT_EQ(::send(fd, &bell, 1, MSG_NOSIGNAL), 1);
@@ -489,7 +488,6 @@ TEST_F(shm_rings,
         std::this_thread::sleep_for(1ms);
     EXPECT_TRUE(acked(frames)) << "the doorbell woke nobody";
     EXPECT_EQ(c->state(), connection_state::established);
-    ::munmap(m, byte_ring_pair::map_size);
     ::close(fd);
 }
 
