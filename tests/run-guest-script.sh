@@ -8,8 +8,9 @@ build=$1; script=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$build/guest-scripts"
 cp "$script" "$build/guest-scripts/"
-# and what it sources (tests/samples/common.sh)
-[ -f "$(dirname "$script")/common.sh" ] && cp "$(dirname "$script")/common.sh" "$build/guest-scripts/"
+# and the scripts beside it, which it may source (tests/samples/common.sh) or run
+# (tests/samples/verbs_samples.sh runs the others)
+cp "$(dirname "$script")"/*.sh "$build/guest-scripts/"
 # RDMX_GUEST_PROVIDER=siw: on soft-iWARP instead; RDMX_GUEST_CACHE: another build's cache.
 exec "$here/guest/rxe-guest.sh" --provider "${RDMX_GUEST_PROVIDER:-rxe}" --cache "${RDMX_GUEST_CACHE:-$build/guest-cache}" \
     --share "$build" --timeout 850 -- \
