@@ -889,8 +889,8 @@ TEST_P(endpoint_fixture, wait_of_one_millisecond_sleeps_a_millisecond)
 }
 
 // endpoint_options::busy_poll: poll() keeps nothing armed and takes connection requests
-// every 16th call, so a lazy connect and an exchange still complete by poll() alone; and
-// wait() still sleeps (it arms first) and wakes for a message sent while it sleeps.
+// now and then (every 16th call, 20 us apart at least), so a lazy connect and an exchange still complete by
+// poll() alone; and wait() still sleeps (it arms first) and wakes for a message sent while it sleeps.
 /// A thread that, 200 ms from now, sends m[1024, +64) from A to B with tag 6 and polls A
 /// until its send completes (then sets `sent`), for a receiver that sleeps meanwhile.
 std::thread send_later(ep_handle& a, rdmx::peer to_b, memory_region& m, std::atomic<bool>& sent)

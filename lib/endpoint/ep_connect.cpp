@@ -628,6 +628,8 @@ void endpoint_impl::need_timers(std::uint32_t pi) noexcept
 
 void endpoint_impl::run_timers() noexcept
 {
+    if (timers_.empty())
+        return; // no clock read: a spinning poll() comes here every call
     auto now = clock::now();
     for (std::size_t k = 0; k < timers_.size();) {
         std::uint32_t pi = timers_[k];

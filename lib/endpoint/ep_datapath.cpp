@@ -351,12 +351,23 @@ void endpoint_impl::complete_op(std::uint32_t oi) noexcept
 
 void endpoint_impl::poll_cq() noexcept
 {
-    completion batch[64];
+    if (in_poll_cq_) {
+        completion few[8];
+        drain_cq(few);
+        return;
+    }
+    in_poll_cq_ = true;
+    drain_cq(cq_batch_);
+    in_poll_cq_ = false;
+}
+
+void endpoint_impl::drain_cq(std::span<completion> batch) noexcept
+{
     for (int round = 0; round < 16; ++round) {
         std::size_t n = cq_->poll(batch);
         for (std::size_t i = 0; i < n; ++i)
             on_completion(batch[i]);
-        if (n < std::size(batch))
+        if (n < batch.size())
             return;
     }
 }

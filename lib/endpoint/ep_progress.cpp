@@ -19,12 +19,22 @@ void endpoint_impl::scan_fds() noexcept
     // made five (TCP) or six (rxe) per call before, whether anything had come or not, each
     // a few microseconds under emulation (docs/endpoints.md, "What an endpoint holds").
     epoll_event evs[8];
-    take_ready_fds(evs, ::epoll_wait(epoll_fd_, evs, 8, 0));
+    const int n = ::epoll_wait(epoll_fd_, evs, 8, 0);
+    scanned_at_ = clock::now();
+    take_ready_fds(evs, n);
+}
+
+bool endpoint_impl::spin_scan_due() noexcept
+{
+    if (++polls_since_scan_ % spin_scan_every != 0)
+        return false;
+    return scan_now_ || clock::now() - scanned_at_ >= spin_scan_gap;
 }
 
 void endpoint_impl::take_ready_fds(const epoll_event* evs, int nready) noexcept
 {
     polls_since_scan_ = 0;
+    scan_now_ = false;
     for (int i = 0; i < nready; ++i) {
         const int fd = evs[i].data.fd;
         std::uint64_t v;
@@ -69,11 +79,12 @@ std::size_t endpoint_impl::poll(std::span<endpoint_completion> out) noexcept
     }
     polls_from_ring_ = 0;
     // Spinning: the queue is polled directly every call; the rest of fd()'s set (new
-    // connection requests; the timerfd and eventfd are only for sleepers) every 16th.
+    // connection requests; the timerfd and eventfd are only for sleepers) now and then
+    // (spin_scan_due).
     const bool spin = spinning();
     if (fds_taken_)
         fds_taken_ = false; // wait() took what woke it a moment ago: no second look
-    else if (!spin || ++polls_since_scan_ >= 16)
+    else if (!spin || spin_scan_due())
         scan_fds();
     poll_cq();
     poll_events();
@@ -195,7 +206,9 @@ std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
             take_ready_fds(evs, rc);
             fds_taken_ = true;
         } else {
-            polls_since_scan_ = 16; // spinning: the next poll() looks at fd()'s set
+            // spinning: the next poll() looks at fd()'s set
+            polls_since_scan_ = spin_scan_every - 1;
+            scan_now_ = true;
         }
     }
 }

@@ -54,13 +54,16 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
 {
     if (out.empty())
         return 0;
-    const std::uint64_t k = progress_->begin_poll(std::chrono::steady_clock::now());
+    const auto now = std::chrono::steady_clock::now();
+    const std::uint64_t k = progress_->begin_poll(now);
     std::size_t n = take(out);
     if (domain_progress::due(k, n, out.size())) {
         progress_->run();
         n += take(out.subspan(n));
     }
-    progress_->end_poll(std::chrono::steady_clock::now());
+    // A poll that took nothing ends when it began (as a connection's own, poll_own): a
+    // spinning poller reads the clock once per poll, not twice.
+    progress_->end_poll(n > 0 ? std::chrono::steady_clock::now() : now);
     return n;
 }
 

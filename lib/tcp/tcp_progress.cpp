@@ -38,11 +38,11 @@ void domain_progress::run() noexcept
             found = true;
         }
     // The sockets: every run while some attached engine has no rings. Theirs carry only the
-    // doorbells of sleepers and the end of the stream: every 64th run then, and the first
-    // run of a poll that starts 1 ms or more after the latest look (a peer that went is
-    // seen as soon by a poller that polls seldom).
+    // doorbells of sleepers and the end of the stream: every ring_only_socket_runs-th run
+    // then, and the first run of a poll that starts 1 ms or more after the latest look (a
+    // peer that went is seen as soon by a poller that polls seldom).
     const auto started = activity_.last_entered();
-    if (ringed_run_.size() == engines_.size() && ++ring_only_runs_ % 64 != 0 &&
+    if (ringed_run_.size() == engines_.size() && ++ring_only_runs_ % ring_only_socket_runs != 0 &&
         started - sockets_at_ < std::chrono::milliseconds(1)) {
         busy_ = found;
         return;
