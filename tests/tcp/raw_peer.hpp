@@ -140,9 +140,6 @@ inline bool read_header(int fd, frame_header& h)
     return !frame_header::decode(b.data(), h);
 }
 
-/// Two TCP domains on loopback and a listener (with `backlog`) on the server one; with
-/// `b_` set to backend::shm before SetUp (a fixture of both, in its constructor), two shm
-/// domains and a listener on shm://rdmx-raw:PORT, the same engine over UNIX sockets.
 /// Holds a TCP or shm domain's engine thread (its io context) from construction until
 /// release() or the end of the scope: meanwhile only the application's polls progress the
 /// domain's connections (docs/tcp-engine.md, "Progress by the polled queue").
@@ -174,6 +171,9 @@ private:
     bool released_ = false;
 };
 
+/// Two TCP domains on loopback and a listener (with `backlog`) on the server one; with
+/// `b_` set to backend::shm before SetUp (a fixture of both, in its constructor), two shm
+/// domains and a listener on shm://rdmx-raw:PORT, the same engine over UNIX sockets.
 class tcp_loopback : public testing::Test
 {
 protected:
