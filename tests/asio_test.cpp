@@ -12,7 +12,6 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <functional>
 #include <future>
 #include <optional>
@@ -34,25 +33,9 @@ namespace
 namespace net = boost::asio;
 using rdmx::asio::async_poll;
 
-/// Private data as sent: verbs (IB CM) pads it with zeros to the message's size.
-std::string unpadded(std::span<const std::byte> b)
-{
-    std::string s = as_string(b);
-    while (!s.empty() && s.back() == '\0')
-        s.pop_back();
-    return s;
-}
-
 bool fd_open(int fd)
 {
     return ::fcntl(fd, F_GETFD) != -1;
-}
-std::size_t open_fds()
-{
-    std::size_t n = 0;
-    for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
-        ++n;
-    return n;
 }
 
 // --- The protocol of the server test -----------------------------------------------------
@@ -66,18 +49,18 @@ struct header {
     remote_buffer::bytes region{};
 };
 
-constexpr std::size_t recv_slots = 4;
+constexpr std::size_t echo_slots = 4;
 constexpr std::size_t slot_size = 8192; // a header and an echo payload
 constexpr std::size_t max_echo = slot_size - sizeof(header);
 constexpr std::size_t data_size = 64 * 1024;            // written and read one-sided
-constexpr std::size_t send_at = recv_slots * slot_size; // the send slot
+constexpr std::size_t send_at = echo_slots * slot_size; // the send slot
 constexpr std::size_t data_at = send_at + slot_size;    // the one-sided area
-constexpr std::size_t region_size = data_at + data_size;
+constexpr std::size_t side_size = data_at + data_size;
 constexpr std::uint64_t send_id = 100, write_id = 200, read_id = 300;
 
 /// One side's registered memory: receive slots, a send slot, the one-sided area.
 struct side_memory {
-    std::vector<std::byte> bytes = std::vector<std::byte>(region_size);
+    std::vector<std::byte> bytes = std::vector<std::byte>(side_size);
     std::unique_ptr<memory_region> mr;
     explicit side_memory(domain& d)
         : mr(d.register_memory(bytes.data(), bytes.size(),
@@ -110,7 +93,7 @@ public:
     {
         for (;;) {
             for (auto it = got_.begin(); it != got_.end(); ++it) {
-                if (wr_id == any_recv ? it->wr_id < recv_slots : it->wr_id == wr_id) {
+                if (wr_id == any_recv ? it->wr_id < echo_slots : it->wr_id == wr_id) {
                     completion x = *it;
                     got_.erase(it);
                     EXPECT_FALSE(x.status) << "wr_id " << x.wr_id << ": " << x.status.message();
@@ -179,7 +162,7 @@ void report(std::exception_ptr e)
 net::awaitable<void> serve(std::unique_ptr<connection> c, side_memory& m, std::atomic<int>& served)
 {
     inbox in(*c, co_await net::this_coro::executor);
-    for (std::uint64_t i = 0; i < recv_slots; ++i)
+    for (std::uint64_t i = 0; i < echo_slots; ++i)
         post_slot(*c, m, i);
     co_await send(*c, m, in, {.kind = op::hello}); // our receives are posted: the client may send
     std::optional<remote_buffer> peer;
@@ -352,7 +335,7 @@ TEST_P(asio_test, coroutine_server_on_one_thread_serves_clients)
         });
         for (int i = 0; i < clients; ++i) {
             conns.push_back(client_dom_->connect(server_address()));
-            for (std::uint64_t s = 0; s < recv_slots; ++s)
+            for (std::uint64_t s = 0; s < echo_slots; ++s)
                 post_slot(*conns[i], *client_mem[i], s);
             client_ready[i].set_value();
         }

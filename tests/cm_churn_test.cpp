@@ -71,9 +71,9 @@ template <class F> void bounded(const char* what, std::chrono::seconds limit, F 
 }
 
 // What each client of a round is told by the server, by its index (in its private data).
-enum class answer { accept, reject, drop, unanswered };
-constexpr answer plan[] = {answer::accept, answer::accept,     answer::reject,
-                           answer::drop,   answer::unanswered, answer::unanswered};
+enum class verdict { accept, reject, drop, unanswered };
+constexpr verdict plan[] = {verdict::accept, verdict::accept,     verdict::reject,
+                            verdict::drop,   verdict::unanswered, verdict::unanswered};
 constexpr int clients = static_cast<int>(std::size(plan));
 
 TEST_P(cm_churn, ids_destroyed_while_their_events_are_in_flight)
@@ -126,19 +126,19 @@ TEST_P(cm_churn, ids_destroyed_while_their_events_are_in_flight)
                 continue;
             }
             switch (plan[i]) {
-            case answer::accept:
+            case verdict::accept:
                 accepted.push_back(req->accept(opts));
                 ++answered;
                 break;
-            case answer::reject:
+            case verdict::reject:
                 req->reject(as_bytes("no"));
                 ++answered;
                 break;
-            case answer::drop:
+            case verdict::drop:
                 req.reset();
                 ++answered;
                 break; // the destructor rejects
-            case answer::unanswered: kept.push_back(std::move(req)); break;
+            case verdict::unanswered: kept.push_back(std::move(req)); break;
             }
         }
         // Requests may still be queued in the listener: destroy it with them.
@@ -150,13 +150,13 @@ TEST_P(cm_churn, ids_destroyed_while_their_events_are_in_flight)
                 t.join();
         });
         for (int i = 0; i < clients; ++i) {
-            if (plan[i] == answer::accept) {
+            if (plan[i] == verdict::accept) {
                 EXPECT_NE(conns[i], nullptr) << "client " << i << " (accepted) failed";
             } else {
                 EXPECT_EQ(conns[i], nullptr) << "client " << i << " connected without an accept";
                 EXPECT_TRUE(failed[i].has_value());
             }
-            if (plan[i] == answer::reject || plan[i] == answer::drop) {
+            if (plan[i] == verdict::reject || plan[i] == verdict::drop) {
                 EXPECT_EQ(failed[i].value_or(errc{}), errc::rejected) << "client " << i;
             }
         }

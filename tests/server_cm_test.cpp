@@ -19,15 +19,6 @@ namespace rdmx::test
 namespace
 {
 
-/// Private data as sent: verbs (IB CM) pads it with zeros to the message's size.
-std::string unpadded(std::span<const std::byte> b)
-{
-    std::string s = as_string(b);
-    while (!s.empty() && s.back() == '\0')
-        s.pop_back();
-    return s;
-}
-
 class server_cm : public pair_fixture
 {
 protected:

@@ -62,12 +62,6 @@ constexpr std::uint64_t answer_wr = std::uint64_t{1} << 60;
 // stalled transfer shows as the error it ends in rather than as this test's timeout.
 constexpr auto round_timeout = std::chrono::seconds(30);
 
-std::size_t env_or(const char* name, std::size_t fallback)
-{
-    const char* v = std::getenv(name);
-    return v ? std::strtoul(v, nullptr, 10) : fallback;
-}
-
 enum class target_mode {
     busy,  ///< (a) one thread polls every connection in a loop
     epoll, ///< (b) one thread sleeps in epoll_wait on every completion_fd() after request_notify()

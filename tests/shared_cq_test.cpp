@@ -20,21 +20,6 @@ namespace rdmx::test
 namespace
 {
 
-/// Polls `q` until `n` completions arrived or `timeout` passed.
-std::vector<completion> poll_n(completion_queue& q, std::size_t n, std::chrono::milliseconds timeout = 20s)
-{
-    std::vector<completion> out;
-    completion buf[16];
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
-        std::size_t got = q.poll({buf, std::min<std::size_t>(16, n - out.size())});
-        out.insert(out.end(), buf, buf + got);
-        if (got == 0)
-            std::this_thread::yield();
-    }
-    return out;
-}
-
 /// Polls `q` for `for_how_long` and returns everything that came.
 std::vector<completion> poll_for(completion_queue& q, std::chrono::milliseconds for_how_long)
 {

@@ -21,7 +21,7 @@ namespace
 
 /// Descriptors of the kinds rdmx opens (sockets, eventfds, epoll, completion channels):
 /// pipes and files that sanitizer runtimes open on their own are not counted.
-std::size_t open_fds()
+std::size_t rdmx_fds()
 {
     std::size_t n = 0;
     if (DIR* d = opendir("/proc/self/fd")) {
@@ -37,12 +37,6 @@ std::size_t open_fds()
         closedir(d);
     }
     return n;
-}
-
-std::size_t env_or(const char* name, std::size_t fallback)
-{
-    const char* v = std::getenv(name);
-    return v ? std::strtoul(v, nullptr, 10) : fallback;
 }
 
 class soak : public pair_fixture
@@ -87,10 +81,10 @@ TEST_P(soak, many_connections_move_checksummed_data)
     {
         auto warm = connect_pair();
     }
-    std::size_t fds_before = open_fds();
+    std::size_t fds_before = rdmx_fds();
     for (int stable = 0, i = 0; stable < 20 && i < 500; ++i) {
         std::this_thread::sleep_for(10ms);
-        std::size_t now = open_fds();
+        std::size_t now = rdmx_fds();
         stable = now == fds_before ? stable + 1 : 0;
         fds_before = now;
     }
@@ -232,9 +226,9 @@ TEST_P(soak, many_connections_move_checksummed_data)
     lanes.clear(); // disconnects and deregisters everything
     // The TCP engines close sockets asynchronously: give them a moment.
     auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (open_fds() > fds_before && std::chrono::steady_clock::now() < deadline)
+    while (rdmx_fds() > fds_before && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(10ms);
-    EXPECT_EQ(open_fds(), fds_before) << "file descriptors leaked";
+    EXPECT_EQ(rdmx_fds(), fds_before) << "file descriptors leaked";
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, soak, testing::ValuesIn(selected_backends()), param_name);

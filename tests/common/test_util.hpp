@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -71,19 +73,31 @@ inline std::string param_name(const testing::TestParamInfo<backend>& info)
     return to_string(info.param);
 }
 
-/// Polls until `n` completions arrived or `timeout` passed.
-inline std::vector<completion> poll_n(connection& c, std::size_t n, std::chrono::milliseconds timeout = 10s)
+/// Polls a connection or a completion queue until `n` completions arrived or `timeout`
+/// passed.
+template <class Polled>
+std::vector<completion> poll_until(Polled& q, std::size_t n, std::chrono::milliseconds timeout)
 {
     std::vector<completion> out;
     completion buf[16];
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
-        std::size_t got = c.poll({buf, std::min<std::size_t>(16, n - out.size())});
+        std::size_t got = q.poll({buf, std::min<std::size_t>(16, n - out.size())});
         out.insert(out.end(), buf, buf + got);
         if (got == 0)
             std::this_thread::yield();
     }
     return out;
+}
+inline std::vector<completion> poll_n(connection& c, std::size_t n, std::chrono::milliseconds timeout = 10s)
+{
+    return poll_until(c, n, timeout);
+}
+/// A shared queue gathers many connections' completions: a longer default.
+inline std::vector<completion> poll_n(completion_queue& q, std::size_t n,
+                                      std::chrono::milliseconds timeout = 20s)
+{
+    return poll_until(q, n, timeout);
 }
 
 /// Polls for `n` completions and expects each to be successful.
@@ -114,6 +128,34 @@ inline std::span<const std::byte> as_bytes(const std::string& s)
 inline std::string as_string(std::span<const std::byte> b)
 {
     return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+/// Private data as sent: verbs (IB CM) pads it with zeros to the message's size.
+inline std::string unpadded(std::span<const std::byte> b)
+{
+    std::string s = as_string(b);
+    while (!s.empty() && s.back() == '\0')
+        s.pop_back();
+    return s;
+}
+
+/// The number in environment variable `name`, or `fallback` where it is unset (a test's
+/// size, which a developer may raise or lower by hand).
+inline std::size_t env_or(const char* name, std::size_t fallback)
+{
+    const char* v = std::getenv(name);
+    return v ? std::strtoul(v, nullptr, 10) : fallback;
+}
+
+/// This process's open file descriptors, of every kind (leak checks).
+inline std::size_t open_fds()
+{
+    std::size_t n = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+        while (::readdir(d) != nullptr)
+            ++n;
+        ::closedir(d);
+    }
+    return n;
 }
 
 /// Server and client domains, a listener, and helpers to make connected pairs.

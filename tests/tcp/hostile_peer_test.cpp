@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -63,17 +62,6 @@ bool response_started(int fd)
 {
     pollfd p{fd, POLLIN, 0};
     return ::poll(&p, 1, 5000) == 1;
-}
-
-std::size_t open_fds()
-{
-    std::size_t n = 0;
-    if (DIR* d = ::opendir("/proc/self/fd")) {
-        while (::readdir(d) != nullptr)
-            ++n;
-        ::closedir(d);
-    }
-    return n;
 }
 
 /// Everything written to stderr while it lives (through a pipe, drained by a thread).
