@@ -5,6 +5,7 @@
 #include "endpoint/ep_endpoint.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 
 #include "errno_status.hpp"
@@ -351,25 +352,18 @@ void endpoint_impl::complete_op(std::uint32_t oi) noexcept
 
 void endpoint_impl::poll_cq() noexcept
 {
-    if (in_poll_cq_) {
-        completion few[8];
-        drain_cq(few);
-        return;
-    }
+    // One batch serves every call: on_completion never comes back here (connection
+    // events, whose disconnect handling polls the queue, are taken by poll() outside it).
+    assert(!in_poll_cq_);
     in_poll_cq_ = true;
-    drain_cq(cq_batch_);
-    in_poll_cq_ = false;
-}
-
-void endpoint_impl::drain_cq(std::span<completion> batch) noexcept
-{
     for (int round = 0; round < 16; ++round) {
-        std::size_t n = cq_->poll(batch);
+        std::size_t n = cq_->poll(cq_batch_);
         for (std::size_t i = 0; i < n; ++i)
-            on_completion(batch[i]);
-        if (n < batch.size())
-            return;
+            on_completion(cq_batch_[i]);
+        if (n < cq_batch_.size())
+            break;
     }
+    in_poll_cq_ = false;
 }
 
 void endpoint_impl::on_completion(const completion& c) noexcept

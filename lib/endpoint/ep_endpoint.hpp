@@ -317,7 +317,6 @@ private:
     void flush_queue(std::uint32_t pi) noexcept;
     void complete_op(std::uint32_t oi) noexcept;
     void poll_cq() noexcept;
-    void drain_cq(std::span<completion> batch) noexcept;
     /// poll()'s look at fd()'s set: one epoll_wait(0), then what it found ready.
     void scan_fds() noexcept;
     /// What scan_fds() does with the descriptors epoll reported ready (wait() hands it its own).
@@ -386,8 +385,8 @@ private:
     std::vector<endpoint_completion> ring_;
     std::size_t ring_head_ = 0, ring_count_ = 0;
     /// poll_cq's batch, built once: 64 completions constructed on every call (4.5 kB of
-    /// stores) cost more than a poll of a queue that has nothing. in_poll_cq_: a call from
-    /// within one (an event handled on the way) takes a small batch of its own.
+    /// stores) cost more than a poll of a queue that has nothing. in_poll_cq_ checks (in
+    /// builds with assertions) that no call comes from within another.
     std::array<completion, 64> cq_batch_{};
     bool in_poll_cq_ = false;
     std::uint32_t queued_total_ = 0;
@@ -442,8 +441,9 @@ private:
     static constexpr std::uint32_t spin_scan_every = 16;
     static constexpr std::chrono::microseconds spin_scan_gap{20};
     std::uint32_t polls_since_scan_ = 0;
-    bool scan_now_ = false;          ///< wait() found nothing: the next poll() looks at once
-    clock::time_point scanned_at_{}; ///< the last epoll_wait(0) of scan_fds
+    /// When a spinning poll() last looked (wait() sets it back to the epoch when it found
+    /// nothing, so that the next poll() looks at once).
+    clock::time_point scanned_at_{};
     /// wait() has just taken fd()'s ready descriptors: the next poll() does not look again.
     bool fds_taken_ = false;
     /// poll() calls in a row answered from the ring alone, without progress (at most 15).

@@ -20,7 +20,6 @@ void endpoint_impl::scan_fds() noexcept
     // a few microseconds under emulation (docs/endpoints.md, "What an endpoint holds").
     epoll_event evs[8];
     const int n = ::epoll_wait(epoll_fd_, evs, 8, 0);
-    scanned_at_ = clock::now();
     take_ready_fds(evs, n);
 }
 
@@ -28,13 +27,16 @@ bool endpoint_impl::spin_scan_due() noexcept
 {
     if (++polls_since_scan_ % spin_scan_every != 0)
         return false;
-    return scan_now_ || clock::now() - scanned_at_ >= spin_scan_gap;
+    const auto now = clock::now();
+    if (now - scanned_at_ < spin_scan_gap)
+        return false;
+    scanned_at_ = now; // the look follows at once
+    return true;
 }
 
 void endpoint_impl::take_ready_fds(const epoll_event* evs, int nready) noexcept
 {
     polls_since_scan_ = 0;
-    scan_now_ = false;
     for (int i = 0; i < nready; ++i) {
         const int fd = evs[i].data.fd;
         std::uint64_t v;
@@ -208,7 +210,7 @@ std::size_t endpoint_impl::wait(std::span<endpoint_completion> out,
         } else {
             // spinning: the next poll() looks at fd()'s set
             polls_since_scan_ = spin_scan_every - 1;
-            scan_now_ = true;
+            scanned_at_ = {};
         }
     }
 }
