@@ -26,8 +26,6 @@
 #include <thread>
 #include <vector>
 
-#include <boost/asio/post.hpp>
-
 #include "common/test_util.hpp"
 #include "backends.hpp"
 #include "tcp/raw_peer.hpp"
@@ -509,18 +507,12 @@ TEST_F(tcp_hostile, reads_outstanding_at_deregistration_complete_with_the_region
         sges[i] = {lmr.get(), i * size, size};
         wrs[i] = {.opcode = opcode::read, .wr_id = i, .local = {&sges[i], 1}, .remote = rmr->remote()};
     }
-    std::promise<void> gate;
-    std::promise<void> held;
-    boost::asio::post(static_cast<tcp::tcp_domain&>(detail::backend_domain(*client_dom_)).io(), [&] {
-        held.set_value();
-        gate.get_future().wait();
-    });
-    held.get_future().wait();
+    engine_hold hold(*client_dom_);
     ASSERT_FALSE(client->post(wrs)); // sends the first max_rd_atomic requests on this thread
     std::this_thread::sleep_for(200ms);
     rmr.reset();
     std::fill(remote.begin(), remote.end(), std::byte{0});
-    gate.set_value();
+    hold.release();
     auto done = poll_n(*client, n, 20s);
     ASSERT_EQ(done.size(), n);
     std::size_t ok = 0;
