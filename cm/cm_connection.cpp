@@ -34,10 +34,16 @@ cm_connection::~cm_connection()
     say_goodbye();
     if (id_)
         domain_.events().detach(id_.get());
+    bool unanswered;
+    {
+        // No handler runs on the id any more (detach waited), so the flag is final.
+        std::lock_guard lock(cm_.mutex);
+        unanswered = cm_.connect_unanswered;
+    }
     if (qp()) {
         if (srq())
-            await_last_wqe();
-        unregister_qp(qp()); // waits for a router using it; then destroy waits for its acks
+            await_last_wqe(); // an unanswered QP is in INIT still: no wait
+        unregister_qp(qp());  // waits for a router using it; then destroy waits for its acks
     }
     {
         // No event loop or async handler reaches cm_ any more; poll() is the caller's.
@@ -45,8 +51,29 @@ cm_connection::~cm_connection()
         cm_.events.close();
     }
     drop_completions(); // with a shared receive queue: frees the slots nobody will poll
-    destroy_queues();   // QP (off its shared CQs), CQ, completion channel
-    id_.reset();        // waits until every event of the id was acknowledged
+    if (unanswered) {
+        // iWARP, the provider has not answered the connect or accept: destroying the QP
+        // or the id would wait for it (siw: up to its 10 s MPA timer). The domain's
+        // reaper does that instead; this connection's other resources go now.
+        std::unique_ptr<connection_remains> rest;
+        try {
+            rest = std::make_unique<connection_remains>();
+            rest->keepalive = domain_.shared_from_this();
+        } catch (...) { // no memory: destroyed below, waiting
+        }
+        if (rest) {
+            RDMX_LOG(debug,
+                     "QP %u: the provider has not answered its connect; the domain's reaper destroys it",
+                     qp() ? qp()->qp_num : 0);
+            rest->queues.emplace(take_queues());
+            rest->id = std::move(id_);
+            rest->retired_ids = std::move(retired_ids_);
+            domain_.reaper_thread().adopt(std::move(rest));
+            return;
+        }
+    }
+    destroy_queues(); // QP (off its shared CQs), CQ, completion channel
+    id_.reset();      // waits until every event of the id was acknowledged
     retired_ids_.clear();
 }
 
@@ -103,6 +130,14 @@ void cm_connection::await_last_wqe() noexcept
         }
     } catch (...) { // an allocation in insert: the memo stays as it was
     }
+}
+
+void cm_connection::mark_unanswered(bool pending) noexcept
+{
+    if (!domain_.iwarp())
+        return;
+    std::lock_guard lock(cm_.mutex);
+    cm_.connect_unanswered = pending;
 }
 
 void cm_connection::setup_qp()

@@ -68,6 +68,9 @@ private:
     /// deadline, post() refused until established; `report_established`: the event too.
     void begin_started(bool report_established) noexcept;
     void on_error_completion(std::error_code status) noexcept override;
+    /// On iWARP, sets cm_.connect_unanswered to `pending` (before rdma_connect or
+    /// rdma_accept, and back if the call failed); elsewhere nothing waits for an answer.
+    void mark_unanswered(bool pending) noexcept;
     /// Tear-down on a shared receive queue: the QP to error, then wait (bounded by
     /// last_wqe_timeout, logged if it passes) for IBV_EVENT_QP_LAST_WQE_REACHED.
     void await_last_wqe() noexcept;

@@ -114,6 +114,12 @@ std::shared_ptr<domain> probe(sockaddr_storage& dst, std::chrono::milliseconds t
 namespace rdmx::detail
 {
 
+void settle_verbs_domain(domain& d) noexcept
+{
+    if (auto* v = dynamic_cast<cm::cm_domain*>(&d))
+        v->reaper_thread().wait_idle();
+}
+
 std::shared_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
                                           bool required)
 {

@@ -9,6 +9,7 @@
 
 #include "cm/cm_handles.hpp"
 #include "cm/event_loop.hpp"
+#include "cm/reaper.hpp"
 #include "verbs/protection_domain.hpp"
 
 namespace rdmx::cm
@@ -50,15 +51,19 @@ public:
 
     const verbs::protection_domain& pd() const noexcept { return pd_; }
     event_loop& events() noexcept { return events_; }
+    /// Destroys what a connection's destructor must not wait for (cm/reaper.hpp).
+    reaper& reaper_thread() noexcept { return reaper_; }
     bool iwarp() const noexcept { return pd_.iwarp(); }
 
 private:
-    // Destruction order (reverse of declaration): the event loop thread stops first, then
-    // the PD goes, then the probe id that pins the device context, then its channel.
+    // Destruction order (reverse of declaration): the reaper (idle by then: its jobs hold
+    // the domain) and the event loop thread stop first, then the PD goes, then the probe
+    // id that pins the device context, then its channel.
     event_channel_ptr probe_channel_;
     cm_id_ptr probe_id_;
     verbs::protection_domain pd_;
     event_loop events_;
+    reaper reaper_;
 };
 
 } // namespace rdmx::cm

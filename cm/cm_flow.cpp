@@ -116,8 +116,12 @@ void cm_connection::accept(cm_id_ptr id, const rdma_conn_param& request,
         modify_qp(IBV_QPS_RTR, param.responder_resources);
         modify_qp(IBV_QPS_RTS, param.initiator_depth);
     }
-    if (rdma_accept(id_.get(), &param))
-        throw_errno(errno, "rdma_accept");
+    mark_unanswered(true);
+    if (rdma_accept(id_.get(), &param)) {
+        const int err = errno;
+        mark_unanswered(false);
+        throw_errno(err, "rdma_accept");
+    }
     if (!wait) {
         domain_.events().kick(); // the loop now bounds ESTABLISHED by the deadline
         return;
@@ -270,8 +274,13 @@ void cm_connection::step() noexcept
             }
             std::array<std::byte, connect_wire_size> wire;
             rdma_conn_param param = conn_param(connect_private_, wire);
-            if (rdma_connect(id_.get(), &param))
+            mark_unanswered(true);
+            if (rdma_connect(id_.get(), &param)) {
+                const int err = errno;
+                mark_unanswered(false); // iw_cm let go of the QP when it failed the call
+                errno = err;
                 throw_cm("rdma_connect", address_);
+            }
             return; // iWARP: ESTABLISHED makes it established (handle())
         }
         case flow_step::response:

@@ -203,6 +203,11 @@ void event_loop::run() noexcept
 void event_loop::handle(rdma_cm_event& ev, cm_state& st) noexcept
 {
     std::lock_guard lock(st.mutex);
+    // The provider's answer to a connect or accept: iw_cm reports it (the connect reply or
+    // the connection) only after it stopped holding the QP and the id for it.
+    if (ev.event == RDMA_CM_EVENT_ESTABLISHED || ev.event == RDMA_CM_EVENT_REJECTED ||
+        ev.event == RDMA_CM_EVENT_UNREACHABLE || ev.event == RDMA_CM_EVENT_CONNECT_ERROR)
+        st.connect_unanswered = false;
     auto fail = [&] {
         st.error = event_error(ev);
         char buf[160];

@@ -55,6 +55,11 @@ struct cm_state {
     /// This side's goodbye flag: the peer writes it nonzero before it disconnects.
     const std::uint64_t* goodbye_flag = nullptr;
     bool responded = false; ///< CONNECT_RESPONSE arrived (active side)
+    /// iWARP: rdma_connect or rdma_accept went out and no event of the id came since. Until
+    /// the provider answers, the kernel holds the QP and the id (destroying either waits
+    /// for the answer: siw's MPA timer), so the connection's destructor leaves them to the
+    /// domain's reaper (cm/reaper.hpp).
+    bool connect_unanswered = false;
     /// The active side has another address to try (a name that resolved to several): a
     /// failed address resolution, or its deadline, sets addr_failed instead of failing the
     /// connection, and the driver's step() goes on with the next address.

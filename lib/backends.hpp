@@ -6,8 +6,9 @@
 // holding one reference, and each region, listener, request and connection made from it
 // holds another (shared_from_this), declared before whatever it must outlive. The domain's
 // resources (the TCP engine thread, the verbs PD and event thread) thus go with the last of
-// them, in any order of destruction. None of those references lives on a backend thread,
-// so a backend's destructor never runs on the thread it joins.
+// them, in any order of destruction. One reference lives on a backend thread: the verbs
+// domain's reaper (cm/reaper.hpp) holds the domain while it destroys what a connection's
+// destructor must not wait for, and lets its own thread go when that was the last one.
 #pragma once
 
 #include <chrono>
@@ -27,6 +28,12 @@ std::shared_ptr<domain> open_tcp_domain(backend b = backend::tcp, bool local_pee
 /// returns nullptr (instead of throwing errc::no_device) when no RDMA device serves it.
 std::shared_ptr<domain> open_verbs_domain(const uri& address, std::chrono::milliseconds timeout,
                                           bool required);
+
+/// Waits until nothing of `d` (a backend's domain) is still being destroyed in the
+/// background: the verbs domain's reaper has destroyed what it was handed (cm/reaper.hpp).
+/// The application's handle calls it as it goes, so that closing a domain leaves no
+/// kernel objects of its connections behind.
+void settle_verbs_domain(domain& d) noexcept;
 
 /// The backend's domain behind a domain that domain::open returned (for tests that reach
 /// into a backend); any other domain is returned as it is.

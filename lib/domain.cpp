@@ -18,6 +18,7 @@ class domain_handle final : public domain
 {
 public:
     explicit domain_handle(std::shared_ptr<domain> backend) noexcept : backend_(std::move(backend)) {}
+    ~domain_handle() override { detail::settle_verbs_domain(*backend_); }
 
     domain& backend_domain() noexcept { return *backend_; }
 

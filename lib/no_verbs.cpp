@@ -11,4 +11,6 @@ std::shared_ptr<domain> open_verbs_domain(const uri&, std::chrono::milliseconds,
     return nullptr;
 }
 
+void settle_verbs_domain(domain&) noexcept {}
+
 } // namespace rdmx::detail

@@ -203,6 +203,85 @@ TEST_P(server_cm, started_connect_nobody_answers_times_out_with_an_event)
     EXPECT_EQ(ev.cause, errc::timed_out) << ev.cause.message();
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
     EXPECT_EQ(c->state(), connection_state::error);
+    // Destroying it does not wait for the provider to give up as well (iWARP: the kernel
+    // holds the QP until siw's MPA timer, 10 s, ends the attempt; the domain's reaper
+    // destroys it then).
+    auto t1 = std::chrono::steady_clock::now();
+    c.reset();
+    EXPECT_LT(std::chrono::steady_clock::now() - t1, 5s);
+}
+
+TEST_P(server_cm, unanswered_connection_on_shared_queues_outlives_its_domain_handle)
+{
+    auto cq = client_dom_->create_completion_queue({.depth = 1024});
+    auto q = event_queue::create();
+    connection_options o;
+    o.events = q;
+    o.timeout = 500ms;
+    o.send_cq = o.recv_cq = cq;
+    o.srq = client_dom_->create_shared_receive_queue({.depth = 64, .max_sge = 1, .events = {}, .context = 0});
+    auto c = client_dom_->start_connect(server_address(), o);
+    event ev;
+    ASSERT_EQ(q->wait({&ev, 1}, 10s), 1u) << "no event";
+    EXPECT_EQ(ev.cause, errc::timed_out) << ev.cause.message();
+    // The application lets go of the domain and the queues first; the connection holds
+    // them. Destroying it then returns at once, and (iWARP) the reaper destroys its QP, the
+    // queues and the domain on its own thread once the provider's attempt ended, which the
+    // listener's end brings about (siw closes the stream).
+    client_dom_.reset();
+    cq.reset();
+    o = {};
+    const std::size_t fds_with = open_fds();
+    auto t1 = std::chrono::steady_clock::now();
+    c.reset();
+    EXPECT_LT(std::chrono::steady_clock::now() - t1, 5s);
+    listener_.reset();
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (open_fds() >= fds_with && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(10ms);
+    EXPECT_LT(open_fds(), fds_with) << "the domain was never destroyed";
+}
+
+TEST_P(server_cm, connect_nobody_answers_throws_and_the_domain_goes_on)
+{
+    // The listener never takes the request: connect() ends with its own timeout, not the
+    // provider's, and the domain connects elsewhere meanwhile.
+    connection_options o;
+    o.timeout = 500ms;
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+        client_dom_->connect(server_address(), o);
+        ADD_FAILURE() << "connected to a listener that never took the request";
+    } catch (const error& e) {
+        EXPECT_EQ(e.code(), errc::timed_out) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    // The first listener stays, with the request nobody took (destroying it would end
+    // the provider's attempt at once: siw closes the stream); the next connection goes to
+    // another.
+    auto unanswering = std::move(listener_);
+    listener_ = server_dom_->listen(address(b_, 0));
+    port_ = listener_->port();
+    {
+        auto p = connect_pair();
+        std::vector<std::byte> out(64, std::byte{5}), in(64);
+        auto out_mr = client_dom_->register_memory(out.data(), out.size(), access::local_write);
+        auto in_mr = server_dom_->register_memory(in.data(), in.size(), access::local_write);
+        sge og{out_mr.get(), 0, out.size()}, ig{in_mr.get(), 0, in.size()};
+        ASSERT_FALSE(p.server->post_recv({&ig, 1}, 1));
+        ASSERT_FALSE(p.client->post_send({&og, 1}, 2));
+        expect_ok(*p.client, 1);
+        auto got = expect_ok(*p.server, 1);
+        ASSERT_EQ(got.size(), 1u);
+        EXPECT_EQ(got[0].byte_len, out.size());
+        EXPECT_EQ(in, out);
+    }
+    // Closing the domain leaves nothing of the failed connection behind: its handle waits
+    // for what the reaper still destroys (iWARP: until siw's MPA timer ends the attempt),
+    // so the descriptors are back when it returns.
+    const std::size_t fds_with = open_fds();
+    client_dom_.reset();
+    EXPECT_LT(open_fds(), fds_with);
 }
 
 TEST_P(server_cm, initial_recvs_take_the_first_message_without_receiver_not_ready)

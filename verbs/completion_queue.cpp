@@ -69,6 +69,11 @@ void completion_queue::purge(std::uint32_t qp_num) noexcept
     std::lock_guard lk(mu_);
     shared_receive_queue* srq = nullptr;
     if (auto it = routes_.find(qp_num); it != routes_.end()) {
+        // A QP created since (the number was free once the old one was destroyed, and
+        // purge may run on another thread: cm_connection's deferred tear-down) owns the
+        // number now, with what is queued for it: nothing here is the old QP's to drop.
+        if (it->second.conn)
+            return;
         srq = it->second.srq;
         routes_.erase(it);
     }

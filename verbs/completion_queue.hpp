@@ -50,7 +50,8 @@ public:
     void detach(std::uint32_t qp_num) noexcept;
     /// After the QP of `qp_num` was destroyed: drops its completions that are still queued,
     /// so that a later QP with the same number never receives them, and forgets the QP.
-    /// The others are moved, in order, to the stash that poll() empties first.
+    /// The others are moved, in order, to the stash that poll() empties first. Nothing,
+    /// if a new QP with that number is attached already.
     void purge(std::uint32_t qp_num) noexcept;
 
     /// For a connection waiting for its goodbye (verbs_connection::write_goodbye): polls

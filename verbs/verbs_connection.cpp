@@ -27,7 +27,7 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
                                    const connection_options& opts, std::string_view verb)
     : keepalive_(std::move(keepalive)), pd_(pd),
       limits_(detail::clamp_limits(opts, pd.limits(), max_sge_per_wr)), context_(opts.context),
-      shared_(opts, limits_, backend::verbs, verb), srq_owner_(opts.srq),
+      srq_owner_(opts.srq), shared_(opts, limits_, backend::verbs, verb),
       srq_(dynamic_cast<shared_receive_queue*>(opts.srq.get())), send_wrs_(limits_.max_send_sge),
       recv_wrs_(limits_.max_recv_sge), sq_retire_(limits_.send_queue_depth)
 {
@@ -76,27 +76,45 @@ verbs_connection::~verbs_connection()
     destroy_queues();
 }
 
-void verbs_connection::destroy_queues() noexcept
+detached_queues verbs_connection::take_queues() noexcept
 {
-    const std::uint32_t qp_num = qp_ ? qp_->qp_num : 0;
-    const bool had_qp = static_cast<bool>(qp_);
-    // No completion reaches this connection once its destruction began...
-    for (completion_queue* q : {send_shared_, recv_shared_})
-        if (q && had_qp)
-            q->detach(qp_num);
-    if (had_qp)
+    detached_queues q;
+    if (qp_) {
+        q.qp_num_ = qp_->qp_num;
+        // No completion reaches this connection once its destruction began...
+        for (completion_queue* sq : {send_shared_, recv_shared_})
+            if (sq)
+                sq->detach(q.qp_num_);
         pd_.revoke_windows_of(qp_.get()); // before the QP: protection_domain.hpp says why
-    qp_.reset();                          // QP before its CQ
-    // ...and none of the QP's stays on a shared queue, where a later QP with its number
-    // would be handed it.
+        q.send_shared_ = send_shared_;
+        q.recv_shared_ = recv_shared_;
+    }
+    q.qp_ = std::move(qp_);
+    q.cq_ = std::move(cq_);
+    q.channel_ = std::move(channel_);
+    q.shared_ = std::move(shared_);
+    q.srq_owner_ = std::move(srq_owner_);
+    send_shared_ = recv_shared_ = nullptr;
+    srq_ = nullptr;
+    return q;
+}
+
+detached_queues::~detached_queues()
+{
+    const bool had_qp = static_cast<bool>(qp_);
+    qp_.reset(); // QP before its CQ
+    // ...and none of the QP's completions stays on a shared queue, where a later QP with
+    // its number would be handed it.
     if (had_qp) {
         if (send_shared_)
-            send_shared_->purge(qp_num);
+            send_shared_->purge(qp_num_);
         if (recv_shared_ && recv_shared_ != send_shared_)
-            recv_shared_->purge(qp_num);
+            recv_shared_->purge(qp_num_);
     }
     cq_.reset(); // CQ before its completion channel
     channel_.reset();
+    // Then the room on the shared queues and the queues themselves (the reservation), and
+    // the shared receive queue: the QP that used them is gone.
 }
 
 void verbs_connection::create_qp()

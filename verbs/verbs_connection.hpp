@@ -35,6 +35,33 @@ class shared_receive_queue;
 /// IBV_WC_WR_FLUSH_ERR. Our QPs are not rdma_cm's: rdma_disconnect does not do this.
 void flush_qp(ibv_qp* qp) noexcept;
 
+/// A connection's QP, CQ and completion channel, taken out of it so that another thread can
+/// destroy them later (cm/cm_connection.cpp: an iWARP QP whose connect the provider has not
+/// answered, which ibv_destroy_qp waits for). Destroying it is the tear-down
+/// verbs_connection::destroy_queues() describes; it holds the shared queues (and the shared
+/// receive queue) the QP reports to until the QP is gone.
+class detached_queues
+{
+public:
+    detached_queues() noexcept = default;
+    detached_queues(detached_queues&&) noexcept = default;
+    detached_queues& operator=(detached_queues&&) = delete;
+    ~detached_queues();
+
+private:
+    friend class verbs_connection;
+    // The destructor destroys QP, CQ and channel; then the reservation goes (it reads the
+    // shared receive queue's depth), then the shared receive queue.
+    std::shared_ptr<rdmx::shared_receive_queue> srq_owner_;
+    detail::cq_reservation shared_; ///< holds the shared CQs below
+    completion_queue* send_shared_ = nullptr;
+    completion_queue* recv_shared_ = nullptr;
+    std::uint32_t qp_num_ = 0;
+    comp_channel_ptr channel_;
+    cq_ptr cq_;
+    qp_ptr qp_;
+};
+
 class verbs_connection : public connection
 {
 public:
@@ -99,7 +126,12 @@ protected:
     /// completion channel, in that order (QP before its CQ, CQ before its channel; the
     /// shared queues drop what the QP left in them). The derived class calls it when its
     /// own order requires; idempotent.
-    void destroy_queues() noexcept;
+    void destroy_queues() noexcept { [[maybe_unused]] detached_queues gone = take_queues(); }
+    /// The first half of destroy_queues() (the QP leaves its shared completion queues, its
+    /// windows are revoked); the rest happens when the result is destroyed, on whichever
+    /// thread. Afterwards the connection has no QP, CQ or shared queue: only its destructor
+    /// may follow.
+    [[nodiscard]] detached_queues take_queues() noexcept;
 
     /// The goodbye before a disconnect: posts an RDMA write of the 8 bytes at `src` (a
     /// region of this PD) to (`rkey`, `addr`) at the peer, signalled, with reserved_wr_id,
@@ -168,14 +200,14 @@ private:
     const protection_domain& pd_;
     connection_limits limits_;
     const std::uint64_t context_; ///< connection_options::context, in every completion
+    /// connection_options::srq, held until the QP attached to it is gone and the
+    /// reservation below (whose release reads its depth) is released: declared before both.
+    std::shared_ptr<rdmx::shared_receive_queue> srq_owner_;
     /// Room on the shared completion queues (it holds them: they outlive the QP).
     detail::cq_reservation shared_;
     completion_queue* send_shared_ = nullptr; ///< shared_.send_cq(), typed; null: own CQ
     completion_queue* recv_shared_ = nullptr;
-    /// connection_options::srq, held until the QP attached to it is gone (declared before
-    /// the QP); srq_ is the same queue, for the data path.
-    std::shared_ptr<rdmx::shared_receive_queue> srq_owner_;
-    shared_receive_queue* srq_ = nullptr;
+    shared_receive_queue* srq_ = nullptr; ///< srq_owner_, for the data path
     // Destroyed by destroy_queues() in the order the device requires (see there).
     comp_channel_ptr channel_;
     cq_ptr cq_;
