@@ -554,7 +554,10 @@ inline constexpr std::size_t max_reject_private_data = 148;
 /// TCP engine first finishes what connections destroyed before still owed their peers
 /// (read responses, a NAK, FIN; docs/wire-format.md section 6), so the last object's
 /// destructor may wait for that, at most the longest `ack_timeout x (retry_count + 1)`
-/// (at least 1 s) of those connections, plus half a second.
+/// (at least 1 s) of those connections, plus half a second. On iWARP, a connection destroyed
+/// before the provider answered its connect returns at once and leaves its QP to the
+/// domain, which the provider holds until it gives the attempt up (siw: up to 10 s);
+/// destroying the domain object waits for that (docs/failure-semantics.md, "iWARP").
 class domain
 {
 public:
