@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -314,6 +315,49 @@ TEST_P(endpoint_race, a_server_that_never_comes_fails_the_operations_within_the_
     EXPECT_LT(wakeups, 200) << "it spun";
     // The next operation starts over (and fails the same way).
     EXPECT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 3));
+}
+
+// A hung peer (its process stopped before anyone dialled it): its kernel takes the stream,
+// nothing answers the connect. The operations to it fail at the connect deadline, and the
+// endpoint goes on serving its other peers: on iWARP, destroying the failed connection held
+// the endpoint's thread until siw's MPA timer (10 s) ended the attempt (cm/reaper.hpp).
+TEST_P(endpoint_race, a_hung_peer_fails_its_operations_and_the_endpoint_serves_the_others_meanwhile)
+{
+    const std::uint16_t port = free_port();
+    child_process b(peer_program(), {address(b_, port), "idle"});
+    char one = 0;
+    ASSERT_TRUE(b.read_exact(&one, 1, 20s)) << "the peer did not start";
+    ASSERT_TRUE(b.signal(SIGSTOP));
+    auto o = small_options();
+    o.connect_deadline = std::chrono::milliseconds(1500);
+    auto a = open_ep(0, &o);
+    auto c = open_ep();
+    auto m = region(1 << 16);
+    rdmx::peer to_b = a.ep->insert(address(b_, port));
+    rdmx::peer to_c = a.ep->insert(c.ep->address());
+    sge s{m.get(), 0, 32};
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
+    ASSERT_TRUE(pump(
+        {&a, &c}, [&] { return !a.done.empty(); }, 15s))
+        << "the send to the hung peer never completed";
+    EXPECT_TRUE(a.done[0].status == errc::timed_out || a.done[0].status == errc::unreachable)
+        << a.done[0].status.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    // A message to a live peer right after: delivered at once, not after the provider's timer.
+    sge r{m.get(), 4096, 32};
+    ASSERT_FALSE(c.ep->recv(rdmx::any_peer, 2, 0, {&r, 1}, 20));
+    fill(*m, 0, 32, 9);
+    auto t1 = std::chrono::steady_clock::now();
+    ASSERT_FALSE(a.ep->send(to_c, 2, {&s, 1}, 2));
+    ASSERT_TRUE(pump(
+        {&a, &c}, [&] { return a.done.size() == 2 && c.done.size() == 1; }, 15s))
+        << "the message to the live peer never completed";
+    EXPECT_LT(std::chrono::steady_clock::now() - t1, 3s);
+    EXPECT_FALSE(a.done[1].status) << a.done[1].status.message();
+    EXPECT_FALSE(c.done[0].status) << c.done[0].status.message();
+    EXPECT_TRUE(check(*m, 4096, 32, 9));
+    EXPECT_TRUE(b.signal(SIGCONT)); // then killed with its child_process
 }
 
 TEST_P(endpoint_race, atomics_to_a_peer_that_never_comes_fail_within_the_connect_deadline)
