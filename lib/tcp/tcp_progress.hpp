@@ -141,8 +141,8 @@ private:
     std::uint64_t ringed_seen_ RDMX_GUARDED_BY(reg_mu_) = 0;
     /// Where every attached engine has rings, run() asks epoll every this many runs (and
     /// after 1 ms). Not more seldom: at 1024, shared_cq.sixty_four_connections_on_one_queue_all_progress
-    /// on shm failed 2 runs in 15 (the last connections starved), at 64 none in 50; some
-    /// connections' frames are found only through their sockets, which is not understood.
+    /// on shm failed 2 runs in 15 once (the last connections starved), at 64 none in 50;
+    /// not reproduced in 500 runs since (docs/performance.md, "Where every connection").
     static constexpr unsigned ring_only_socket_runs = 64;
     unsigned ring_only_runs_ RDMX_GUARDED_BY(reg_mu_) = 0; ///< runs without epoll_wait (run)
     /// The start of the poll whose run last asked epoll (run).
