@@ -103,8 +103,8 @@ detached_queues::~detached_queues()
 {
     const bool had_qp = static_cast<bool>(qp_);
     qp_.reset(); // QP before its CQ
-    // ...and none of the QP's completions stays on a shared queue, where a later QP with
-    // its number would be handed it.
+    // None of the QP's completions stays on a shared queue, where a later QP with its
+    // number would be handed it.
     if (had_qp) {
         if (send_shared_)
             send_shared_->purge(qp_num_);

@@ -158,6 +158,20 @@ inline std::size_t open_fds()
     return n;
 }
 
+/// The threads of this process (/proc/self/task), for tests that see a domain's end in
+/// its thread's.
+inline std::size_t live_threads()
+{
+    std::size_t n = 0;
+    if (DIR* d = ::opendir("/proc/self/task")) {
+        while (const dirent* e = ::readdir(d))
+            if (e->d_name[0] != '.')
+                ++n;
+        ::closedir(d);
+    }
+    return n;
+}
+
 /// Server and client domains, a listener, and helpers to make connected pairs.
 class pair_fixture : public testing::TestWithParam<backend>
 {
