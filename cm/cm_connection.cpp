@@ -34,21 +34,18 @@ cm_connection::~cm_connection()
     say_goodbye();
     if (id_)
         domain_.events().detach(id_.get());
-    bool unanswered;
-    {
-        // No handler runs on the id any more (detach waited), so the flag is final.
-        std::lock_guard lock(cm_.mutex);
-        unanswered = cm_.connect_unanswered;
-    }
     if (qp()) {
         if (srq())
             await_last_wqe(); // an unanswered QP is in INIT still: no wait
         unregister_qp(qp());  // waits for a router using it; then destroy waits for its acks
     }
+    bool unanswered;
     {
-        // No event loop or async handler reaches cm_ any more; poll() is the caller's.
+        // No event loop or async handler reaches cm_ any more (so connect_unanswered is
+        // final); poll() is the caller's.
         std::lock_guard lock(cm_.mutex);
         cm_.events.close();
+        unanswered = cm_.connect_unanswered;
     }
     drop_completions(); // with a shared receive queue: frees the slots nobody will poll
     if (unanswered) {

@@ -27,19 +27,13 @@ void reaper::adopt(std::unique_ptr<connection_remains> job) noexcept
 {
     try {
         std::lock_guard lock(st_->mutex);
-        st_->jobs.push_back(std::move(job));
-        try {
-            if (!thread_.joinable())
-                thread_ = std::thread(run, st_);
-        } catch (...) {
-            job = std::move(st_->jobs.back()); // destroyed below, after the lock
-            st_->jobs.pop_back();
-            throw;
-        }
+        if (!thread_.joinable())
+            thread_ = std::thread(run, st_); // waits for the lock, then for the job
+        st_->jobs.push_back(std::move(job)); // `job` stays ours if this throws
     } catch (const std::exception& e) {
         RDMX_LOG(warn,
-                 "connection tear-down: no reaper thread (%s): destroying its QP here, which may wait for "
-                 "the provider",
+                 "connection tear-down: cannot hand it to the reaper (%s): destroying its QP here, which may "
+                 "wait for the provider",
                  e.what());
         job.reset();
         return;
