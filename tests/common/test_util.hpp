@@ -160,11 +160,17 @@ inline std::size_t dir_entries(const char* path)
 
 /// This process's open file descriptors, of every kind (leak checks); three above the true
 /// count (`.`, `..` and the descriptor that reads them), as it always was.
-inline std::size_t open_fds() { return dir_entries("/proc/self/fd"); }
+inline std::size_t open_fds()
+{
+    return dir_entries("/proc/self/fd");
+}
 
 /// This process's threads (/proc/self/task), for tests that see a domain's end in its
 /// thread's; two above the true count (`.` and `..`), a count to compare.
-inline std::size_t live_threads() { return dir_entries("/proc/self/task"); }
+inline std::size_t live_threads()
+{
+    return dir_entries("/proc/self/task");
+}
 
 /// Server and client domains, a listener, and helpers to make connected pairs.
 class pair_fixture : public testing::TestWithParam<backend>
