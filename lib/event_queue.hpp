@@ -4,6 +4,7 @@
 // (the rdma_cm event loop, the TCP engine); the application polls.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <memory>
@@ -33,6 +34,10 @@ public:
 private:
     std::mutex mu_;
     std::deque<event> queue_;
+    /// queue_.size() as last stored under mu_: a poll that finds it 0 takes no lock (an
+    /// endpoint polls its event queue at every poll). An event pushed meanwhile is the next
+    /// poll's.
+    std::atomic<std::size_t> size_{0};
     int efd_ = -1;
 };
 

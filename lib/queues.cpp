@@ -106,18 +106,22 @@ void event_queue_impl::push(const event& ev) noexcept
                   to_string(ev.type));
         return;
     }
+    size_.store(queue_.size(), std::memory_order_relaxed);
     if (queue_.size() == 1)
         raise(efd_);
 }
 
 std::size_t event_queue_impl::poll(std::span<event> out) noexcept
 {
+    if (size_.load(std::memory_order_relaxed) == 0)
+        return 0;
     std::lock_guard lk(mu_);
     std::size_t n = 0;
     while (n < out.size() && !queue_.empty()) {
         out[n++] = queue_.front();
         queue_.pop_front();
     }
+    size_.store(queue_.size(), std::memory_order_relaxed);
     if (n && queue_.empty())
         lower(efd_);
     return n;
@@ -130,6 +134,7 @@ void event_queue_impl::purge(const connection* conn, const shared_receive_queue*
         return;
     std::erase_if(queue_,
                   [&](const event& ev) { return (conn && ev.conn == conn) || (srq && ev.srq == srq); });
+    size_.store(queue_.size(), std::memory_order_relaxed);
     if (queue_.empty())
         lower(efd_);
 }

@@ -42,6 +42,7 @@ bool tcp_completion_queue::push(const completion& c, queue_slots& owner, cq_side
         return false;
     ring_[(head_ + count_) % ring_.size()] = {c, &owner, side, from_srq};
     ++count_;
+    queued_.store(count_, std::memory_order_relaxed);
     if (notify_.fire(c, solicited)) {
         std::uint64_t one = 1;
         // Only fails if the counter would overflow, which cannot happen with one per arm.
@@ -69,6 +70,8 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
 
 std::size_t tcp_completion_queue::take(std::span<completion> out) noexcept
 {
+    if (queued_.load(std::memory_order_relaxed) == 0)
+        return 0;
     engine_lock lk(mu_);
     std::size_t n = std::min(out.size(), count_);
     for (std::size_t i = 0; i < n; ++i) {
@@ -81,6 +84,7 @@ std::size_t tcp_completion_queue::take(std::span<completion> out) noexcept
         head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
     }
     count_ -= n;
+    queued_.store(count_, std::memory_order_relaxed);
     return n;
 }
 
@@ -117,6 +121,7 @@ std::size_t tcp_completion_queue::purge(const queue_slots& owner) noexcept
             from_srq += e.from_srq;
     }
     count_ = kept;
+    queued_.store(count_, std::memory_order_relaxed);
     return from_srq;
 }
 

@@ -121,6 +121,10 @@ private:
     std::vector<entry> ring_ RDMX_GUARDED_BY(mu_);
     std::size_t head_ RDMX_GUARDED_BY(mu_) = 0;
     std::size_t count_ RDMX_GUARDED_BY(mu_) = 0;
+    /// count_ as last stored under mu_: a poll that finds it 0 takes no lock (an empty
+    /// poll of a spinning endpoint took the mutex twice, each a locked instruction that
+    /// waits for the stores before it). A push that lands meanwhile is the next poll's.
+    std::atomic<std::size_t> queued_{0};
     notify_arm notify_ RDMX_GUARDED_BY(mu_);
     /// notify_ was armed by request_notify_watching(): the sleeper watches epfd_ too.
     bool watching_ RDMX_GUARDED_BY(mu_) = false;

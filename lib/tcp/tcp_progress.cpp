@@ -24,7 +24,8 @@ void domain_progress::run() noexcept
     if (engines_.empty())
         return;
     // First the engines with work pending (mark_pending): their sockets may be silent.
-    take_pending();
+    if (pending_any_.load(std::memory_order_relaxed))
+        take_pending();
     for (connection_engine* e : pending_run_)
         e->queue_progress(*this, queue_visit::listed, busy_);
     pending_run_.clear();
@@ -83,6 +84,7 @@ void domain_progress::take_pending() noexcept
 {
     engine_lock sl(pending_mu_);
     pending_run_.swap(pending_);
+    pending_any_.store(false, std::memory_order_relaxed);
 }
 
 void domain_progress::take_ringed() noexcept
@@ -111,6 +113,7 @@ bool domain_progress::mark_pending(connection_engine& e) noexcept
     if (pending_.size() == pending_.capacity())
         return false; // not while each attached engine is marked at most once
     pending_.push_back(&e);
+    pending_any_.store(true, std::memory_order_relaxed);
     return true;
 }
 

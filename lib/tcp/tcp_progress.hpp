@@ -133,6 +133,9 @@ private:
     engine_mutex pending_mu_;
     std::vector<connection_engine*> pending_ RDMX_GUARDED_BY(pending_mu_);
     std::vector<connection_engine*> pending_run_ RDMX_GUARDED_BY(reg_mu_);
+    /// pending_ may hold engines (set by mark_pending, cleared by take_pending): a run that
+    /// finds it false takes no lock for the list. One marked meanwhile is the next run's.
+    std::atomic<bool> pending_any_{false};
     /// The engines with rings (add_rings; room reserved as for pending_), and the copy a
     /// run goes through (taken when ringed_changes_ moved).
     std::vector<connection_engine*> ringed_ RDMX_GUARDED_BY(pending_mu_);
