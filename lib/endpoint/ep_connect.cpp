@@ -400,10 +400,10 @@ void endpoint_impl::on_request(connection_request& req)
 
 void endpoint_impl::poll_events() noexcept
 {
-    event evs[32];
-    while (std::size_t n = events_->poll(evs))
+    // on_event never comes back here (poll() calls this, outside every handler).
+    while (std::size_t n = events_->poll(ev_batch_))
         for (std::size_t i = 0; i < n; ++i)
-            on_event(evs[i]);
+            on_event(ev_batch_[i]);
 }
 
 void endpoint_impl::on_event(const event& ev) noexcept

@@ -389,6 +389,9 @@ private:
     /// builds with assertions) that no call comes from within another.
     std::array<completion, 64> cq_batch_{};
     bool in_poll_cq_ = false;
+    /// poll_events()'s batch, built once: an array on its stack was 32 events (1.8 kB)
+    /// zeroed at every poll, mostly to find the queue empty.
+    std::array<event, 32> ev_batch_{};
     std::uint32_t queued_total_ = 0;
     std::uint32_t ops_in_use_ = 0, recvs_in_use_ = 0;
 
