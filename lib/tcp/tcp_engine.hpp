@@ -581,11 +581,8 @@ private:
     /// on progresses()[i]'s pending list (mark_on_queues), whose run has not taken us from
     /// there since: once per list, so that the list's reserved room always suffices
     std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};
-    /// Visits of the domain's progress that found nothing new and kept an ACK waiting
-    /// (queue_progress): at most 1 in a row while the queue is idle, ack_wait_visits - 1
-    /// while it is busy.
-    static constexpr int ack_wait_visits = 8;
-    int ack_waits_ RDMX_GUARDED_BY(mu_) = 0;
+    /// How long a shared queue's poller keeps an ACK waiting (queue_progress).
+    ack_hold ack_hold_ RDMX_GUARDED_BY(mu_);
     const std::uint64_t context_; ///< connection_options::context, in every completion
     /// Names this connection in the domain's window table (tcp_domain::find_remote): unlike
     /// the engine's address, never reused within the process.

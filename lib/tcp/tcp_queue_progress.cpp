@@ -124,23 +124,19 @@ void connection_engine::queue_progress(domain_progress& p, queue_visit why, bool
     // fills, and its requests leave in batches). The queue's next poll comes back here
     // first (the domain's pending list); the ACK leaves at the second visit in a row that
     // finds nothing new while the previous run found no socket with data either, else
-    // at the ack_wait_visits-th (so a sender that waits for it is not starved by the
+    // at the ack_hold::busy_visits-th (so a sender that waits for it is not starved by the
     // others' traffic). A connection's own queue gets this spacing from the application's
     // polls of its other connections; a shared queue's next poll comes microseconds later,
     // and an ACK at the first idle visit still kept the pair in a mode of small reads and
     // frequent ACKs one run in three (docs/performance.md). If the poller stops, the
     // stand-down check (or its arming a notification) takes the socket back and sends it.
     // Read responses, NAKs and requests never wait.
-    const bool fresh = seq_.expected() != carried_out;
-    if (fresh)
-        ack_waits_ = 0;
-    const bool wait =
-        fresh || (listed && !resp_.empty() && ++ack_waits_ < (queue_busy ? ack_wait_visits : 2));
+    const bool wait = ack_hold_.may_wait(seq_.expected() != carried_out, listed, !resp_.empty(), queue_busy);
     if (ownership_.app_owns() && wait && only_acks_owed() && mark_on_queues()) {
         ownership_.on_call_end(std::chrono::steady_clock::now());
         return;
     }
-    ack_waits_ = 0;
+    ack_hold_.sent();
     pump(); // what the frames owe (ACKs, read responses) leaves now
     ownership_.on_call_end(std::chrono::steady_clock::now());
 }
@@ -255,7 +251,7 @@ void connection_engine::queue_flush(domain_progress& p, queue_visit why) noexcep
     // again.
     if (reads || (why == queue_visit::socket && read_armed_))
         rx_read();
-    ack_waits_ = 0;
+    ack_hold_.sent();
     pump();
 }
 

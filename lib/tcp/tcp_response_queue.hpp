@@ -79,4 +79,37 @@ private:
     std::uint64_t head_ = 0, tail_ = 0;
 };
 
+/// Whether the ACK for requests that a poll of a shared queue read may wait for a later
+/// visit of the domain's progress (connection_engine::queue_progress), so that one ACK
+/// answers a stream of requests rather than each read: a visit that carried out requests
+/// holds it; visits of the pending list that find nothing new hold it while they count:
+/// one in a row where the domain's previous run found no data (a sender that waits for
+/// it is answered at the second), busy_visits - 1 where it found some (the others'
+/// traffic keeps the poller visiting). Never while responses other than ACKs are owed
+/// (the caller asks), nor at a visit of the socket or rings that brought nothing.
+class ack_hold
+{
+public:
+    static constexpr int busy_visits = 8;
+
+    /// One visit: `fresh` it carried out requests; `listed` it is the pending list's;
+    /// `responses` something is owed; `queue_busy` the previous run found data. True: the
+    /// ACK may wait (it is sent now otherwise, and the count starts over: sent()).
+    bool may_wait(bool fresh, bool listed, bool responses, bool queue_busy) noexcept
+    {
+        if (fresh) {
+            idle_ = 0;
+            return true;
+        }
+        return listed && responses && ++idle_ < (queue_busy ? busy_visits : 2);
+    }
+    /// What was owed left now (or the poller is about to sleep): the count starts over.
+    void sent() noexcept { idle_ = 0; }
+    /// Visits since the last fresh one or send that found nothing new.
+    int idle_visits() const noexcept { return idle_; }
+
+private:
+    int idle_ = 0;
+};
+
 } // namespace rdmx::tcp

@@ -1,5 +1,6 @@
 // The responses a TCP connection owes its peer (lib/tcp/tcp_response_queue.hpp): order,
-// bounds, and the coalescing of cumulative ACKs.
+// bounds, the coalescing of cumulative ACKs, and how long a shared queue's poller holds
+// one (ack_hold).
 #include <gtest/gtest.h>
 
 #include "tcp/tcp_response_queue.hpp"
@@ -79,6 +80,49 @@ TEST(tcp_response_queue, drop_after_keeps_the_given_response_as_the_newest)
     q.drop_after(q.head() + 1);
     EXPECT_EQ(q.tail() - q.head(), 2u);
     EXPECT_EQ(q.at(q.tail() - 1).seq, 2u);
+}
+
+TEST(tcp_ack_hold, a_visit_that_carried_out_requests_holds_the_ack_and_starts_the_count_over)
+{
+    ack_hold h;
+    EXPECT_TRUE(h.may_wait(false, true, true, false)); // one idle visit of the pending list
+    EXPECT_EQ(h.idle_visits(), 1);
+    EXPECT_TRUE(h.may_wait(true, false, true, false)); // a socket visit that read requests
+    EXPECT_EQ(h.idle_visits(), 0);
+    EXPECT_TRUE(h.may_wait(true, true, true, true));
+    EXPECT_EQ(h.idle_visits(), 0);
+}
+
+TEST(tcp_ack_hold, an_idle_queue_sends_at_the_second_idle_visit)
+{
+    ack_hold h;
+    EXPECT_TRUE(h.may_wait(true, false, true, false));
+    EXPECT_TRUE(h.may_wait(false, true, true, false));
+    EXPECT_FALSE(h.may_wait(false, true, true, false)) << "a sender waiting for it is answered";
+    h.sent();
+    EXPECT_EQ(h.idle_visits(), 0);
+    EXPECT_TRUE(h.may_wait(false, true, true, false)) << "counted again from the send";
+}
+
+TEST(tcp_ack_hold, a_busy_queue_holds_it_for_busy_visits_minus_one_idle_visits)
+{
+    ack_hold h;
+    for (int i = 1; i < ack_hold::busy_visits; ++i)
+        EXPECT_TRUE(h.may_wait(false, true, true, true)) << i;
+    EXPECT_FALSE(h.may_wait(false, true, true, true));
+    // The count is of visits in a row: a busy run after an idle one counts on.
+    h.sent();
+    EXPECT_TRUE(h.may_wait(false, true, true, false));
+    EXPECT_TRUE(h.may_wait(false, true, true, true)) << "2nd idle visit, but the last run was busy";
+    EXPECT_FALSE(h.may_wait(false, true, true, false)) << "3rd, the last run idle";
+}
+
+TEST(tcp_ack_hold, only_the_pending_list_holds_without_news_and_only_what_is_owed)
+{
+    ack_hold h;
+    EXPECT_FALSE(h.may_wait(false, false, true, true)) << "a socket or ring visit that brought nothing";
+    EXPECT_FALSE(h.may_wait(false, true, false, true)) << "nothing owed: nothing to hold";
+    EXPECT_TRUE(h.may_wait(true, false, false, false)) << "fresh requests: their ACK is coming";
 }
 
 } // namespace
