@@ -11,6 +11,7 @@
 //   rdmx_ep_perf tcp://127.0.0.1:7700 -t flood -s 1K          (floods until killed)
 //
 // tag_lat: ping-pong of `size` bytes; one-way latency = round trip / 2 (as fi_pingpong).
+//   --json adds empty_poll_us: the mean time of a poll() that found nothing.
 // tag_bw: a window of W sends in flight; after n of them the client sends FIN, which the
 //   server answers once all n arrived (messages from one peer arrive in order), so the
 //   time runs from the first send to the answer. Sizes above the eager limit go by
@@ -99,11 +100,20 @@ void check(std::error_code ec, const char* what)
         throw rdmx::error(ec, std::string("endpoint ") + what);
 }
 
+/// Calls of poll() (or wait()) that returned nothing, and the time they took: what a
+/// busy poller pays per look, measured by the clock reads the deadline takes anyway.
+struct empty_polls {
+    std::uint64_t count = 0;
+    clock_type::duration time{};
+};
+empty_polls empty_polls_seen;
+
 /// Polls (or sleeps, -e) until one completion arrives; throws on an error completion or at
 /// the deadline.
 rdmx::endpoint_completion next(rdmx::endpoint& ep, const options& o)
 {
-    auto deadline = clock_type::now() + std::chrono::milliseconds(o.timeout_ms);
+    auto t = clock_type::now();
+    const auto deadline = t + std::chrono::milliseconds(o.timeout_ms);
     rdmx::endpoint_completion wc;
     for (;;) {
         std::size_t n = o.event ? ep.wait({&wc, 1}, std::chrono::milliseconds(100)) : ep.poll({&wc, 1});
@@ -113,7 +123,11 @@ rdmx::endpoint_completion next(rdmx::endpoint& ep, const options& o)
                                          " failed: " + wc.status.message());
             return wc;
         }
-        if (clock_type::now() > deadline)
+        const auto now = clock_type::now();
+        ++empty_polls_seen.count;
+        empty_polls_seen.time += now - t;
+        t = now;
+        if (now > deadline)
             throw std::runtime_error("no completion within " + std::to_string(o.timeout_ms) + " ms");
     }
 }
@@ -231,7 +245,8 @@ struct row {
     double value;    ///< latency in us (one way), or MB/s
     double msg_rate; ///< bandwidth tests: messages per second
     double p99 = 0;
-    double total_s = 0; ///< conn_rate: first insert to last pong
+    double total_s = 0;       ///< conn_rate: first insert to last pong
+    double empty_poll_us = 0; ///< tag_lat: mean time of a poll() that found nothing
 };
 
 /// One ping-pong on `ep` to `server` with buffer offset 0 (send) and `size` (receive).
@@ -258,10 +273,15 @@ row run_lat(const options& o, std::size_t size)
     for (std::uint64_t k = 0; k < o.warmup; ++k)
         ping(*ep, server, *mr, size, o);
     std::vector<double> rtt(o.iters);
+    empty_polls_seen = {};
     for (auto& v : rtt)
         v = ping(*ep, server, *mr, size, o);
     std::sort(rtt.begin(), rtt.end());
-    return {"tag_lat", size, rtt[rtt.size() / 2] / 2, 0, rtt[rtt.size() * 99 / 100] / 2};
+    row r{"tag_lat", size, rtt[rtt.size() / 2] / 2, 0, rtt[rtt.size() * 99 / 100] / 2};
+    if (empty_polls_seen.count)
+        r.empty_poll_us =
+            std::chrono::duration<double, std::micro>(empty_polls_seen.time).count() / empty_polls_seen.count;
+    return r;
 }
 
 /// Sends tag_flood messages until killed: as many as the endpoint takes (it queues what
@@ -487,9 +507,10 @@ int main(int argc, char** argv)
                         static_cast<unsigned long long>(o.iters), o.window, r.total_s, r.msg_rate, r.value,
                         r.p99);
         else if (o.json)
-            std::printf(
-                "{\"test\": \"%s\", \"size\": %zu, \"%s\": %.3f, \"msg_s\": %.0f, \"p99_us\": %.3f}\n",
-                r.test.c_str(), r.size, r.test == "tag_bw" ? "mb_s" : "lat_us", r.value, r.msg_rate, r.p99);
+            std::printf("{\"test\": \"%s\", \"size\": %zu, \"%s\": %.3f, \"msg_s\": %.0f, \"p99_us\": %.3f, "
+                        "\"empty_poll_us\": %.3f}\n",
+                        r.test.c_str(), r.size, r.test == "tag_bw" ? "mb_s" : "lat_us", r.value, r.msg_rate,
+                        r.p99, r.empty_poll_us);
         else if (r.test == "conn_rate")
             std::printf("conn_rate  %llu peers, %u at once: %.3f s, %.0f connections/s; to first pong "
                         "%.1f us (median), %.1f us (p99)\n",
