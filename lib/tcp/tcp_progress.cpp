@@ -39,15 +39,20 @@ void domain_progress::run() noexcept
             found = true;
         }
     // The sockets: every run while some attached engine has no rings. Theirs carry only the
-    // doorbells of sleepers and the end of the stream: every ring_only_socket_runs-th run
-    // then, and the first run of a poll that starts 1 ms or more after the latest look (a
-    // peer that went is seen as soon by a poller that polls seldom).
+    // doorbells of sleepers and the end of the stream: then at the ring_only_socket_runs-th
+    // run since the latest look if that was ring_only_socket_gap ago or more, and at the
+    // first run of a poll that starts 1 ms or more after it (a peer that went is seen as
+    // soon by a poller that polls seldom). A count alone asked more often the quicker the
+    // polls: at 0.12 us a poll, every 8 us, a system call in every third round trip of an
+    // endpoint's ping-pong over shm:// (docs/performance.md).
     const auto started = activity_.last_entered();
-    if (ringed_run_.size() == engines_.size() && ++ring_only_runs_ % ring_only_socket_runs != 0 &&
-        started - sockets_at_ < std::chrono::milliseconds(1)) {
+    const auto since = started - sockets_at_;
+    if (ringed_run_.size() == engines_.size() && since < std::chrono::milliseconds(1) &&
+        (++ring_only_runs_ < ring_only_socket_runs || since < ring_only_socket_gap)) {
         busy_ = found;
         return;
     }
+    ring_only_runs_ = 0;
     sockets_at_ = started;
     run_sockets();
     busy_ = busy_ || found;

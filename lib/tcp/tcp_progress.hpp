@@ -42,9 +42,10 @@ public:
     /// One poll's progress (the caller's thread): the listed engines first, then those whose
     /// rings hold bytes (shm://: a look at two indices each, no system call), then those
     /// whose sockets have data (one epoll_wait with a zero timeout, at most 32 sockets;
-    /// every ring_only_socket_runs-th run only while every attached engine has rings, whose
-    /// sockets then carry just the doorbells of sleepers and the end of the stream, and at
-    /// least once a millisecond). Level-triggered, so what a budget left is seen by the next run.
+    /// while every attached engine has rings, whose sockets then carry just the doorbells
+    /// of sleepers and the end of the stream, only after ring_only_socket_runs runs and
+    /// 20 us, and at least once a millisecond). Level-triggered, so what a budget left is
+    /// seen by the next run.
     void run() noexcept RDMX_EXCLUDES(reg_mu_, pending_mu_);
     /// Before a sleep on a queue's fd and the sockets (request_notify_watching): the listed
     /// engines read what they left staged and send what they held back, now; the engines
@@ -142,12 +143,16 @@ private:
     std::vector<connection_engine*> ringed_run_ RDMX_GUARDED_BY(reg_mu_);
     std::atomic<std::uint64_t> ringed_changes_{0};
     std::uint64_t ringed_seen_ RDMX_GUARDED_BY(reg_mu_) = 0;
-    /// Where every attached engine has rings, run() asks epoll every this many runs (and
-    /// after 1 ms). Not more seldom: at 1024, shared_cq.sixty_four_connections_on_one_queue_all_progress
-    /// on shm failed 2 runs in 15 once (the last connections starved), at 64 none in 50;
-    /// not reproduced in 500 runs since (docs/performance.md, "Where every connection").
+    /// Where every attached engine has rings, run() asks epoll after this many runs, once
+    /// ring_only_socket_gap has passed since the latest look (and always after 1 ms). Not
+    /// fewer runs: at 1024, shared_cq.sixty_four_connections_on_one_queue_all_progress on
+    /// shm failed 2 runs in 15 once (the last connections starved), at 64 none in 50; not
+    /// reproduced in 500 runs since (docs/performance.md, "Where every connection").
     static constexpr unsigned ring_only_socket_runs = 64;
-    unsigned ring_only_runs_ RDMX_GUARDED_BY(reg_mu_) = 0; ///< runs without epoll_wait (run)
+    /// As the endpoint's spinning poll() (spin_scan_gap): where polls are slow, as in an
+    /// emulated guest, the count rules.
+    static constexpr std::chrono::microseconds ring_only_socket_gap{20};
+    unsigned ring_only_runs_ RDMX_GUARDED_BY(reg_mu_) = 0; ///< runs since the latest epoll_wait (run)
     /// The start of the poll whose run last asked epoll (run).
     std::chrono::steady_clock::time_point sockets_at_ RDMX_GUARDED_BY(reg_mu_){};
     /// The latest run found sockets or rings with data (ACKs of the listed may wait on).
