@@ -3,7 +3,8 @@
 # interleaved per round, over tcp:// on loopback and over shm://, server on CPU 0 and client
 # on CPU 1 (as compare.sh). Rows per transport: 8 B tagged ping-pong (rdmx_ep_perf tag_lat,
 # whose JSON carries empty_poll_us, the mean time of a poll() that found nothing), the same
-# with busy_poll (-B), and 64 B messages with a window of 64 (tag_bw).
+# with busy_poll (-B), and 64 B messages with a window of 64 (tag_bw). Odd rounds run A
+# first, even rounds B (the TCP rows drift with the order otherwise).
 # Usage: sh bench/endpoint_poll_ab.sh BUILD_A BUILD_B [ROUNDS (4)] > results.txt
 # Lines: "ROUND BUILD TRANSPORT ROW JSON".
 set -u
@@ -28,7 +29,9 @@ run() { # round tag build transport row args...
 for r in $(seq 1 "$rounds"); do
     echo "# round $r load $(cut -d' ' -f1 /proc/loadavg)"
     for tr in tcp shm; do
-        for x in A B; do
+        order="A B"
+        [ $((r % 2)) = 0 ] && order="B A" # each build first in every other round
+        for x in $order; do
             build=$a; [ $x = B ] && build=$b
             run "$r" "$x" "$build" "$tr" lat8 -t tag_lat -s 8 -n 20000 -w 1000
             run "$r" "$x" "$build" "$tr" lat8_busy -t tag_lat -s 8 -n 20000 -w 1000 -B
