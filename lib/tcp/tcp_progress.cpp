@@ -43,8 +43,8 @@ void domain_progress::run() noexcept
     // run since the latest look if that was ring_only_socket_gap ago or more, and at the
     // first run of a poll that starts 1 ms or more after it (a peer that went is seen as
     // soon by a poller that polls seldom). A count alone asked more often the quicker the
-    // polls: at 0.12 us a poll, every 8 us, a system call in every third round trip of an
-    // endpoint's ping-pong over shm:// (docs/performance.md).
+    // polls, a system call in a good part of an endpoint's round trips over shm://
+    // (docs/performance.md, "What an endpoint's message costs over shm://").
     const auto started = activity_.last_entered();
     const auto since = started - sockets_at_;
     if (ringed_run_.size() == engines_.size() && since < std::chrono::milliseconds(1) &&
