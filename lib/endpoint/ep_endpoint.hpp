@@ -433,16 +433,17 @@ private:
     bool cq_armed_ = false, wake_raised_ = false;
     clock::time_point timer_set_ = clock::time_point::max();
     /// Spinning (busy_poll, or fd() never asked for), a poll() asks epoll about fd()'s set
-    /// (connection requests) at its spin_scan_every-th call since the last look, or at the
-    /// first such multiple once spin_scan_gap has passed since it: a system call costs
-    /// more than a poll that finds nothing (1.2 us against 0.2-0.3 on this host,
-    /// docs/performance.md), and with every 16th an 8 B ping-pong over shm:// spent an
-    /// eighth of its time in them. Where polls are slow (an emulated guest) 16 of them take
-    /// longer than the gap, and requests are taken as soon as before (every 256th poll
-    /// made 2000 connect-remove cycles on rxe take 136 s instead of 16).
+    /// (connection requests) at its spin_scan_every-th call since the last look, once
+    /// spin_scan_gap has passed since it: a system call costs more than a poll that finds
+    /// nothing (1.1-1.2 us against 0.1-0.2 on this host), and this look and the domain
+    /// progress's (ring_only_socket_gap) every 20 us cost an 8 B ping-pong over shm:// a
+    /// tenth of its time (docs/performance.md). While a connection it
+    /// dials is under way (timers_: dialled, backing off, not yet heard from its acceptor)
+    /// the gap is spin_scan_gap_dialling. Where polls are slow (an emulated guest) the count
+    /// rules (every 256th poll made 2000 connect-remove cycles on rxe take 136 s, not 16).
     bool spin_scan_due() noexcept;
     static constexpr std::uint32_t spin_scan_every = 16;
-    static constexpr std::chrono::microseconds spin_scan_gap{20};
+    static constexpr std::chrono::microseconds spin_scan_gap{200}, spin_scan_gap_dialling{20};
     std::uint32_t polls_since_scan_ = 0;
     /// When a spinning poll() last looked (wait() sets it back to the epoch when it found
     /// nothing, so that the next poll() looks at once).

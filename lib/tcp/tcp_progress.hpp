@@ -149,9 +149,10 @@ private:
     /// shm failed 2 runs in 15 once (the last connections starved), at 64 none in 50; not
     /// reproduced in 500 runs since (docs/performance.md, "Where every connection").
     static constexpr unsigned ring_only_socket_runs = 64;
-    /// As the endpoint's spinning poll() (spin_scan_gap): where polls are slow, as in an
-    /// emulated guest, the count rules.
-    static constexpr std::chrono::microseconds ring_only_socket_gap{20};
+    /// As the endpoint's spinning poll() (spin_scan_gap): one system call (1.1 us here) per
+    /// 200 us of polling; where polls are slow, as in an emulated guest, or many rings are
+    /// read per run (64 runs of 64 connections take longer), the count rules.
+    static constexpr std::chrono::microseconds ring_only_socket_gap{200};
     unsigned ring_only_runs_ RDMX_GUARDED_BY(reg_mu_) = 0; ///< runs since the latest epoll_wait (run)
     /// The start of the poll whose run last asked epoll (run).
     std::chrono::steady_clock::time_point sockets_at_ RDMX_GUARDED_BY(reg_mu_){};
