@@ -68,7 +68,8 @@ struct options {
     bool one_buffer = false; ///< tag_bw: every send from, every receive into, the same bytes
     bool json = false;
     int timeout_ms = 20000;
-    std::uint32_t peers = 0; ///< server: size the completion queue for this many peers
+    std::uint32_t peers = 0;                ///< server: size the completion queue for this many peers
+    std::uint32_t takeover_check_us = 1000; ///< connection_options::tcp.takeover_check
 };
 
 /// Connection-rate runs: the client's endpoints and the server's connections use send
@@ -150,6 +151,7 @@ rdmx::endpoint_options ep_options(const options& o, std::size_t size)
     eo.connection.timeout = std::chrono::milliseconds(o.timeout_ms);
     eo.connection.send_queue_depth = std::max<std::uint32_t>(64, 2 * o.window + 8);
     eo.busy_poll = o.busy_poll;
+    eo.connection.tcp.takeover_check = std::chrono::microseconds(o.takeover_check_us);
     if (o.peers > 0) {
         // docs/endpoints.md: the completion queue reserves each connection's send queue
         // and the shared receive queue's depth, twice per peer during a simultaneous
@@ -482,6 +484,11 @@ int main(int argc, char** argv)
     app.add_flag("-1,--one-buffer", o.one_buffer,
                  "tag_bw (give it to both sides): every send from, every receive into, the same bytes, as "
                  "fi_rdm_tagged_bw and ucx_perftest do");
+    app.add_option(
+           "--takeover-check-us", o.takeover_check_us,
+           "tcp://, shm://: connection_options::tcp.takeover_check, how often a stood-down engine wakes "
+           "to see whether the poller still calls (this side)")
+        ->check(CLI::Range(100u, 1000000u));
     app.add_flag("--json", o.json, "one JSON line");
     app.add_option("--timeout-ms", o.timeout_ms, "bound on every wait");
     CLI11_PARSE(app, argc, argv);
