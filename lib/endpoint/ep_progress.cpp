@@ -28,7 +28,7 @@ bool endpoint_impl::spin_scan_due() noexcept
     if (++polls_since_scan_ % spin_scan_every != 0)
         return false;
     const auto now = clock::now();
-    if (now - scanned_at_ < (timers_.empty() ? spin_scan_gap : spin_scan_gap_dialling))
+    if (now - scanned_at_ < (timers_.empty() && !scan_took_request_ ? spin_scan_gap : spin_scan_gap_dialling))
         return false;
     scanned_at_ = now; // the look follows at once
     return true;
@@ -37,6 +37,7 @@ bool endpoint_impl::spin_scan_due() noexcept
 void endpoint_impl::take_ready_fds(const epoll_event* evs, int nready) noexcept
 {
     polls_since_scan_ = 0;
+    scan_took_request_ = false;
     for (int i = 0; i < nready; ++i) {
         const int fd = evs[i].data.fd;
         std::uint64_t v;
@@ -49,6 +50,7 @@ void endpoint_impl::take_ready_fds(const epoll_event* evs, int nready) noexcept
             cq_->ack_notify(); // the armed notification fired: arm again below
             cq_armed_ = false;
         } else if (fd == listener_->fd()) {
+            scan_took_request_ = true;
             take_requests();
         }
     }
