@@ -437,12 +437,11 @@ private:
     /// spin_scan_gap has passed since it: a system call costs more than a poll that finds
     /// nothing (1.1-1.2 us against 0.1-0.2 on this host), and this look and the domain
     /// progress's (ring_only_socket_gap) every 20 us cost an 8 B ping-pong over shm:// a
-    /// tenth of its time (docs/performance.md). While a connection it
-    /// dials is under way (timers_: dialled, backing off, not yet heard from its acceptor),
-    /// or the last look found a connection request (more tend to follow in a burst of
-    /// clients), the gap is spin_scan_gap_dialling. Where polls are slow (an emulated guest)
-    /// the count rules (every 256th poll made 2000 connect-remove cycles on rxe take 136 s,
-    /// not 16).
+    /// tenth of its time (docs/performance.md). While a connection it dials is under way
+    /// (timers_: dialled, backing off, not yet heard from its acceptor), or the last look
+    /// found a connection request (more tend to follow in a burst of clients), the gap is
+    /// spin_scan_gap_dialling. Where polls are slow (an emulated guest) the count rules
+    /// (every 256th poll made 2000 connect-remove cycles on rxe take 136 s, not 16).
     bool spin_scan_due() noexcept;
     static constexpr std::uint32_t spin_scan_every = 16;
     static constexpr std::chrono::microseconds spin_scan_gap{200}, spin_scan_gap_dialling{20};
