@@ -440,11 +440,11 @@ private:
     /// tenth of its time (docs/performance.md). While a connection it dials is under way
     /// (timers_: dialled, backing off, not yet heard from its acceptor), or the last look
     /// found a connection request (more tend to follow in a burst of clients), the gap is
-    /// spin_scan_gap_dialling. Where polls are slow (an emulated guest) the count rules
+    /// spin_scan_gap_connecting. Where polls are slow (an emulated guest) the count rules
     /// (every 256th poll made 2000 connect-remove cycles on rxe take 136 s, not 16).
     bool spin_scan_due() noexcept;
     static constexpr std::uint32_t spin_scan_every = 16;
-    static constexpr std::chrono::microseconds spin_scan_gap{200}, spin_scan_gap_dialling{20};
+    static constexpr std::chrono::microseconds spin_scan_gap{200}, spin_scan_gap_connecting{20};
     std::uint32_t polls_since_scan_ = 0;
     bool scan_took_request_ = false; ///< the latest look at fd()'s set found the listener readable
     /// When a spinning poll() last looked (wait() sets it back to the epoch when it found

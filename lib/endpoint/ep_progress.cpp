@@ -28,7 +28,8 @@ bool endpoint_impl::spin_scan_due() noexcept
     if (++polls_since_scan_ % spin_scan_every != 0)
         return false;
     const auto now = clock::now();
-    if (now - scanned_at_ < (timers_.empty() && !scan_took_request_ ? spin_scan_gap : spin_scan_gap_dialling))
+    if (now - scanned_at_ <
+        (timers_.empty() && !scan_took_request_ ? spin_scan_gap : spin_scan_gap_connecting))
         return false;
     scanned_at_ = now; // the look follows at once
     return true;
