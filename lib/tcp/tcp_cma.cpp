@@ -233,6 +233,7 @@ void connection_engine::serve_cma(const frame_header& h) noexcept
         remote[i] = {reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)),
                      static_cast<std::size_t>(len)};
     }
+    cma_bytes_ += total; // the copy this call makes (call_end)
     if (h.op == frame_op::send_cma) {
         serve_cma_send(h, remote, count, total);
         return;

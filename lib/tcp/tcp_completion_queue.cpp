@@ -58,13 +58,14 @@ std::size_t tcp_completion_queue::poll(std::span<completion> out) noexcept
     const auto now = std::chrono::steady_clock::now();
     const std::uint64_t k = progress_->begin_poll(now);
     std::size_t n = take(out);
+    auto end = now;
     if (domain_progress::due(k, n, out.size())) {
-        progress_->run();
+        end = progress_->run(now);
         n += take(out.subspan(n));
     }
-    // A poll that took nothing ends when it began (as a connection's own, poll_own): a
-    // spinning poller reads the clock once per poll, not twice.
-    progress_->end_poll(n > 0 ? std::chrono::steady_clock::now() : now);
+    // One clock read per poll: a poll ends when it began unless its run moved enough, or
+    // visited enough connections, to read the clock again (domain_progress::run).
+    progress_->end_poll(end);
     return n;
 }
 

@@ -157,8 +157,10 @@ public:
     std::error_code post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept
         RDMX_EXCLUDES(mu_);
     std::size_t poll(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);
-    /// poll() of this connection's own completions alone, without the domain's progress.
-    std::size_t poll_own(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);
+    /// poll() of this connection's own completions alone, without the domain's progress,
+    /// begun at `now`; `end`: when it ended (poll_ownership::call_end).
+    std::size_t poll_own(std::span<completion> out, clock::time_point now, clock::time_point& end) noexcept
+        RDMX_EXCLUDES(mu_);
     std::error_code request_notify(bool solicited_only) noexcept RDMX_EXCLUDES(mu_);
     /// Any thread, no lock: it only drains the eventfd.
     std::error_code ack_notify() noexcept;
@@ -182,8 +184,10 @@ public:
     /// readable or the rings holding bytes, or ran this engine from its pending list
     /// (mark_pending; the caller's thread, `p`'s registration lock held): reads what came
     /// and sends what it owes. `queue_busy`: the previous run found data on some socket or
-    /// ring (an ACK may wait a little longer).
-    void queue_progress(domain_progress& p, queue_visit why, bool queue_busy) noexcept RDMX_EXCLUDES(mu_);
+    /// ring (an ACK may wait a little longer). `now`: when the visit began (the poll's clock
+    /// read, or the run's since); returns when it ended (poll_ownership::call_end).
+    clock::time_point queue_progress(domain_progress& p, queue_visit why, bool queue_busy,
+                                     clock::time_point now) noexcept RDMX_EXCLUDES(mu_);
     /// Whether its rings hold bytes it has not read (shm://, once they are in use and while
     /// the domain's polls read it): a hint, without the lock (domain_progress::run).
     bool ring_has_data() const noexcept
@@ -693,6 +697,10 @@ private:
     int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)
     std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)
     std::uint64_t tx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes the socket took
+    std::uint64_t cma_bytes_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes the peer's CMA requests asked us to move
+    /// What this side has moved so far, for poll_ownership::call_end: bytes read and sent,
+    /// and CMA copies served.
+    std::uint64_t moved() const noexcept RDMX_REQUIRES(mu_) { return rx_bytes_ + tx_bytes_ + cma_bytes_; }
     bool reclaim_posted_ RDMX_GUARDED_BY(mu_) = false; ///< request_notify() asked the engine to take it back
     /// who reads and sends: the engine or a polling application
     poll_ownership ownership_ RDMX_GUARDED_BY(mu_);

@@ -35,6 +35,17 @@ public:
     /// Stood down, post() reads at most this often, so that an application that posts a long
     /// window without polling still serves the peer's requests.
     static constexpr std::chrono::microseconds app_rx_interval{50};
+    /// A call (or a visit of the domain's progress) that moved fewer bytes than this, frames
+    /// read and sent and CMA copies served, took a few microseconds at most, well inside
+    /// busy_poll_window: it ends when it began (call_end), and reads the clock once, not
+    /// twice. Each read is ~27 ns here, and a hit poll and its answer read it six times
+    /// before (docs/performance.md, "One clock read per call").
+    static constexpr std::uint64_t call_clock_bytes = 4096;
+    /// When a call that began at `began` and moved `moved` bytes ended.
+    static clock::time_point call_end(clock::time_point began, std::uint64_t moved) noexcept
+    {
+        return moved < call_clock_bytes ? began : clock::now();
+    }
 
     rx_owner owner() const noexcept { return owner_; }
     bool app_owns() const noexcept { return owner_ == rx_owner::application; }
@@ -161,6 +172,44 @@ private:
     clock::time_point last_poll_{};     ///< the application's latest poll()
     clock::time_point last_call_end_{}; ///< when its latest post() / poll() returned
     clock::time_point last_app_rx_{};   ///< latest poll(), or post() that read
+};
+
+/// The times a run of the domain's progress (domain_progress::run) hands its visits
+/// (connection_engine::queue_progress): the poll's start, then the end of the latest visit
+/// that read the clock (one that moved poll_ownership::call_clock_bytes or more), or
+/// a read of its own once visits_per_clock_read visits went by without one, so that a
+/// run over many connections does not hand the last of them (nor the poll's end) a
+/// start tens of microseconds old. A run of a few small visits reads no clock at all.
+class visit_clock
+{
+public:
+    using clock = std::chrono::steady_clock;
+    static constexpr unsigned visits_per_clock_read = 8;
+    explicit visit_clock(clock::time_point start) noexcept : t_(start) {}
+    /// The start of the next visit.
+    clock::time_point next() noexcept
+    {
+        if (++since_read_ > visits_per_clock_read) {
+            t_ = clock::now();
+            since_read_ = 1;
+        }
+        return t_;
+    }
+    /// The visit ended at `end` (its start, unless it read the clock).
+    void ended(clock::time_point end) noexcept
+    {
+        if (end != t_) {
+            t_ = end;
+            since_read_ = 0;
+        }
+    }
+    /// When the run ended: the latest time read, or now if four visits or more went by
+    /// since (a ping-pong's hit visits one or two engines, in a microsecond or so).
+    clock::time_point end() noexcept { return since_read_ >= 4 ? clock::now() : t_; }
+
+private:
+    clock::time_point t_;
+    unsigned since_read_ = 0;
 };
 
 /// Whether an application thread is polling: inside a poll() right now, or out of one for

@@ -66,7 +66,8 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
     // Read before the lock: time spent waiting for the engine to let go of it does not make
     // a tight loop look idle.
     const auto entry = std::chrono::steady_clock::now();
-    engine_lock lk(mu_);
+    bool waited = false;
+    engine_lock lk(mu_, waited);
     if (state() == connection_state::connecting)
         return errc::not_connected;
     if (auto done =
@@ -85,6 +86,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             }))
         return *done;
     ownership_.on_post(entry);
+    const std::uint64_t moved_before = moved();
     // Slots whose completions wait on a shared queue are still taken (0 on the own ring).
     const std::uint64_t depth =
         lim_.send_queue_depth - std::min(held_in_cq(cq_side::send), lim_.send_queue_depth);
@@ -162,7 +164,9 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
         arm_tx_check(); // the next post() or poll() sends it, or the engine a check later
     else
         pump();
-    ownership_.on_call_end(std::chrono::steady_clock::now());
+    // One clock read per post where it moved little and had the lock at once (a microsecond
+    // or so): it ends when it began.
+    ownership_.on_call_end(waited ? clock::now() : poll_ownership::call_end(entry, moved() - moved_before));
     if (copy_failed)
         return errc::local_protection;
     if (i < wrs.size())
@@ -213,25 +217,28 @@ std::size_t connection_engine::poll(std::span<completion> out) noexcept
     // poll of a shared queue does, and on the same terms (domain_progress::due). Not under
     // mu_: this engine may be one of them (a side on a shared queue).
     domain_progress& dp = dom_.progress();
+    const auto now = std::chrono::steady_clock::now();
+    auto end = now;
     if (!dp.attached())
-        return poll_own(out);
-    const std::uint64_t k = dp.begin_poll(std::chrono::steady_clock::now());
-    std::size_t n = poll_own(out);
+        return poll_own(out, now, end);
+    const std::uint64_t k = dp.begin_poll(now);
+    std::size_t n = poll_own(out, now, end);
     if (domain_progress::due(k, n, out.size()))
-        dp.run();
-    dp.end_poll(std::chrono::steady_clock::now());
+        end = dp.run(end);
+    dp.end_poll(end);
     return n;
 }
 
-std::size_t connection_engine::poll_own(std::span<completion> out) noexcept
+std::size_t connection_engine::poll_own(std::span<completion> out, clock::time_point now,
+                                        clock::time_point& end) noexcept
 {
     engine_lock lk(mu_);
+    end = now;
     if (hs_.owns_socket()) // the handshake's socket: nothing to read or send here
         return cq_.pop(out);
-    const auto now = std::chrono::steady_clock::now();
     ownership_.on_poll(now);
     dom_.polls().enter(now);
-    const std::uint64_t moved = rx_bytes_ + tx_bytes_;
+    const std::uint64_t moved_before = moved();
     bool pumped = cq_.empty() && rx_poll();
     if (!pumped && sq_.unstarted())
         pump(); // requests that post() left to be coalesced, when rx_poll did not send
@@ -239,9 +246,9 @@ std::size_t connection_engine::poll_own(std::span<completion> out) noexcept
     std::size_t n = cq_.pop(out, &from_srq);
     if (from_srq)
         srq_->retire(from_srq); // polled: their slots in the shared queue are free again
-    // A poll that found nothing took a fraction of a microsecond: it ends when it began,
-    // and a busy poller reads the clock once per poll, not twice (each read is tens of ns).
-    const auto end = n > 0 || rx_bytes_ + tx_bytes_ != moved ? std::chrono::steady_clock::now() : now;
+    // A poll that moved little took a microsecond or so: it ends when it began, and a busy
+    // poller reads the clock once per poll, not twice (each read is ~27 ns here).
+    end = poll_ownership::call_end(now, moved() - moved_before);
     ownership_.on_call_end(end);
     dom_.polls().leave(end);
     return n;

@@ -17,17 +17,20 @@ domain_progress::domain_progress() : epfd_(::epoll_create1(EPOLL_CLOEXEC))
         throw_errno(errno, "epoll_create1");
 }
 
-void domain_progress::run() noexcept
+clock::time_point domain_progress::run(clock::time_point now) noexcept
 {
     // reg_mu_ keeps every engine named in the set alive and attached meanwhile.
     engine_lock rl(reg_mu_);
     if (engines_.empty())
-        return;
+        return now;
+    // The visits' times (queue_progress): the poll's clock read, then the end of the latest
+    // visit that read the clock, or a read of its own every visits_per_clock_read visits.
+    visit_clock t{now};
     // First the engines with work pending (mark_pending): their sockets may be silent.
     if (pending_any_.load(std::memory_order_relaxed))
         take_pending();
     for (connection_engine* e : pending_run_)
-        e->queue_progress(*this, queue_visit::listed, busy_);
+        t.ended(e->queue_progress(*this, queue_visit::listed, busy_, t.next()));
     pending_run_.clear();
     // The rings: their writers ring no doorbell while this poller reads them
     // (connection_engine::rx_may_sleep), so their sockets would not say.
@@ -35,7 +38,7 @@ void domain_progress::run() noexcept
     bool found = false;
     for (connection_engine* e : ringed_run_)
         if (e->ring_has_data()) {
-            e->queue_progress(*this, queue_visit::ring, busy_);
+            t.ended(e->queue_progress(*this, queue_visit::ring, busy_, t.next()));
             found = true;
         }
     // The sockets: every run while some attached engine has no rings. Theirs carry only the
@@ -45,25 +48,26 @@ void domain_progress::run() noexcept
     // soon by a poller that polls seldom). A count alone asked more often the quicker the
     // polls, a system call in a good part of an endpoint's round trips over shm://
     // (docs/performance.md, "What an endpoint's message costs over shm://").
-    const auto started = activity_.last_entered();
-    const auto since = started - sockets_at_;
+    const auto since = now - sockets_at_;
     if (ringed_run_.size() == engines_.size() && since < std::chrono::milliseconds(1) &&
         (++ring_only_runs_ < ring_only_socket_runs || since < ring_only_socket_gap)) {
         busy_ = found;
-        return;
+        return t.end();
     }
     ring_only_runs_ = 0;
-    sockets_at_ = started;
-    run_sockets();
+    sockets_at_ = now;
+    run_sockets(t);
     busy_ = busy_ || found;
+    return t.end();
 }
 
-void domain_progress::run_sockets() noexcept
+void domain_progress::run_sockets(visit_clock& t) noexcept
 {
     epoll_event ev[32];
     int n = ::epoll_wait(epfd_.get(), ev, 32, 0);
     for (int i = 0; i < n; ++i)
-        static_cast<connection_engine*>(ev[i].data.ptr)->queue_progress(*this, queue_visit::socket, busy_);
+        t.ended(static_cast<connection_engine*>(ev[i].data.ptr)
+                    ->queue_progress(*this, queue_visit::socket, busy_, t.next()));
     busy_ = n > 0;
 }
 

@@ -44,9 +44,10 @@ public:
     /// whose sockets have data (one epoll_wait with a zero timeout, at most 32 sockets;
     /// while every attached engine has rings, whose sockets then carry just the doorbells
     /// of sleepers and the end of the stream, only after ring_only_socket_runs runs and
-    /// 20 us, and at least once a millisecond). Level-triggered, so what a budget left is
-    /// seen by the next run.
-    void run() noexcept RDMX_EXCLUDES(reg_mu_, pending_mu_);
+    /// 200 us, and at least once a millisecond). Level-triggered, so what a budget left is
+    /// seen by the next run. `now`: the poll's start (begin_poll's); returns when the run
+    /// ended, as far as its visits read the clock (visit_clock).
+    clock::time_point run(clock::time_point now) noexcept RDMX_EXCLUDES(reg_mu_, pending_mu_);
     /// Before a sleep on a queue's fd and the sockets (request_notify_watching): the listed
     /// engines read what they left staged and send what they held back, now; the engines
     /// with rings raise their wake flags (their writers ring the doorbell from now on) and
@@ -122,7 +123,7 @@ private:
     /// ringed_run_ becomes ringed_ if that changed since.
     void take_ringed() noexcept RDMX_REQUIRES(reg_mu_) RDMX_EXCLUDES(pending_mu_);
     /// The engines whose sockets have data progress (one epoll_wait).
-    void run_sockets() noexcept RDMX_REQUIRES(reg_mu_);
+    void run_sockets(visit_clock& t) noexcept RDMX_REQUIRES(reg_mu_);
 
     /// Held while a run progresses the engines (they stay alive and attached meanwhile).
     engine_mutex reg_mu_;

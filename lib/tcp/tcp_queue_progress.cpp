@@ -100,7 +100,8 @@ void connection_engine::resume_queue_watch() noexcept
         ring_peek_.store(rings_.get(), std::memory_order_release);
 }
 
-void connection_engine::queue_progress(domain_progress& p, queue_visit why, bool queue_busy) noexcept
+clock::time_point connection_engine::queue_progress(domain_progress& p, queue_visit why, bool queue_busy,
+                                                    clock::time_point now) noexcept
 {
     engine_lock lk(mu_);
     const bool listed = why == queue_visit::listed;
@@ -109,13 +110,13 @@ void connection_engine::queue_progress(domain_progress& p, queue_visit why, bool
     else if (why == queue_visit::socket && rings_)
         socket_ready_ = true; // read by the ring path only (link_recv)
     if (closed_ || detached_ || hs_.owns_socket())
-        return; // the handshake's socket is the engine's; a reply there waits for it
+        return now; // the handshake's socket is the engine's; a reply there waits for it
+    const std::uint64_t moved_before = moved();
     if (rx_state_ == rx_state::done) {
         unwatch_queues(); // EOF or an error: readable for good, and nothing more to read
         pump();           // what post() held back for this poll
-        return;
+        return poll_ownership::call_end(now, moved() - moved_before);
     }
-    const auto now = std::chrono::steady_clock::now();
     ownership_.on_poll(now);
     const std::uint64_t carried_out = seq_.expected();
     rx_read();
@@ -132,13 +133,13 @@ void connection_engine::queue_progress(domain_progress& p, queue_visit why, bool
     // stand-down check (or its arming a notification) takes the socket back and sends it.
     // Read responses, NAKs and requests never wait.
     const bool wait = ack_hold_.may_wait(seq_.expected() != carried_out, listed, !resp_.empty(), queue_busy);
-    if (ownership_.app_owns() && wait && only_acks_owed() && mark_on_queues()) {
-        ownership_.on_call_end(std::chrono::steady_clock::now());
-        return;
+    if (!(ownership_.app_owns() && wait && only_acks_owed() && mark_on_queues())) {
+        ack_hold_.sent();
+        pump(); // what the frames owe (ACKs, read responses) leaves now
     }
-    ack_hold_.sent();
-    pump(); // what the frames owe (ACKs, read responses) leaves now
-    ownership_.on_call_end(std::chrono::steady_clock::now());
+    const auto end = poll_ownership::call_end(now, moved() - moved_before);
+    ownership_.on_call_end(end);
+    return end;
 }
 
 bool connection_engine::mark_on_queues() noexcept

@@ -244,5 +244,52 @@ TEST(tcp_poll_ownership, a_poll_elsewhere_in_progress_or_just_ended_counts_as_po
     EXPECT_EQ(p.busy_wakes(), 0);
 }
 
+TEST(tcp_poll_ownership, a_call_that_moved_little_ends_when_it_began)
+{
+    // The real clock: call_end reads it for a call that moved much.
+    const clock::time_point began = clock::now() - 1h;
+    EXPECT_EQ(poll_ownership::call_end(began, 0), began);
+    EXPECT_EQ(poll_ownership::call_end(began, poll_ownership::call_clock_bytes - 1), began);
+    EXPECT_GE(poll_ownership::call_end(began, poll_ownership::call_clock_bytes), began + 1h)
+        << "a call that moved call_clock_bytes reads the clock";
+}
+
+TEST(tcp_poll_ownership, a_run_reads_the_clock_after_a_long_visit_and_every_few_visits)
+{
+    const clock::time_point start = clock::now() - 1h;
+    {
+        visit_clock t(start); // a ping-pong's hit: one small visit
+        EXPECT_EQ(t.next(), start);
+        t.ended(start);
+        EXPECT_EQ(t.end(), start) << "no clock read for a run of one small visit";
+    }
+    {
+        visit_clock t(start); // a visit that moved much read the clock: the next starts then
+        EXPECT_EQ(t.next(), start);
+        const clock::time_point later = start + 5ms;
+        t.ended(later);
+        EXPECT_EQ(t.next(), later);
+        t.ended(later);
+        EXPECT_EQ(t.end(), later) << "one small visit since the latest read";
+    }
+    {
+        visit_clock t(start); // many small visits: a read of its own every few
+        for (unsigned i = 0; i < visit_clock::visits_per_clock_read; ++i) {
+            EXPECT_EQ(t.next(), start) << "visit " << i;
+            t.ended(start);
+        }
+        const clock::time_point fresh = t.next();
+        EXPECT_GE(fresh, start + 1h) << "visit " << visit_clock::visits_per_clock_read << " reads the clock";
+        t.ended(fresh);
+        EXPECT_EQ(t.end(), fresh);
+    }
+    {
+        visit_clock t(start); // four small visits: the run's end is read
+        for (int i = 0; i < 4; ++i)
+            t.ended(t.next());
+        EXPECT_GE(t.end(), start + 1h);
+    }
+}
+
 } // namespace
 } // namespace rdmx::tcp
