@@ -44,6 +44,7 @@ bool tcp_completion_queue::push(const completion& c, queue_slots& owner, cq_side
     ++count_;
     queued_.store(count_, std::memory_order_relaxed);
     if (notify_.fire(c, solicited)) {
+        publish_arm();
         std::uint64_t one = 1;
         // Only fails if the counter would overflow, which cannot happen with one per arm.
         [[maybe_unused]] auto r = ::write(efd_.get(), &one, sizeof one);
@@ -91,23 +92,16 @@ std::size_t tcp_completion_queue::take(std::span<completion> out) noexcept
 
 void tcp_completion_queue::wake_watcher() noexcept
 {
+    // The caller marked itself on the pending list before: a sleeper that arms after this
+    // look finds it there (its flush takes the list after arming).
+    if (!watched())
+        return;
     engine_lock lk(mu_);
     if (watching_ && notify_.fire_any()) {
+        publish_arm();
         std::uint64_t one = 1;
         [[maybe_unused]] auto r = ::write(efd_.get(), &one, sizeof one);
     }
-}
-
-bool tcp_completion_queue::armed() noexcept
-{
-    engine_lock lk(mu_);
-    return notify_.armed() && !watching_;
-}
-
-bool tcp_completion_queue::watched() noexcept
-{
-    engine_lock lk(mu_);
-    return notify_.armed() && watching_;
 }
 
 std::size_t tcp_completion_queue::purge(const queue_slots& owner) noexcept
@@ -132,6 +126,7 @@ std::error_code tcp_completion_queue::request_notify(bool solicited_only) noexce
         engine_lock lk(mu_);
         notify_.arm(solicited_only);
         watching_ = false;
+        publish_arm();
     }
     // The poller is about to sleep on fd(): connections of this queue that left their
     // reads to the domain's polls (stood down) go back to their engines, which read,
@@ -150,6 +145,7 @@ std::error_code tcp_completion_queue::request_notify_watching() noexcept
         engine_lock lk(mu_);
         notify_.arm(false);
         watching_ = true;
+        publish_arm();
     }
     // The sleeper wakes for data on the sockets (progress_fd) and for completions; work
     // that a poll would find only on the pending list (frames staged, an ACK held back, a

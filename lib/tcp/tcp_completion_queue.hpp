@@ -99,13 +99,17 @@ public:
     domain_progress& progress() const noexcept { return *progress_; }
     /// An engine that reports here marked itself pending on the domain's progress
     /// (mark_pending): a sleeper armed with request_notify_watching() would not see that
-    /// work in the sockets, so the arming fires.
+    /// work in the sockets, so the arming fires. No lock unless such a sleeper is armed.
     void wake_watcher() noexcept RDMX_EXCLUDES(mu_);
     /// A notification is armed for a poller that sleeps on fd() alone: the engines read.
-    bool armed() noexcept RDMX_EXCLUDES(mu_);
+    /// No lock (arm_view_).
+    bool armed() const noexcept { return arm_view_.load(std::memory_order_seq_cst) == view_armed; }
     /// A notification is armed for a poller that watches progress_fd() too
-    /// (request_notify_watching): data wakes it, and its polls read the sockets.
-    bool watched() noexcept RDMX_EXCLUDES(mu_);
+    /// (request_notify_watching): data wakes it, and its polls read the sockets. No lock.
+    bool watched() const noexcept
+    {
+        return arm_view_.load(std::memory_order_seq_cst) == (view_armed | view_watching);
+    }
 
 private:
     std::size_t take(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);
@@ -128,6 +132,21 @@ private:
     notify_arm notify_ RDMX_GUARDED_BY(mu_);
     /// notify_ was armed by request_notify_watching(): the sleeper watches epfd_ too.
     bool watching_ RDMX_GUARDED_BY(mu_) = false;
+    /// notify_.armed() and watching_ for the engines' looks without the lock (armed(),
+    /// watched(), wake_watcher()): a hit poll of an endpoint over shm:// took this mutex
+    /// three or four times for them. Stored under mu_ at each change (publish_arm), both
+    /// ways seq_cst: an engine that stands down stores its flag and then looks here, a
+    /// poller that arms stores here and then looks at the flag (stand_down,
+    /// request_notify), and one of them sees the other. Every other look is made under
+    /// the engine's mutex, which the sleeper's flush takes after arming.
+    static constexpr std::uint8_t view_armed = 1, view_watching = 2;
+    std::atomic<std::uint8_t> arm_view_{0};
+    void publish_arm() noexcept RDMX_REQUIRES(mu_)
+    {
+        arm_view_.store(static_cast<std::uint8_t>((notify_.armed() ? view_armed : 0) |
+                                                  (notify_.armed() && watching_ ? view_watching : 0)),
+                        std::memory_order_seq_cst);
+    }
     unique_fd efd_; ///< readable after a notification fired, until ack_notify()
     const std::shared_ptr<domain_progress> progress_;
     const rdmx::backend backend_;
