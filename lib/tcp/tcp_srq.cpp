@@ -43,7 +43,7 @@ std::error_code tcp_srq::post_recv(std::span<const recv_request> wrs, std::size_
     }
     engine_lock lk(mu_);
     std::size_t i = 0;
-    for (; i < wrs.size() && outstanding_ < depth_; ++i) {
+    for (; i < wrs.size() && outstanding_.load(std::memory_order_relaxed) < depth_; ++i) {
         entry& e = ring_[tail_ % depth_];
         seg* segs = &segs_[(tail_ % depth_) * max_sge_];
         e.wr_id = wrs[i].wr_id;
@@ -56,7 +56,7 @@ std::error_code tcp_srq::post_recv(std::span<const recv_request> wrs, std::size_
             e.length += s.length;
         }
         ++tail_;
-        ++outstanding_;
+        outstanding_.fetch_add(1, std::memory_order_relaxed);
     }
     if (posted)
         *posted = i;
@@ -118,8 +118,12 @@ void tcp_srq::retire(std::size_t n) noexcept
 {
     if (n == 0)
         return;
-    engine_lock lk(mu_);
-    outstanding_ -= static_cast<std::uint32_t>(std::min<std::size_t>(n, outstanding_));
+    // Never below zero (as before, under the lock): a count gone wrong must not wrap and
+    // refuse every post from then on.
+    std::uint32_t cur = outstanding_.load(std::memory_order_relaxed);
+    while (!outstanding_.compare_exchange_weak(
+        cur, cur - static_cast<std::uint32_t>(std::min<std::size_t>(n, cur)), std::memory_order_relaxed)) {
+    }
 }
 
 } // namespace rdmx::tcp

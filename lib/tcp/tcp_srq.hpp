@@ -3,6 +3,7 @@
 // engine's mutex, then this queue's; the event queue's last (after this one is released).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -46,7 +47,7 @@ public:
         RDMX_EXCLUDES(mu_);
     /// `n` completions of taken receives were polled (or dropped with their connection):
     /// their slots count against depth() no more.
-    void retire(std::size_t n) noexcept RDMX_EXCLUDES(mu_);
+    void retire(std::size_t n) noexcept;
 
 private:
     struct entry {
@@ -66,8 +67,12 @@ private:
     std::vector<seg> segs_ RDMX_GUARDED_BY(mu_);  ///< max_sge_ per ring slot
     std::uint64_t head_ RDMX_GUARDED_BY(mu_) = 0; ///< posted, not taken: [head_, tail_)
     std::uint64_t tail_ RDMX_GUARDED_BY(mu_) = 0;
-    /// Posted and not yet polled (taken or not): what depth() bounds.
-    std::uint32_t outstanding_ RDMX_GUARDED_BY(mu_) = 0;
+    /// Posted and not yet polled (taken or not): what depth() bounds. Raised under mu_ by
+    /// post_recv; lowered without it by retire(), which a shared queue's poll calls for
+    /// every receive it takes (a lock per message before). A post that reads it while a
+    /// retire lands sees the larger count: it may refuse a receive early, never accept one
+    /// too many.
+    std::atomic<std::uint32_t> outstanding_{0};
     std::uint32_t limit_ RDMX_GUARDED_BY(mu_) = 0; ///< armed low watermark; 0: disarmed
 };
 
