@@ -26,6 +26,12 @@
 //   connections per second over the span from the first insert to the last pong, and the
 //   median and p99 of each peer's time from its insert to its pong. The server needs
 //   --peers n (its completion queue reserves every connection's send queue).
+// self_lat: the tag_lat ping-pong between two endpoints of this process, each in a domain
+//   of its own (as two processes), on one thread and without a server: whoever polls for
+//   a message is the thread that sent the one before, so no cache line crosses CPUs, and
+//   the time is the library's CPU work per message (a send and its receive, one-way =
+//   round trip / 2), whatever the host's mode of moving lines between CPUs
+//   (docs/performance.md). rdmx_ep_perf shm://self:7790 -t self_lat -s 8 -n 100000
 // flood: sends `size`-byte messages with a tag the server never receives, as fast as the
 //   endpoint takes them, never receiving, until killed (bench/flood_p99.sh times tag_lat
 //   beside it: a flooder must not starve other peers).
@@ -286,6 +292,73 @@ row run_lat(const options& o, std::size_t size)
     return r;
 }
 
+row run_self_lat(const options& o, std::size_t size)
+{
+    auto dom_a = rdmx::domain::open(o.address);
+    auto dom_b = rdmx::domain::open(o.address);
+    const auto eo = ep_options(o, size);
+    auto a = open_endpoint(*dom_a, o.address, eo, o);
+    auto b = open_endpoint(*dom_b, own_address(o.address), eo, o);
+    std::vector<std::byte> mem_a(2 * size), mem_b(2 * size);
+    const auto rights = rdmx::access::local_write | rdmx::access::remote_read;
+    auto mr_a = dom_a->register_memory(mem_a.data(), mem_a.size(), rights);
+    auto mr_b = dom_b->register_memory(mem_b.data(), mem_b.size(), rights);
+    rdmx::peer to_b = a->insert(b->address()), to_a = b->insert(a->address());
+    rdmx::sge a_out{mr_a.get(), 0, size}, a_in{mr_a.get(), size, size};
+    rdmx::sge b_out{mr_b.get(), 0, size}, b_in{mr_b.get(), size, size};
+    // One thread serves both, as a service serves its peers: each wait polls the endpoint
+    // it waits on, then the other (whose calls send what a post held for the next one, and
+    // take its connection's events). As tag_lat's two sides: a waits for the pong and its
+    // ping's completion, b for the ping; b's pong completes when a's ACK comes.
+    bool a_recv = false, a_send = false, b_recv = false;
+    auto take = [&](rdmx::endpoint& ep, bool& recv, bool* send) {
+        rdmx::endpoint_completion wc[4];
+        const std::size_t n = ep.poll(wc);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (wc[i].status)
+                throw std::runtime_error(std::string(rdmx::to_string(wc[i].op)) +
+                                         " failed: " + wc[i].status.message());
+            if (wc[i].op == rdmx::endpoint_op::recv)
+                recv = true;
+            else if (send)
+                *send = true;
+        }
+    };
+    bool b_send_seen = false;
+    auto drive = [&](bool a_first, auto done) {
+        const auto deadline = clock_type::now() + std::chrono::milliseconds(o.timeout_ms);
+        while (!done()) {
+            if (a_first) {
+                take(*a, a_recv, &a_send);
+                take(*b, b_recv, &b_send_seen);
+            } else {
+                take(*b, b_recv, &b_send_seen);
+                take(*a, a_recv, &a_send);
+            }
+            if (!done() && clock_type::now() > deadline)
+                throw std::runtime_error("no completion within " + std::to_string(o.timeout_ms) + " ms");
+        }
+    };
+    auto round_trip = [&] {
+        auto t0 = clock_type::now();
+        a_recv = a_send = b_recv = false;
+        check(b->recv(to_a, tag_ping, 0, {&b_in, 1}, 1), "recv (ping)");
+        check(a->recv(to_b, tag_pong, 0, {&a_in, 1}, 1), "recv (pong)");
+        check(a->send(to_b, tag_ping, {&a_out, 1}, 2), "send (ping)");
+        drive(false, [&] { return b_recv; });
+        check(b->send(to_a, tag_pong, {&b_out, 1}, 3), "send (pong)");
+        drive(true, [&] { return a_recv && a_send; });
+        return std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
+    };
+    for (std::uint64_t k = 0; k < o.warmup; ++k)
+        round_trip();
+    std::vector<double> rtt(o.iters);
+    for (auto& v : rtt)
+        v = round_trip();
+    std::sort(rtt.begin(), rtt.end());
+    return {"self_lat", size, rtt[rtt.size() / 2] / 2, 0, rtt[rtt.size() * 99 / 100] / 2};
+}
+
 /// Sends tag_flood messages until killed: as many as the endpoint takes (it queues what
 /// the server's credit does not cover, and says would_block when its queue is full).
 int run_flood(const options& o, std::size_t size)
@@ -466,8 +539,8 @@ int main(int argc, char** argv)
     app.add_option("address", o.address, "the server's tcp://HOST:PORT, shm://NAME:PORT or rdma://HOST:PORT")
         ->required();
     app.add_flag("--server", o.server, "serve runs until killed");
-    app.add_option("-t,--test", o.test, "tag_lat | tag_bw | first_msg | conn_rate | flood")
-        ->check(CLI::IsMember({"tag_lat", "tag_bw", "first_msg", "conn_rate", "flood"}));
+    app.add_option("-t,--test", o.test, "tag_lat | tag_bw | first_msg | conn_rate | flood | self_lat")
+        ->check(CLI::IsMember({"tag_lat", "tag_bw", "first_msg", "conn_rate", "flood", "self_lat"}));
     app.add_option("-s,--size", o.size, "message size (suffixes K, M)");
     app.add_option("-n,--iters", o.iters, "measured iterations")->check(CLI::Range(1ull, 1ull << 40));
     app.add_option("-w,--warmup", o.warmup, "iterations before measuring");
@@ -505,6 +578,7 @@ int main(int argc, char** argv)
         if (o.test == "flood")
             return run_flood(o, size);
         row r = o.test == "tag_lat"     ? run_lat(o, size)
+                : o.test == "self_lat"  ? run_self_lat(o, size)
                 : o.test == "tag_bw"    ? run_bw(o, size)
                 : o.test == "conn_rate" ? run_conn_rate(o)
                                         : run_first_msg(o);
