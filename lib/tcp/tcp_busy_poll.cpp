@@ -234,9 +234,9 @@ bool connection_engine::rx_read() noexcept
     // while the engine's continuation is posted, before: an engine that found bytes each
     // time it was about to wait (a ring its peer keeps filling) posted one after another
     // and never armed its wait, so only the engine thread read that connection, on a CPU
-    // that two polling threads kept busy, a window's worth per few milliseconds; one of
-    // 64 connections on a shared queue starved in 1 % of the runs of
-    // shared_cq.sixty_four_connections_on_one_queue_all_progress (0.25 % since).
+    // that two polling threads kept busy, a window's worth per few milliseconds, and one
+    // connection of many on a shared queue starved (docs/performance.md, "a connection
+    // left to its engine").
     if (!(read_armed_ || rx_cont_posted_ || ownership_.app_owns()) || closed_ ||
         rx_state_ != rx_state::reading || state() != connection_state::established)
         return false;

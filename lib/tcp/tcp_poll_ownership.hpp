@@ -38,8 +38,7 @@ public:
     /// A call (or a visit of the domain's progress) that moved fewer bytes than this, frames
     /// read and sent and CMA copies served, took a few microseconds at most, well inside
     /// busy_poll_window: it ends when it began (call_end), and reads the clock once, not
-    /// twice. Each read is ~27 ns here, and a hit poll and its answer read it six times
-    /// before (docs/performance.md, "One clock read per call").
+    /// twice (docs/performance.md, "One clock read per call").
     static constexpr std::uint64_t call_clock_bytes = 4096;
     /// When a call that began at `began` and moved `moved` bytes ended.
     static clock::time_point call_end(clock::time_point began, std::uint64_t moved) noexcept

@@ -247,7 +247,7 @@ std::size_t connection_engine::poll_own(std::span<completion> out, clock::time_p
     if (from_srq)
         srq_->retire(from_srq); // polled: their slots in the shared queue are free again
     // A poll that moved little took a microsecond or so: it ends when it began, and a busy
-    // poller reads the clock once per poll, not twice (each read is ~27 ns here).
+    // poller reads the clock once per poll, not twice (poll_ownership::call_clock_bytes).
     end = poll_ownership::call_end(now, moved() - moved_before);
     ownership_.on_call_end(end);
     dom_.polls().leave(end);
