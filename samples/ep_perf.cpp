@@ -115,6 +115,13 @@ struct empty_polls {
 };
 empty_polls empty_polls_seen;
 
+/// Throws for an error completion.
+void check(const rdmx::endpoint_completion& wc)
+{
+    if (wc.status)
+        throw std::runtime_error(std::string(rdmx::to_string(wc.op)) + " failed: " + wc.status.message());
+}
+
 /// Polls (or sleeps, -e) until one completion arrives; throws on an error completion or at
 /// the deadline.
 rdmx::endpoint_completion next(rdmx::endpoint& ep, const options& o)
@@ -125,9 +132,7 @@ rdmx::endpoint_completion next(rdmx::endpoint& ep, const options& o)
     for (;;) {
         std::size_t n = o.event ? ep.wait({&wc, 1}, std::chrono::milliseconds(100)) : ep.poll({&wc, 1});
         if (n) {
-            if (wc.status)
-                throw std::runtime_error(std::string(rdmx::to_string(wc.op)) +
-                                         " failed: " + wc.status.message());
+            check(wc);
             return wc;
         }
         const auto now = clock_type::now();
@@ -310,30 +315,24 @@ row run_self_lat(const options& o, std::size_t size)
     // it waits on, then the other (whose calls send what a post held for the next one, and
     // take its connection's events). As tag_lat's two sides: a waits for the pong and its
     // ping's completion, b for the ping; b's pong completes when a's ACK comes.
-    bool a_recv = false, a_send = false, b_recv = false;
-    auto take = [&](rdmx::endpoint& ep, bool& recv, bool* send) {
+    bool a_recv = false, a_send = false, b_recv = false, b_send = false; // b_send: not waited for
+    auto take = [](rdmx::endpoint& ep, bool& recv, bool& send) {
         rdmx::endpoint_completion wc[4];
         const std::size_t n = ep.poll(wc);
         for (std::size_t i = 0; i < n; ++i) {
-            if (wc[i].status)
-                throw std::runtime_error(std::string(rdmx::to_string(wc[i].op)) +
-                                         " failed: " + wc[i].status.message());
-            if (wc[i].op == rdmx::endpoint_op::recv)
-                recv = true;
-            else if (send)
-                *send = true;
+            check(wc[i]);
+            (wc[i].op == rdmx::endpoint_op::recv ? recv : send) = true;
         }
     };
-    bool b_send_seen = false;
     auto drive = [&](bool a_first, auto done) {
         const auto deadline = clock_type::now() + std::chrono::milliseconds(o.timeout_ms);
         while (!done()) {
             if (a_first) {
-                take(*a, a_recv, &a_send);
-                take(*b, b_recv, &b_send_seen);
+                take(*a, a_recv, a_send);
+                take(*b, b_recv, b_send);
             } else {
-                take(*b, b_recv, &b_send_seen);
-                take(*a, a_recv, &a_send);
+                take(*b, b_recv, b_send);
+                take(*a, a_recv, a_send);
             }
             if (!done() && clock_type::now() > deadline)
                 throw std::runtime_error("no completion within " + std::to_string(o.timeout_ms) + " ms");
@@ -536,7 +535,10 @@ int main(int argc, char** argv)
 {
     CLI::App app{"rdmx_ep_perf: tagged messages over rdmx endpoints"};
     options o;
-    app.add_option("address", o.address, "the server's tcp://HOST:PORT, shm://NAME:PORT or rdma://HOST:PORT")
+    app.add_option(
+           "address", o.address,
+           "the server's tcp://HOST:PORT, shm://NAME:PORT or rdma://HOST:PORT (self_lat: where the first "
+           "of its two endpoints listens; port 0 picks one)")
         ->required();
     app.add_flag("--server", o.server, "serve runs until killed");
     app.add_option("-t,--test", o.test, "tag_lat | tag_bw | first_msg | conn_rate | flood | self_lat")
