@@ -97,7 +97,7 @@ bool connection_engine::app_took_data(bool app_in_call) noexcept
         return false;
     if (tx_.continuation_queued())
         return false; // a transmit continuation is due: not now, but this wake counts neither way
-    bool taken = link_empty();
+    bool taken = link_.empty();
     // The application busy with another connection of this domain, or with its shared
     // queues' other sockets, counts as polling now: this wake preempted it on its CPU.
     const auto now = std::chrono::steady_clock::now();
@@ -114,6 +114,11 @@ bool connection_engine::app_may_read() const noexcept
            state() == connection_state::established && !queues_armed();
 }
 
+std::span<std::byte> connection_engine::rx_sink() noexcept
+{
+    return on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
+}
+
 bool connection_engine::stand_down() noexcept
 {
     // Rings: the doorbells still in the socket (rung for the engine, whose wake found the
@@ -121,7 +126,7 @@ bool connection_engine::stand_down() noexcept
     // sleeper on the domain's sockets for nothing: read them now. At the end of the stream
     // the engine goes on reading (rx_run says so). A sleeper that watches the sockets
     // reads the ring from now on: its flag goes up (and what came meanwhile is read first).
-    if (rings_ && (take_doorbells() != doorbells::taken || (queues_watched() && rings_->reader_waits())))
+    if (link_.must_read_before_wait(app_discard_, queues_watched()))
         return false;
     if (on_shared_cq_) {
         // The flag first, then the queues' arm: a poller that arms and then looks at the

@@ -33,14 +33,13 @@ namespace
 std::atomic<std::uint64_t> cma_completed_count{0};
 std::atomic<std::uint64_t> cma_refusal_count{0};
 
-/// Whether the process behind `pidfd` has exited (or the pidfd cannot say).
-bool exited(int pidfd) noexcept
+} // namespace
+
+bool process_exited(int pidfd) noexcept
 {
     pollfd p{pidfd, POLLIN, 0};
     return ::poll(&p, 1, 0) != 0;
 }
-
-} // namespace
 
 std::uint64_t cma_requests_completed() noexcept
 {
@@ -64,7 +63,7 @@ std::shared_ptr<const unique_fd> tcp_domain::peer_process(pid_t pid)
     for (auto it = processes_.begin(); it != processes_.end();)
         it = it->second.expired() ? processes_.erase(it) : std::next(it);
     if (auto it = processes_.find(pid); it != processes_.end())
-        if (auto h = it->second.lock(); h && !exited(h->get()))
+        if (auto h = it->second.lock(); h && !process_exited(h->get()))
             return h;
     const long fd = ::syscall(SYS_pidfd_open, pid, 0);
     if (fd < 0)
@@ -92,7 +91,7 @@ bool connection_engine::choose_cma(std::uint64_t pos, bool& revoked) noexcept
         e.op != opcode::send)
         return false;
     std::byte* d = sq_.cma_buf(pos);
-    const std::uint64_t min = !rings_                ? cma_min_bytes
+    const std::uint64_t min = !link_.uses_rings()    ? cma_min_bytes
                               : e.op == opcode::send ? cma_min_send_bytes_ring
                                                      : cma_min_bytes_ring;
     if (!d || e.length < min || e.nseg == 0)
@@ -133,43 +132,13 @@ void connection_engine::settle_transport() noexcept
         d.local_first = false;
     }
     if (auto r = hs_.take_rings()) {
-        rings_ = std::move(r); // the client's: what the listener's ACCEPT brought
+        link_.use_rings(std::move(r)); // the client's: what the listener's ACCEPT brought
         rings_ready();
     }
     if (!local)
         return;
-    (void)cma_peer(); // while the peer is surely connected (see there)
-    cma_tx_ = cma_allowed();
-}
-
-pid_t connection_engine::cma_peer() noexcept
-{
-    if (cma_lookup_ == cma_lookup::not_yet) {
-        // Looked up when the connection is set up, while the peer is connected (and so
-        // alive): SO_PEERCRED names the process that connected, and the pidfd keeps
-        // telling whether that process still runs. 0 where the peer is in a PID namespace
-        // that ours does not see.
-        cma_lookup_ = cma_lookup::none;
-        ucred cr{};
-        socklen_t len = sizeof cr;
-        if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 && cr.pid > 0) {
-            try {
-                cma_pidfd_ = dom_.peer_process(cr.pid);
-            } catch (...) { // no memory for the table: no CMA served, as without a pidfd
-            }
-            if (cma_pidfd_) {
-                cma_pid_ = cr.pid;
-                cma_lookup_ = cma_lookup::found;
-            }
-        }
-    }
-    if (cma_lookup_ != cma_lookup::found)
-        return 0;
-    // The pid is that process's until it has exited and been reaped; a pidfd turns
-    // readable when it exits. So while it is not readable, the pid cannot name another
-    // process (the window left: the peer exits, is reaped and its pid wraps around
-    // between this poll and the system call, microseconds).
-    return exited(cma_pidfd_->get()) ? 0 : cma_pid_;
+    (void)cma_peer_pid(); // while the peer is surely connected (see there)
+    cma_.settle(cma_allowed());
 }
 
 namespace
@@ -249,7 +218,7 @@ void connection_engine::serve_cma(const frame_header& h) noexcept
     }
     int err = 0;
     if (total > 0) {
-        const pid_t pid = cma_peer();
+        const pid_t pid = cma_peer_pid();
         if (pid == 0)
             err = ESRCH;
         else if (!pin(s.st, s.tag))
@@ -320,7 +289,7 @@ void connection_engine::refuse_cma(const frame_header& h, int err) noexcept
     // Not fatal: the initiator sends this request and what follows it again with the data
     // in the frames; until this one comes again, those behind it are dropped (as after an
     // RNR NAK).
-    if (err != ESRCH || cma_lookup_ == cma_lookup::found)
+    if (err != ESRCH || cma_.looked_up() == cma_peer::lookup::found)
         log_limited("shm: cannot reach the peer's memory by CMA (%s): its large payloads come through "
                     "the socket",
                     err == ESRCH ? "its process is gone" : std::strerror(err));
@@ -414,7 +383,7 @@ void connection_engine::serve_cma_send(const frame_header& h, const iovec* remot
     }
     int err = 0;
     if (total > 0) {
-        const pid_t pid = cma_peer();
+        const pid_t pid = cma_peer_pid();
         err = pid == 0 ? ESRCH : cma_into_receive(pid, recv_head_segs(), r.nseg, remote, count, total);
     }
     if (err != 0 && refused(err)) {
@@ -468,7 +437,7 @@ void connection_engine::on_cma_refused(std::uint64_t seq) noexcept
     // The peer cannot reach this process's memory (and nothing changes that for this
     // connection): the data goes in the frames from now on. Everything from `seq` on was
     // dropped by the peer and goes again, now without CMA (add_frame decides anew).
-    cma_tx_ = false;
+    cma_.refused();
     cma_refusal_count.fetch_add(1, std::memory_order_relaxed);
     log_limited("shm: the peer cannot reach this process's memory by CMA: large payloads go through the "
                 "socket on this connection");

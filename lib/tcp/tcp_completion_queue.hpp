@@ -110,6 +110,8 @@ public:
     {
         return arm_view_.load(std::memory_order_seq_cst) == (view_armed | view_watching);
     }
+    /// armed() || watched(), in one look. No lock.
+    bool armed_either_way() const noexcept { return arm_view_.load(std::memory_order_seq_cst) != 0; }
 
 private:
     std::size_t take(std::span<completion> out) noexcept RDMX_EXCLUDES(mu_);

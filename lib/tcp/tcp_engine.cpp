@@ -48,7 +48,8 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
                                        (recv_cq_ ? 0 : lim.recv_queue_depth))),
       // A well-behaved peer has at most max_rd_atomic reads outstanding here; between them
       // at most one ACK each (ACKs coalesce), plus the NAKs of an RNR cycle.
-      resp_(2 * std::size_t{lim.max_rd_atomic} + 8), desc_(dom.io(), fd.release()), rnr_timer_(dom.io()),
+      resp_(2 * std::size_t{lim.max_rd_atomic} + 8), link_(fd.get()), desc_(dom.io(), fd.release()),
+      rnr_timer_(dom.io()),
       takeover_check_(std::clamp<std::chrono::microseconds>(
           opts.tcp.takeover_check, std::chrono::microseconds(100), std::chrono::seconds(1))),
       standdown_timer_(dom.io()), tx_check_timer_(dom.io()), linger_timer_(dom.io()), ring_timer_(dom.io()),
@@ -72,6 +73,14 @@ connection_engine::~connection_engine()
     // context dropped the close handler, e.g. when the domain went first).
     if (ownership_.app_owns())
         ::close(fd_);
+}
+
+void connection_engine::use_rings(std::unique_ptr<byte_ring_pair> rings, unique_fd memfd) noexcept
+{
+    engine_lock lk(mu_);
+    link_.use_rings(std::move(rings));
+    hs_.pass_fd(std::move(memfd));
+    rings_ready();
 }
 
 void connection_engine::start()

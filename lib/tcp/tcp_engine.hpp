@@ -28,7 +28,9 @@
 #include "tcp/tcp_completion_queue.hpp"
 #include "tcp/tcp_connector.hpp"
 #include "tcp/tcp_domain.hpp"
+#include "tcp/tcp_cma_peer.hpp"
 #include "tcp/tcp_handler_memory.hpp"
+#include "tcp/tcp_link.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
 #include "tcp/tcp_recv_queue.hpp"
 #include "tcp/tcp_reliability.hpp"
@@ -106,7 +108,7 @@ public:
     bool uses_rings() noexcept RDMX_EXCLUDES(mu_)
     {
         engine_lock lk(mu_);
-        return rings_ != nullptr;
+        return link_.uses_rings();
     }
 
     // --- start_connect (tcp_handshake.cpp): the handshake on the engine thread, its steps
@@ -327,21 +329,34 @@ private:
     /// rest could not be copied (copy_frame_on_wire).
     void revoked_frame(frame_kind kind, std::uint64_t pos) noexcept RDMX_REQUIRES(mu_);
 
-    // --- the byte stream (tcp_link.cpp): the socket, or the rings with the socket as their
-    // doorbell. As recvmsg / sendmsg with MSG_DONTWAIT: bytes, 0 at the end of the stream,
-    // -1 with errno (EAGAIN; EPROTO: a ring index of the peer out of range) ---
-    ssize_t link_recv(const iovec* iov, int n) noexcept RDMX_REQUIRES(mu_);
-    ssize_t link_send(const iovec* iov, int n) noexcept RDMX_REQUIRES(mu_);
-    /// Nothing to read now (busy-poll ownership's probe).
-    bool link_empty() noexcept RDMX_REQUIRES(mu_);
-    /// Rings: reads the doorbells from the socket until it is empty (taken), its end or an
-    /// error (end; errno 0 at the end of the stream, else the error), or four buffers full
-    /// (more: a peer that floods; again later).
-    enum class doorbells : std::uint8_t { taken, end, more };
-    doorbells take_doorbells() noexcept RDMX_REQUIRES(mu_);
-    /// Whether a reader that finds the rings empty asks to be woken (rings only).
-    bool rx_may_sleep() const noexcept RDMX_REQUIRES(mu_);
-    /// The send ring is full: pump() again shortly (rings only; the engine's thread).
+    // --- the byte stream (link_, tcp_link.hpp): the socket, or the rings with the socket
+    // as their doorbell ---
+    /// link_.recv for whoever reads now (rx_waiter); doorbells go to app_discard_, which
+    /// whoever holds mu_ may use.
+    ssize_t link_recv(const iovec* iov, int n) noexcept RDMX_REQUIRES(mu_)
+    {
+        return link_.recv(iov, n, rx_waiter(), app_discard_);
+    }
+    /// How a reader that finds the rings empty waits. The engine sleeps on the socket once
+    /// the ring is empty (and so does an application that reads while the engine's wait is
+    /// armed). An application that the engine stood down for polls the rings itself and is
+    /// never woken: its peer need not ring. Nor while a shared queue's poller polls (each
+    /// run of the domain's progress looks at the rings); once it arms a notification it may
+    /// sleep: armed to watch the sockets, its flush() raises the flag (through link_.recv)
+    /// before the sleep; a plain arming gives the socket back to the engine, which raises it
+    /// (arm_read).
+    link_waiter rx_waiter() const noexcept RDMX_REQUIRES(mu_)
+    {
+        if (!ownership_.app_owns())
+            return link_waiter::sleeps;
+        return on_shared_cq_ && queues_armed_either_way() ? link_waiter::sleeps_flag_kept
+                                                          : link_waiter::polls;
+    }
+    /// Where the reader now discards a stream's rest (rx_drain): the domain's buffer on the
+    /// engine thread, the engine's own on an application's.
+    std::span<std::byte> rx_sink() noexcept RDMX_REQUIRES(mu_);
+    /// The send ring is full: pump() again shortly (rings only; the engine's thread;
+    /// tcp_transmit.cpp).
     void wait_ring_space() noexcept RDMX_REQUIRES(mu_, engine_thread_);
 
     // --- receive framing (tcp_receive.cpp) ---
@@ -412,10 +427,13 @@ private:
                         std::uint64_t total) noexcept RDMX_REQUIRES(mu_);
     /// The peer's process, for CMA: its pid (SO_PEERCRED) while a pidfd says that it has
     /// not exited (so that the pid names it, not a later process); 0 otherwise.
-    pid_t cma_peer() noexcept RDMX_REQUIRES(mu_);
+    pid_t cma_peer_pid() noexcept RDMX_REQUIRES(mu_)
+    {
+        return cma_.pid(fd_, [this](pid_t pid) { return dom_.peer_process(pid); });
+    }
     /// The connection is set up on its final socket: whether it is a UNIX one (local_:
     /// shm://, or auto:// to a listener on this host), and for one the peer's process
-    /// (cma_peer) and whether to send CMA requests; an auto:// client says which it took.
+    /// (cma_peer_pid) and whether to send CMA requests; an auto:// client says which it took.
     void settle_transport() noexcept RDMX_REQUIRES(mu_);
     /// READ_CMA_RESP for the read at the head: complete it.
     void finish_read_cma(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
@@ -486,6 +504,8 @@ private:
     bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
     /// A shared queue of its sides is armed for a sleeper that watches its sockets too.
     bool queues_watched() const noexcept RDMX_REQUIRES(mu_);
+    /// queues_armed() || queues_watched(), one look per queue.
+    bool queues_armed_either_way() const noexcept RDMX_REQUIRES(mu_);
     /// Instead of waiting for data, leave the socket to that sleeper (arm_read)?
     bool sleeper_takes_over() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     /// An application thread is in (or just out of) a poll of a queue of their domains
@@ -672,27 +692,17 @@ private:
     request_sequence seq_ RDMX_GUARDED_BY(mu_); ///< the peer's requests, as the target sees them
     /// The socket is a UNIX one (settle_transport): the peer shares this host, CMA may serve.
     std::atomic<bool> local_{false};
-    /// shm://: this side sends CMA requests (until the peer refuses one; RDMX_SHM_CMA=off: never)
-    bool cma_tx_ RDMX_GUARDED_BY(mu_) = false;
-    /// The peer's process for serving CMA requests (cma_peer): looked up once.
-    enum class cma_lookup : std::uint8_t { not_yet, found, none };
-    cma_lookup cma_lookup_ RDMX_GUARDED_BY(mu_) = cma_lookup::not_yet;
-    pid_t cma_pid_ RDMX_GUARDED_BY(mu_) = 0;
-    std::shared_ptr<const unique_fd> cma_pidfd_ RDMX_GUARDED_BY(mu_); ///< tcp_domain::peer_process
-    /// shm://: the rings the frames go through (use_rings, or the client's ACCEPT), or none.
-    std::unique_ptr<byte_ring_pair> rings_ RDMX_GUARDED_BY(mu_);
-    unsigned ring_idle_ RDMX_GUARDED_BY(mu_) = 0; ///< empty reads of a stood-down poller (link_recv)
-    /// rings_, for a look without the lock (ring_has_data): set while the domain's polls
-    /// read it (it reports to a shared queue and its socket is in the progress sets).
+    /// shm://: whether this side sends CMA requests, and the peer's process that it serves
+    /// the peer's in (tcp_cma_peer.hpp).
+    cma_peer cma_ RDMX_GUARDED_BY(mu_);
+    /// The byte stream: the socket, or (shm://) the rings it takes with use_rings or the
+    /// client's ACCEPT.
+    stream_link link_ RDMX_GUARDED_BY(mu_);
+    /// link_'s rings, for a look without the lock (ring_has_data): set while the domain's
+    /// polls read it (it reports to a shared queue and its socket is in the progress sets).
     std::atomic<const byte_ring_pair*> ring_peek_{nullptr};
-    /// The domain's progress found the socket readable: an empty ring read reads it
-    /// (doorbells, the end of the stream) at once (link_recv).
-    bool socket_ready_ RDMX_GUARDED_BY(mu_) = false;
-    /// rings_ in use: the domain's progress looks at them from now on (add_rings).
+    /// link_'s rings in use: the domain's progress looks at them from now on (add_rings).
     void rings_ready() noexcept RDMX_REQUIRES(mu_);
-    /// wait_ring_space's next wait: doubles while the ring stays full, from 20 us to 1 ms.
-    static constexpr unsigned ring_backoff_min_us = 20, ring_backoff_max_us = 1000;
-    unsigned ring_backoff_us_ RDMX_GUARDED_BY(mu_) = ring_backoff_min_us;
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
     int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)
     std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)
@@ -715,7 +725,8 @@ private:
     /// the socket is closed (or being closed): nothing more happens
     bool closed_ RDMX_GUARDED_BY(mu_) = false;
     bool violation_logged_ RDMX_GUARDED_BY(mu_) = false;
-    std::byte app_discard_[4096] RDMX_GUARDED_BY(mu_); ///< rx_poll's sink for payload that is dropped
+    /// where payload that is dropped goes on an application thread, and doorbells on any
+    std::byte app_discard_[4096] RDMX_GUARDED_BY(mu_);
 
     // Asio operations of this connection come from here (never the heap); declared before
     // the objects whose waits use it.

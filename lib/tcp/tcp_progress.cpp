@@ -33,7 +33,7 @@ clock::time_point domain_progress::run(clock::time_point now) noexcept
         t.ended(e->queue_progress(*this, queue_visit::listed, busy_, t.next()));
     pending_run_.clear();
     // The rings: their writers ring no doorbell while this poller reads them
-    // (connection_engine::rx_may_sleep), so their sockets would not say.
+    // (connection_engine::rx_waiter), so their sockets would not say.
     take_ringed();
     bool found = false;
     for (connection_engine* e : ringed_run_)

@@ -42,10 +42,10 @@ void connection_engine::detach_queues() noexcept
 
 void connection_engine::rings_ready() noexcept
 {
-    if (!rings_ || !queues_reach() || detached_)
+    if (!link_.uses_rings() || !queues_reach() || detached_)
         return;
     if (watch_ == queue_watch::watched)
-        ring_peek_.store(rings_.get(), std::memory_order_release);
+        ring_peek_.store(link_.rings(), std::memory_order_release);
     for (domain_progress* p : progresses())
         if (p)
             p->add_rings(*this);
@@ -96,8 +96,8 @@ void connection_engine::resume_queue_watch() noexcept
             fail(connection_state::error);
             return;
         }
-    if (rings_)
-        ring_peek_.store(rings_.get(), std::memory_order_release);
+    if (link_.uses_rings())
+        ring_peek_.store(link_.rings(), std::memory_order_release);
 }
 
 clock::time_point connection_engine::queue_progress(domain_progress& p, queue_visit why, bool queue_busy,
@@ -107,8 +107,8 @@ clock::time_point connection_engine::queue_progress(domain_progress& p, queue_vi
     const bool listed = why == queue_visit::listed;
     if (listed) // off the list now (a run for readiness leaves us there, marked)
         unmark(p);
-    else if (why == queue_visit::socket && rings_)
-        socket_ready_ = true; // read by the ring path only (link_recv)
+    else if (why == queue_visit::socket)
+        link_.socket_readable(); // read by the ring path only (stream_link::recv)
     if (closed_ || detached_ || hs_.owns_socket())
         return now; // the handshake's socket is the engine's; a reply there waits for it
     const std::uint64_t moved_before = moved();
@@ -217,6 +217,16 @@ bool connection_engine::queues_watched() const noexcept
     return false;
 }
 
+bool connection_engine::queues_armed_either_way() const noexcept
+{
+    if (!on_shared_cq_ || detached_)
+        return false;
+    for (tcp_completion_queue* q : shared_queues())
+        if (q && q->armed_either_way())
+            return true;
+    return false;
+}
+
 bool connection_engine::sleeper_takes_over() noexcept
 {
     // The poller sleeps on the queue's sockets as well as its fd (an endpoint's wait), so
@@ -243,10 +253,10 @@ void connection_engine::queue_flush(domain_progress& p, queue_visit why) noexcep
     const bool reads = ownership_.app_owns() && app_may_read();
     if (why == queue_visit::ring && !reads)
         return; // the engine reads the rings: its flag is up whenever it waits
-    if (why == queue_visit::socket && rings_)
-        socket_ready_ = true;
+    if (why == queue_visit::socket)
+        link_.socket_readable();
     // Frames a budget left staged (a marking of them fires the arming); a ring read that
-    // finds it empty raises the wake flag, since the poller sleeps now (rx_may_sleep). A
+    // finds it empty raises the wake flag, since the poller sleeps now (rx_waiter). A
     // readable socket is read while the engine's wait is armed too: a doorbell left there
     // (one the engine's wait did not wake for) would wake the sleeper at once, again and
     // again.

@@ -29,8 +29,8 @@ void connection_engine::arm_read() noexcept
         continue_rx();
         return;
     }
-    if (rings_ && (take_doorbells() != doorbells::taken || rings_->reader_waits())) {
-        // The doorbells first, then the flag, as link_recv does (a doorbell left in the
+    if (link_.must_read_before_wait(app_discard_)) {
+        // The doorbells first, then the flag, as stream_link::recv does (a doorbell left in the
         // socket would wake this wait at once, and a sleeper on the domain's sockets too).
         // Bytes in the ring, which no doorbell announces (the peer wrote them before the
         // flag went up, or a poller left them), or the end of the stream: read them now.
@@ -40,7 +40,7 @@ void connection_engine::arm_read() noexcept
     if (sleeper_takes_over()) {
         if (stand_down())
             return; // the next data wakes the poller sleeping on the queue's sockets
-        if (rings_ && !rings_->rx_empty()) {
+        if (link_.ring_has_data()) {
             continue_rx(); // the refusal may have read the doorbell of these bytes
             return;
         }
@@ -93,7 +93,7 @@ void connection_engine::keep_rcvlowat_reachable() noexcept
 
 void connection_engine::set_rcvlowat(int bytes) noexcept
 {
-    if (bytes == rcvlowat_ || rings_)
+    if (bytes == rcvlowat_ || link_.uses_rings())
         return; // (rings: the socket carries one-byte doorbells, each of them a wake)
     // A hint: if the kernel refuses it, waking at every byte is still correct.
     if (::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) == 0)
@@ -190,7 +190,7 @@ connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noe
         return rx_status::again;
     if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK))
         return rx_status::wait;
-    if (n < 0 && err == EPROTO && rings_) {
+    if (n < 0 && err == EPROTO && link_.uses_rings()) {
         protocol_violation("an index of the peer's ring out of range", false);
         return rx_status::stop;
     }
@@ -201,7 +201,7 @@ connection_engine::rx_status connection_engine::rx_error(ssize_t n, int err) noe
 
 connection_engine::rx_status connection_engine::rx_drain() noexcept
 {
-    std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
+    std::span<std::byte> sink = rx_sink();
     const iovec v{sink.data(), sink.size()};
     ssize_t n = link_recv(&v, 1);
     if (n > 0)
@@ -286,7 +286,7 @@ connection_engine::rx_status connection_engine::rx_payload() noexcept
     rx_chunk* chunk = nullptr; // the one this call fills, its earlier copies finished
     std::uint64_t bounce_used = 0;
     // The domain's sink is the engine's; the application thread (rx_poll) has its own.
-    std::span<std::byte> sink = on_engine() ? dom_.discard_buffer() : std::span<std::byte>(app_discard_);
+    std::span<std::byte> sink = rx_sink();
     if (rx_.to_memory()) {
         std::uint32_t i = rx_.seg_i;
         std::uint64_t off = rx_.seg_off;

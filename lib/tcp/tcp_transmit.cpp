@@ -28,7 +28,7 @@ void connection_engine::add_frame(tx_batch& b, frame_kind kind, std::uint64_t po
         send_queue::entry& e = sq_.at(pos);
         if (skip == 0) { // a frame built anew (first, or sent again): by CMA or not?
             bool revoked = false;
-            e.via_cma = cma_tx_ && choose_cma(pos, revoked);
+            e.via_cma = cma_.sends() && choose_cma(pos, revoked);
             if (revoked) { // pump() withdraws it (revoked_frame), as add() would
                 b.revoked = b.closed = true;
                 return;
@@ -252,7 +252,7 @@ void connection_engine::pump() noexcept
             break;
         }
         prefetch_tx(b); // runs during the sendmsg (device memory)
-        ssize_t n = link_send(b.iov, b.niov);
+        ssize_t n = link_.send(b.iov, b.niov);
         int err = errno;
         b.unpin_all();
         if (n > 0)
@@ -265,7 +265,7 @@ void connection_engine::pump() noexcept
                     arm_write(true);
                 break;
             }
-            if (err == EPROTO && rings_) {
+            if (err == EPROTO && link_.uses_rings()) {
                 protocol_violation("an index of the peer's ring out of range", false);
                 break;
             }
@@ -438,7 +438,7 @@ void connection_engine::maybe_shutdown() noexcept
         frame_header{.op = frame_op::goodbye}.encode(g.data());
         while (goodbye_sent_ < g.size()) {
             const iovec v{g.data() + goodbye_sent_, g.size() - goodbye_sent_};
-            ssize_t n = link_send(&v, 1);
+            ssize_t n = link_.send(&v, 1);
             if (n > 0) {
                 goodbye_sent_ += static_cast<std::size_t>(n);
                 tx_bytes_ += static_cast<std::uint64_t>(n);
@@ -558,7 +558,7 @@ void connection_engine::arm_write(bool would_block) noexcept
         return; // the engine's continuation (a post, or a wait for space) is still to come
     if (would_block && on_engine()) {
         assert_on_engine();
-        if (rings_) {
+        if (link_.uses_rings()) {
             wait_ring_space();
             return;
         }
@@ -587,6 +587,18 @@ void connection_engine::arm_write(bool would_block) noexcept
                    self->tx_.continuation_ran();
                    self->pump();
                }));
+}
+
+void connection_engine::wait_ring_space() noexcept
+{
+    // The reader frees space without a word: look again shortly (stream_link::next_space_wait).
+    ring_timer_.expires_after(link_.next_space_wait());
+    ring_timer_.async_wait(with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
+        engine_lock lk(self->mu_);
+        self->assert_on_engine();
+        self->tx_.continuation_ran();
+        self->pump();
+    }));
 }
 
 } // namespace rdmx::tcp
