@@ -143,7 +143,7 @@ bool connection_engine::stand_down() noexcept
     // A shared queue's epoll set reports the socket readable only from this mark on, and
     // nothing lowers it while the engine waits no more (keep_rcvlowat_reachable).
     if (on_shared_cq_)
-        set_rcvlowat(1);
+        link_.set_wake_mark(1);
     ownership_.stand_down();
     arm_standdown_check();
     return true;

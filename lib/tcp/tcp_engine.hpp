@@ -24,11 +24,11 @@
 
 #include "connection_events.hpp"
 #include "cq_reservation.hpp"
+#include "tcp/tcp_cma_peer.hpp"
 #include "tcp/tcp_completion.hpp"
 #include "tcp/tcp_completion_queue.hpp"
 #include "tcp/tcp_connector.hpp"
 #include "tcp/tcp_domain.hpp"
-#include "tcp/tcp_cma_peer.hpp"
 #include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_link.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
@@ -222,13 +222,6 @@ private:
     static constexpr std::uint64_t engine_tx_budget = 4u << 20;
     // (Receive ownership and the busy-poll heuristics: poll_ownership, tcp_poll_ownership.hpp.)
 
-    // The engine's read wait in the middle of a payload of at least rcvlowat_min bytes left
-    // wakes when min(left, rcvlowat_max) have arrived (SO_RCVLOWAT), not at the first byte.
-    // Whichever thread reads while that wait is armed lowers the mark with what it consumed
-    // (keep_rcvlowat_reachable): it never exceeds the payload bytes still to come.
-    static constexpr std::uint64_t rcvlowat_min = 64u << 10;
-    static constexpr std::uint64_t rcvlowat_max = 256u << 10;
-
     /// A chunk that payload bound for staged memory is received into (tcp_staging.hpp),
     /// and the copies from it to their places still running.
     struct rx_chunk {
@@ -387,10 +380,21 @@ private:
         RDMX_REQUIRES(mu_); ///< a response went out after a stall: the engine reads again
     rx_status rx_error(ssize_t n, int err) noexcept RDMX_REQUIRES(mu_);
     void begin_frame(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
-    void set_rcvlowat(int bytes) noexcept RDMX_REQUIRES(mu_); ///< the socket's SO_RCVLOWAT, when it changes
-    int wanted_rcvlowat() const noexcept RDMX_REQUIRES(mu_);  ///< the mark for a read wait armed now
-    void keep_rcvlowat_reachable() noexcept
-        RDMX_REQUIRES(mu_); ///< after a read: an armed wait's mark <= what is to come
+    // The engine's read wait in the middle of a large payload wakes at a mark
+    // (stream_link::wake_mark_for). Whichever thread reads while that wait is armed lowers
+    // the mark with what it consumed (keep_rcvlowat_reachable): it never exceeds the
+    // payload bytes still to come.
+    /// The payload bytes of the frame being received still to come from the socket (0
+    /// between frames, or once the connection left `established`).
+    std::uint64_t rx_to_come() const noexcept RDMX_REQUIRES(mu_);
+    /// After a read: an armed wait's mark <= what is to come. Otherwise, if the application
+    /// then sleeps (request_notify), the rest of the payload and the frames after it lie
+    /// below the mark, no wake comes, and the peer's requests wait until it declares us dead.
+    void keep_rcvlowat_reachable() noexcept RDMX_REQUIRES(mu_)
+    {
+        if (read_armed_ && link_.wake_mark() > 1)
+            link_.keep_wake_mark_reachable(rx_to_come());
+    }
 
     // --- the one-sided target service (tcp_target.cpp; any thread, mu_ held) ---
     void begin_request(const frame_header& h) noexcept RDMX_REQUIRES(mu_); ///< the peer's request arrived
@@ -704,7 +708,6 @@ private:
     /// link_'s rings in use: the domain's progress looks at them from now on (add_rings).
     void rings_ready() noexcept RDMX_REQUIRES(mu_);
     bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
-    int rcvlowat_ RDMX_GUARDED_BY(mu_) = 1;            ///< the socket's SO_RCVLOWAT (set_rcvlowat)
     std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)
     std::uint64_t tx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes the socket took
     std::uint64_t cma_bytes_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes the peer's CMA requests asked us to move

@@ -153,4 +153,12 @@ std::chrono::microseconds stream_link::next_space_wait() noexcept
     return wait;
 }
 
+void stream_link::set_wake_mark(int bytes) noexcept
+{
+    if (bytes == wake_mark_ || rings_)
+        return;
+    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) == 0)
+        wake_mark_ = bytes;
+}
+
 } // namespace rdmx::tcp

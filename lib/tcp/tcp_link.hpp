@@ -48,8 +48,13 @@ public:
     /// that floods; again later).
     enum class doorbells : std::uint8_t { taken, end, more };
 
-    /// wait_for_space's next wait doubles while the ring stays full, from 20 us to 1 ms.
+    /// next_space_wait doubles while the ring stays full, from 20 us to 1 ms.
     static constexpr unsigned backoff_min_us = 20, backoff_max_us = 1000;
+    /// A read wait in the middle of a payload of at least wake_mark_min bytes still to come
+    /// wakes when min(to come, wake_mark_max) have arrived (SO_RCVLOWAT), not at the first
+    /// byte: each wake costs the reader a switch and the sender an IPI.
+    static constexpr std::uint64_t wake_mark_min = 64u << 10;
+    static constexpr std::uint64_t wake_mark_max = 256u << 10;
 
     /// `fd`: the connection's socket (not owned; it must outlive the link's use).
     explicit stream_link(int fd) noexcept : fd_(fd) {}
@@ -89,12 +94,39 @@ public:
     /// backoff_min_us to backoff_max_us while it stays full; a write that goes in resets it).
     std::chrono::microseconds next_space_wait() noexcept;
 
+    // --- the socket's wake mark (SO_RCVLOWAT), for the reader's wait on a socket link ---
+    /// The mark for a wait armed now with `to_come` payload bytes still to come from the
+    /// socket (0 between frames): 1 below wake_mark_min, else min(to_come, wake_mark_max).
+    /// Never more than what is to come: what follows it may never be sent (a peer that
+    /// waits for our answer), so a larger mark would never be reached.
+    static int wake_mark_for(std::uint64_t to_come) noexcept
+    {
+        return to_come >= wake_mark_min ? static_cast<int>(to_come < wake_mark_max ? to_come : wake_mark_max)
+                                        : 1;
+    }
+    int wake_mark() const noexcept { return wake_mark_; }
+    /// Sets the socket's SO_RCVLOWAT to `bytes` where that changes it. Never on rings (the
+    /// socket carries one-byte doorbells, each of them a wake). A hint: where the kernel
+    /// refuses it the mark stays, and waking at every byte is still correct.
+    void set_wake_mark(int bytes) noexcept;
+    /// A read consumed part of what a wait armed at the current mark waits for: the mark
+    /// comes down to wake_mark_for(to_come) where that is lower, never up. The kernel
+    /// re-checks readiness in setsockopt (tcp_set_rcvlowat), so a wait whose new mark the
+    /// bytes already there reach wakes at once.
+    void keep_wake_mark_reachable(std::uint64_t to_come) noexcept
+    {
+        if (wake_mark_ > 1)
+            if (const int want = wake_mark_for(to_come); want < wake_mark_)
+                set_wake_mark(want);
+    }
+
 private:
     const int fd_;
     std::unique_ptr<byte_ring_pair> rings_;
     unsigned idle_ = 0;         ///< empty ring reads of a reader that polls (recv)
     bool socket_ready_ = false; ///< socket_readable(), not yet acted on
     unsigned backoff_us_ = backoff_min_us;
+    int wake_mark_ = 1; ///< the socket's SO_RCVLOWAT (set_wake_mark)
 };
 
 } // namespace rdmx::tcp

@@ -45,7 +45,7 @@ void connection_engine::arm_read() noexcept
             return;
         }
     }
-    set_rcvlowat(wanted_rcvlowat());
+    link_.set_wake_mark(stream_link::wake_mark_for(rx_to_come()));
     read_armed_ = true;
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
                      with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
@@ -63,41 +63,12 @@ void connection_engine::arm_read() noexcept
                      }));
 }
 
-int connection_engine::wanted_rcvlowat() const noexcept
+std::uint64_t connection_engine::rx_to_come() const noexcept
 {
-    // In the middle of a large payload, wake only when a good part of it is there (or the
-    // peer closed, or the receive window is nearly full: the kernel wakes for those
-    // regardless): each wake costs this thread a switch and the sender an IPI. Never more
-    // than the payload bytes still to come from the socket: what follows them may never be
-    // sent (a peer that waits for our answer), so a larger mark would never be reached.
+    // A read run may have staged part of it ahead (a payload read that ran on).
     if (rx_.action == rx_action::none || state() != connection_state::established)
-        return 1;
-    std::uint64_t to_come = rx_.left - std::min<std::uint64_t>(staged(), rx_.left);
-    return to_come >= rcvlowat_min ? static_cast<int>(std::min<std::uint64_t>(to_come, rcvlowat_max)) : 1;
-}
-
-void connection_engine::keep_rcvlowat_reachable() noexcept
-{
-    // An armed read wait wakes at the mark that arm_read() set for the payload as it was
-    // then. A read since, on the application thread (rx_read) or in an engine run that a
-    // continuation started while the wait was armed, may have consumed part or all of that
-    // payload: lower the mark to what is still to come. Otherwise, if the application then
-    // sleeps (request_notify), the rest of the payload and the frames after it lie below
-    // the mark, no wake comes, and the peer's requests wait until it declares us dead.
-    // Lowering it wakes the wait at once if the bytes already there reach the new mark
-    // (the kernel re-checks readiness in setsockopt: tcp_set_rcvlowat).
-    if (read_armed_ && rcvlowat_ > 1)
-        if (int want = wanted_rcvlowat(); want < rcvlowat_)
-            set_rcvlowat(want);
-}
-
-void connection_engine::set_rcvlowat(int bytes) noexcept
-{
-    if (bytes == rcvlowat_ || link_.uses_rings())
-        return; // (rings: the socket carries one-byte doorbells, each of them a wake)
-    // A hint: if the kernel refuses it, waking at every byte is still correct.
-    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) == 0)
-        rcvlowat_ = bytes;
+        return 0;
+    return rx_.left - std::min<std::uint64_t>(staged(), rx_.left);
 }
 
 void connection_engine::continue_rx() noexcept

@@ -1,8 +1,11 @@
-// The byte stream under a connection's frames (lib/tcp/tcp_link.hpp), on a bare UNIX socket
-// pair without an engine: a socket link as recvmsg/sendmsg; a rings link with the socket as
-// doorbell and end of stream, and the three ways its reader waits (link_waiter).
+// The byte stream under a connection's frames (lib/tcp/tcp_link.hpp), on bare sockets
+// without an engine: a socket link as recvmsg/sendmsg; a rings link with the socket as
+// doorbell and end of stream, and the three ways its reader waits (link_waiter); the
+// socket's wake mark (SO_RCVLOWAT) on TCP.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -12,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -253,6 +257,66 @@ TEST(tcp_link, a_full_ring_waits_longer_each_time_says_epipe_once_the_peer_went)
     errno = 0;
     EXPECT_EQ(lp.a->send(&v, 1), -1);
     EXPECT_EQ(errno, EPIPE);
+}
+
+TEST(tcp_link, the_wake_mark_grows_with_the_payload_to_come_and_is_bounded)
+{
+    EXPECT_EQ(stream_link::wake_mark_for(0), 1) << "between frames: every byte wakes";
+    EXPECT_EQ(stream_link::wake_mark_for(stream_link::wake_mark_min - 1), 1);
+    EXPECT_EQ(stream_link::wake_mark_for(stream_link::wake_mark_min),
+              static_cast<int>(stream_link::wake_mark_min));
+    EXPECT_EQ(stream_link::wake_mark_for(100000), 100000) << "never more than what is to come";
+    EXPECT_EQ(stream_link::wake_mark_for(std::uint64_t{1} << 40),
+              static_cast<int>(stream_link::wake_mark_max));
+}
+
+TEST(tcp_link, a_wait_wakes_at_its_mark_and_at_once_when_a_read_lowers_it)
+{
+    // TCP over loopback: its poll honours SO_RCVLOWAT (tcp_epollin_ready), unless receive
+    // memory runs short or the window nearly closes: a large buffer and a small part of it
+    // in flight keep those out of this test.
+    unique_fd l(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    const int rcvbuf = 4 << 20;
+    ASSERT_EQ(::setsockopt(l.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf), 0);
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(l.get(), reinterpret_cast<sockaddr*>(&in), sizeof in), 0) << std::strerror(errno);
+    ASSERT_EQ(::listen(l.get(), 1), 0);
+    socklen_t len = sizeof in;
+    ASSERT_EQ(::getsockname(l.get(), reinterpret_cast<sockaddr*>(&in), &len), 0);
+    unique_fd tx(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(::connect(tx.get(), reinterpret_cast<sockaddr*>(&in), sizeof in), 0) << std::strerror(errno);
+    unique_fd rx(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    ASSERT_TRUE(rx) << std::strerror(errno);
+    stream_link link(rx.get());
+
+    // A payload of 128 KiB to come: the wait's mark is all of it.
+    const std::uint64_t payload = 128u << 10;
+    link.set_wake_mark(stream_link::wake_mark_for(payload));
+    ASSERT_EQ(link.wake_mark(), static_cast<int>(payload));
+    int kernel_mark = 0;
+    socklen_t ml = sizeof kernel_mark;
+    ASSERT_EQ(::getsockopt(rx.get(), SOL_SOCKET, SO_RCVLOWAT, &kernel_mark, &ml), 0);
+    EXPECT_EQ(kernel_mark, static_cast<int>(payload));
+    // An eighth of it arrives: the wait sleeps on.
+    std::vector<char> part(payload / 8, 'p');
+    ASSERT_EQ(::send(tx.get(), part.data(), part.size(), 0), static_cast<ssize_t>(part.size()));
+    pollfd p{rx.get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 100), 0) << "woke below its mark";
+    // A mark only comes down: a larger payload to come leaves it.
+    link.keep_wake_mark_reachable(1u << 30);
+    EXPECT_EQ(link.wake_mark(), static_cast<int>(payload));
+    // Another thread read the frame's payload up to its last 1000 bytes (the engine's wait
+    // still armed): the mark comes down to 1, and the wait wakes for what is there.
+    link.keep_wake_mark_reachable(1000);
+    EXPECT_EQ(link.wake_mark(), 1);
+    EXPECT_EQ(::poll(&p, 1, 1000), 1) << "a lowered mark left the wait asleep";
+    // Rings: the socket carries one-byte doorbells, so the mark stays.
+    link_pair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.rings());
+    lp.b->set_wake_mark(100000);
+    EXPECT_EQ(lp.b->wake_mark(), 1);
 }
 
 } // namespace
