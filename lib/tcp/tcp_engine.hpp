@@ -460,6 +460,16 @@ private:
     void on_nak(std::uint64_t seq, nak_code code) noexcept RDMX_REQUIRES(mu_);
     void protocol_violation(const char* why, bool blame_head) noexcept RDMX_REQUIRES(mu_);
     void peer_gone() noexcept RDMX_REQUIRES(mu_);
+    /// An RNR wait that is over at `now`: the retry goes now, on the caller's thread (a poll),
+    /// without waiting for the engine's timer, whose thread may be kept off the CPU by busy
+    /// pollers for milliseconds (docs/performance.md, "An RNR retry left to the engine").
+    void retry_rnr_if_due(clock::time_point now) noexcept RDMX_REQUIRES(mu_)
+    {
+        if (rnr_.due(now)) {
+            rnr_.waited();
+            pump();
+        }
+    }
     // --- liveness (tcp_reliability.cpp; engine thread) ---
     void arm_progress_check() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     void check_progress() noexcept RDMX_REQUIRES(mu_, engine_thread_);

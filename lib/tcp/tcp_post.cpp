@@ -238,6 +238,7 @@ std::size_t connection_engine::poll_own(std::span<completion> out, clock::time_p
         return cq_.pop(out);
     ownership_.on_poll(now);
     dom_.polls().enter(now);
+    retry_rnr_if_due(now);
     const std::uint64_t moved_before = moved();
     bool pumped = cq_.empty() && rx_poll();
     if (!pumped && sq_.unstarted())

@@ -118,6 +118,7 @@ clock::time_point connection_engine::queue_progress(domain_progress& p, queue_vi
         return poll_ownership::call_end(now, moved() - moved_before);
     }
     ownership_.on_poll(now);
+    retry_rnr_if_due(now);
     const std::uint64_t carried_out = seq_.expected();
     rx_read();
     // As rx_poll does for a connection's own queue: an ACK for requests that arrived waits,

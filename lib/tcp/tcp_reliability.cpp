@@ -142,20 +142,23 @@ void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
         fail(connection_state::error, nak_status(code));
         return;
     }
-    if (!rnr_.on_nak(seq)) {
+    // As on verbs, each retry waits the RNR timer (connection_options::min_rnr_timer): the
+    // engine's timer, or a poll that comes after it is due (retry_rnr_if_due), whichever is
+    // first.
+    if (!rnr_.on_nak(seq, std::chrono::steady_clock::now() + rnr_delay_)) {
         complete_sq_head(errc::rnr_retry_exceeded, 0);
         fail(connection_state::error, errc::rnr_retry_exceeded);
         return;
     }
     sq_.go_back(seq); // everything from it on was dropped by the peer
-    // As on verbs, each retry waits the RNR timer (connection_options::min_rnr_timer).
-    auto delay = rnr_delay_;
-    rnr_timer_.expires_after(delay);
+    rnr_timer_.expires_after(rnr_delay_);
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec == asio::error::operation_aborted)
             return;
         engine_lock lk(self->mu_);
         self->assert_on_engine();
+        if (!self->rnr_.waiting())
+            return; // a poll retried first
         self->rnr_.waited();
         self->pump();
     };

@@ -13,10 +13,14 @@ namespace rdmx::tcp
 
 /// RNR NAKs of one connection's requests (connection_options::rnr_retry_count, 7 meaning
 /// retry forever, as on verbs). Each retry goes back to the NAKed request and waits the
-/// RNR delay first; no request starts meanwhile.
+/// RNR delay first; no request starts meanwhile. The delay ends at a time (due()), which
+/// whoever progresses the connection first acts on: the engine's timer, or a poll (so that
+/// a retry does not wait for an engine thread that busy pollers keep off the CPU).
 class rnr_retry
 {
 public:
+    using clock = std::chrono::steady_clock;
+
     enum class state : std::uint8_t {
         clear,   ///< requests may start
         waiting, ///< waiting out an RNR delay: no request may start until waited()
@@ -24,10 +28,10 @@ public:
 
     explicit rnr_retry(std::uint8_t limit) noexcept : limit_(limit > 7 ? 7 : limit) {}
 
-    /// The peer NAKed request `seq` with RNR. True: retry it (now waiting); false: its
-    /// retries are spent (rnr_retry_exceeded). Tries count per request: a NAK of a later
-    /// one starts again from none.
-    bool on_nak(std::uint64_t seq) noexcept
+    /// The peer NAKed request `seq` with RNR. True: retry it once `until` has come (now
+    /// waiting); false: its retries are spent (rnr_retry_exceeded). Tries count per
+    /// request: a NAK of a later one starts again from none.
+    bool on_nak(std::uint64_t seq, clock::time_point until) noexcept
     {
         if (seq_ != seq) {
             seq_ = seq;
@@ -37,8 +41,11 @@ public:
             return false;
         ++tries_;
         state_ = state::waiting;
+        until_ = until;
         return true;
     }
+    /// Waiting, and the delay is over at `now`: the retry may go (waited(), then send).
+    bool due(clock::time_point now) const noexcept { return state_ == state::waiting && now >= until_; }
     /// The delay passed: requests may start again.
     void waited() noexcept { state_ = state::clear; }
     bool waiting() const noexcept { return state_ == state::waiting; }
@@ -49,6 +56,7 @@ private:
     state state_ = state::clear;
     std::uint64_t seq_ = UINT64_MAX; ///< the request the tries count for
     std::uint32_t tries_ = 0;
+    clock::time_point until_{}; ///< when the current wait ends
 };
 
 /// The dead-peer rule: while requests are outstanding, some byte must move (either way)

@@ -288,6 +288,34 @@ TEST_F(tcp_engine, rnr_go_back_n_keeps_order_of_pipelined_requests)
         EXPECT_EQ(0, std::memcmp(target.data() + i * 64, src.data() + i * 64, 64)) << i;
 }
 
+// An RNR retry is due after min_rnr_timer whoever progresses the connection: with the
+// client domain's engine thread held (as busy pollers on every CPU can keep it off one for
+// milliseconds), the application's polls read the NAK and send the retry themselves.
+TEST_F(tcp_engine, a_polled_connection_retries_after_rnr_without_its_engine_thread)
+{
+    auto p = connect_pair();
+    std::vector<std::byte> src(64, std::byte{0x5a}), dst(64);
+    auto smr = client_dom_->register_memory(src.data(), src.size(), access::none);
+    auto dmr = server_dom_->register_memory(dst.data(), dst.size(), access::local_write);
+    engine_hold hold(*client_dom_);
+    sge s{smr.get(), 0, 64};
+    ASSERT_FALSE(p.client->post_send({&s, 1}, 7));
+    // The server's engine answers RNR (no receive yet); the client's polls read the NAK.
+    completion c[1];
+    const auto nak_by = std::chrono::steady_clock::now() + 30ms;
+    while (std::chrono::steady_clock::now() < nak_by)
+        ASSERT_EQ(p.client->poll(c), 0u) << "a send completed without a receive";
+    sge r{dmr.get(), 0, 64};
+    ASSERT_FALSE(p.server->post_recv({&r, 1}, 8));
+    auto sc = expect_ok(*p.client, 1, 5s);
+    ASSERT_EQ(sc.size(), 1u) << "the retry waited for the engine thread";
+    EXPECT_EQ(sc[0].wr_id, 7u);
+    hold.release();
+    auto rc = expect_ok(*p.server, 1, 5s);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(dst, src);
+}
+
 TEST_F(tcp_engine, unsignaled_error_still_completes_and_later_ones_flush)
 {
     auto p = connect_pair();

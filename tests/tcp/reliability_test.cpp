@@ -1,5 +1,6 @@
 // The initiator's reliability rules (lib/tcp/tcp_reliability.hpp) without a socket or a
-// clock: RNR retries per request, and the dead-peer rule fed made-up times.
+// clock: RNR retries per request and when they are due, and the dead-peer rule fed
+// made-up times.
 #include <gtest/gtest.h>
 
 #include "tcp/tcp_reliability.hpp"
@@ -11,42 +12,63 @@ namespace
 
 using namespace std::chrono_literals;
 
+/// Any time: the retry counts do not depend on it.
+const rnr_retry::clock::time_point any_time = rnr_retry::clock::time_point{} + std::chrono::hours(1);
+
 TEST(tcp_rnr_retry, a_request_is_retried_its_limit_of_times_then_fails)
 {
     rnr_retry r(2);
     EXPECT_EQ(r.current(), rnr_retry::state::clear);
-    ASSERT_TRUE(r.on_nak(5));
+    ASSERT_TRUE(r.on_nak(5, any_time));
     EXPECT_TRUE(r.waiting());
     r.waited();
     EXPECT_FALSE(r.waiting());
-    ASSERT_TRUE(r.on_nak(5));
+    ASSERT_TRUE(r.on_nak(5, any_time));
     r.waited();
-    EXPECT_FALSE(r.on_nak(5)); // the third NAK of the same request: retries spent
+    EXPECT_FALSE(r.on_nak(5, any_time)); // the third NAK of the same request: retries spent
 }
 
 TEST(tcp_rnr_retry, tries_count_per_request)
 {
     rnr_retry r(1);
-    ASSERT_TRUE(r.on_nak(5));
+    ASSERT_TRUE(r.on_nak(5, any_time));
     r.waited();
-    ASSERT_TRUE(r.on_nak(6)); // a later request starts from none
+    ASSERT_TRUE(r.on_nak(6, any_time)); // a later request starts from none
     r.waited();
-    EXPECT_FALSE(r.on_nak(6));
+    EXPECT_FALSE(r.on_nak(6, any_time));
 }
 
 TEST(tcp_rnr_retry, seven_retries_forever_and_zero_never)
 {
     rnr_retry forever(7);
     for (int i = 0; i < 1000; ++i) {
-        ASSERT_TRUE(forever.on_nak(1)) << i;
+        ASSERT_TRUE(forever.on_nak(1, any_time)) << i;
         forever.waited();
     }
     rnr_retry never(0);
-    EXPECT_FALSE(never.on_nak(1));
+    EXPECT_FALSE(never.on_nak(1, any_time));
     EXPECT_FALSE(never.waiting());
     rnr_retry clamped(200); // above 7 means 7, as on verbs' three bits
     for (int i = 0; i < 1000; ++i)
-        ASSERT_TRUE(clamped.on_nak(1)) << i;
+        ASSERT_TRUE(clamped.on_nak(1, any_time)) << i;
+}
+
+TEST(tcp_rnr_retry, a_retry_is_due_once_its_delay_is_over_and_only_while_waiting)
+{
+    const auto t0 = any_time;
+    rnr_retry r(7);
+    EXPECT_FALSE(r.due(t0 + 1h)) << "nothing to retry";
+    ASSERT_TRUE(r.on_nak(3, t0 + 640us));
+    EXPECT_FALSE(r.due(t0));
+    EXPECT_FALSE(r.due(t0 + 639us));
+    EXPECT_TRUE(r.due(t0 + 640us));
+    EXPECT_TRUE(r.due(t0 + 1s));
+    r.waited(); // whoever came first (a poll, the engine's timer) retried
+    EXPECT_FALSE(r.due(t0 + 1s)) << "retried twice";
+    // The next NAK waits its own delay from when it came.
+    ASSERT_TRUE(r.on_nak(3, t0 + 2s));
+    EXPECT_FALSE(r.due(t0 + 1s));
+    EXPECT_TRUE(r.due(t0 + 2s));
 }
 
 struct unread_bytes {
