@@ -157,8 +157,11 @@ void connection_engine::on_nak(std::uint64_t seq, nak_code code) noexcept
             return;
         engine_lock lk(self->mu_);
         self->assert_on_engine();
-        if (!self->rnr_.waiting())
-            return; // a poll retried first
+        // A poll may have retried first; and a wait that completed before the next NAK
+        // re-armed the timer (its handler queued, the thread off the CPU) is that NAK's
+        // too early: its own wait comes.
+        if (!self->rnr_.due(std::chrono::steady_clock::now()))
+            return;
         self->rnr_.waited();
         self->pump();
     };
