@@ -520,6 +520,16 @@ private:
     bool queues_watched() const noexcept RDMX_REQUIRES(mu_);
     /// queues_armed() || queues_watched(), one look per queue.
     bool queues_armed_either_way() const noexcept RDMX_REQUIRES(mu_);
+    /// Whether `pred` holds for one of its shared queues (none once detached).
+    template <class Pred> bool any_shared_queue(Pred pred) const noexcept RDMX_REQUIRES(mu_)
+    {
+        if (!on_shared_cq_ || detached_)
+            return false;
+        for (tcp_completion_queue* q : shared_queues())
+            if (q && pred(*q))
+                return true;
+        return false;
+    }
     /// Instead of waiting for data, leave the socket to that sleeper (arm_read)?
     bool sleeper_takes_over() noexcept RDMX_REQUIRES(mu_, engine_thread_);
     /// An application thread is in (or just out of) a poll of a queue of their domains

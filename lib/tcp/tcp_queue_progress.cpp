@@ -200,32 +200,17 @@ void connection_engine::sync_queue_polls() noexcept
 
 bool connection_engine::queues_armed() const noexcept
 {
-    if (!on_shared_cq_ || detached_)
-        return false;
-    for (tcp_completion_queue* q : shared_queues())
-        if (q && q->armed())
-            return true;
-    return false;
+    return any_shared_queue([](const tcp_completion_queue& q) { return q.armed(); });
 }
 
 bool connection_engine::queues_watched() const noexcept
 {
-    if (!on_shared_cq_ || detached_)
-        return false;
-    for (tcp_completion_queue* q : shared_queues())
-        if (q && q->watched())
-            return true;
-    return false;
+    return any_shared_queue([](const tcp_completion_queue& q) { return q.watched(); });
 }
 
 bool connection_engine::queues_armed_either_way() const noexcept
 {
-    if (!on_shared_cq_ || detached_)
-        return false;
-    for (tcp_completion_queue* q : shared_queues())
-        if (q && q->armed_either_way())
-            return true;
-    return false;
+    return any_shared_queue([](const tcp_completion_queue& q) { return q.armed_either_way(); });
 }
 
 bool connection_engine::sleeper_takes_over() noexcept
