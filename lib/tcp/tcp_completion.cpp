@@ -33,7 +33,7 @@ void connection_engine::push_cq(cq_side side, completion c, bool solicited, bool
     }
     if (!cq_.push(c, from_srq)) {
         if (from_srq)
-            srq_->retire(1); // lost with the overrun: its slot is free
+            srq_.retire(1); // lost with the overrun: its slot is free
         // CQ overrun is fatal on verbs too. The completion that did not fit is lost; the
         // flush that follows cannot add more (the ring is full), which is what verbs does.
         if (state() == connection_state::established) {
@@ -54,7 +54,7 @@ void connection_engine::push_shared(tcp_completion_queue& q, cq_side side, const
 {
     if (detached_) { // the connection object is gone (close())
         if (from_srq)
-            srq_->retire(1); // nobody polls it: its slot is free
+            srq_.retire(1); // nobody polls it: its slot is free
         return;
     }
     slots_.hold(side); // before a poll can count it down
@@ -106,11 +106,12 @@ void connection_engine::complete_local(std::error_code status) noexcept
 
 void connection_engine::complete_rq_head(const completion& c, bool solicited) noexcept
 {
-    if (srq_)
-        srq_taken_ = false;
+    const bool shared = srq_.shared();
+    if (shared)
+        srq_.completed();
     else if (!rq_.empty()) // never empty here, but a ring of depth 0 (srq) must not be indexed
         rq_.pop();
-    push_cq(cq_side::recv, c, solicited, srq_ != nullptr);
+    push_cq(cq_side::recv, c, solicited, shared);
 }
 
 void connection_engine::fail(connection_state to, std::error_code cause) noexcept
@@ -141,8 +142,8 @@ void connection_engine::fail(connection_state to, std::error_code cause) noexcep
     }
     // A receive taken from the shared queue for a frame that did not finish; the ones
     // not taken stay there for the other connections (as a verbs SRQ keeps its WQEs).
-    if (srq_taken_)
-        complete_rq_head({.wr_id = srq_recv_.wr_id, .opcode = opcode::unknown, .status = errc::flushed},
+    if (srq_.current() == srq_claim::state::held)
+        complete_rq_head({.wr_id = srq_.head().wr_id, .opcode = opcode::unknown, .status = errc::flushed},
                          false);
 }
 

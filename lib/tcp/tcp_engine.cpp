@@ -40,7 +40,7 @@ connection_engine::connection_engine(tcp_domain& dom, unique_fd fd, const connec
       sq_(lim.send_queue_depth, lim.max_send_sge, lim.max_inline,
           dom.backend() == backend::shm || dom.local_peers()),
       rnr_(opts.rnr_retry_count), rq_(opts.srq ? 0 : lim.recv_queue_depth, lim.max_recv_sge),
-      srq_(tcp_srq::of(opts, dom, "connection").get()), slots_(srq_), srq_segs_(srq_ ? srq_->max_sge() : 0),
+      srq_(tcp_srq::of(opts, dom, "connection").get()), slots_(srq_.queue()),
       // The own ring holds both depths of the sides that complete into it; with a shared
       // receive queue, recv_queue_depth is its depth: no more of its receives can be
       // outstanding.
@@ -145,9 +145,7 @@ void connection_engine::close() noexcept
             if (q)
                 dropped += q->purge(slots_);
         shared_ = {};
-        if (srq_)
-            srq_->retire(dropped + cq_.drop_tagged());
-        srq_ = nullptr; // the connection object, which holds the queue, is going
+        srq_.release(dropped + cq_.drop_tagged()); // the connection object, which holds the queue, is going
         // close_socket() ends the domain's count of lingering engines, so only a socket still
         // open is counted: one closed already (a handshake that failed, a connection that
         // ended) would hold the domain's destructor for the whole linger bound.

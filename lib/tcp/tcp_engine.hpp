@@ -40,6 +40,7 @@
 #include "tcp/tcp_send_queue.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_srq.hpp"
+#include "tcp/tcp_srq_claim.hpp"
 #include "tcp/tcp_target.hpp"
 #include "tcp/tcp_thread_safety.hpp"
 #include "tcp/tcp_transmit_gate.hpp"
@@ -244,17 +245,16 @@ private:
     /// Whether a receive is there for the peer's next send or write with immediate: the
     /// head of this connection's queue, or one taken from its shared receive queue (kept
     /// until it completes). False: receiver not ready.
-    bool recv_ready() noexcept RDMX_REQUIRES(mu_)
-    {
-        if (!srq_)
-            return !rq_.empty();
-        if (!srq_taken_)
-            srq_taken_ = srq_->take(srq_recv_.wr_id, srq_recv_.length, srq_recv_.nseg, srq_segs_.data());
-        return srq_taken_;
-    }
+    bool recv_ready() noexcept RDMX_REQUIRES(mu_) { return srq_.shared() ? srq_.ready() : !rq_.empty(); }
     /// The receive recv_ready() found, and its SGEs.
-    recv_queue::entry& recv_head() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_recv_ : rq_.front(); }
-    seg* recv_head_segs() noexcept RDMX_REQUIRES(mu_) { return srq_ ? srq_segs_.data() : rq_.front_segs(); }
+    recv_queue::entry& recv_head() noexcept RDMX_REQUIRES(mu_)
+    {
+        return srq_.shared() ? srq_.head() : rq_.front();
+    }
+    seg* recv_head_segs() noexcept RDMX_REQUIRES(mu_)
+    {
+        return srq_.shared() ? srq_.segs() : rq_.front_segs();
+    }
 
     // --- the application's calls' helpers (tcp_post.cpp; application thread, mu_ held) ---
     /// A bind_window or invalidate_window (validated): carried out in the domain's table at
@@ -673,16 +673,13 @@ private:
     /// The receive queue (tcp_recv_queue.hpp); of depth 0 with a shared receive queue.
     recv_queue rq_ RDMX_GUARDED_BY(mu_);
     // With a shared receive queue (connection_options::srq) the rings above are empty and
-    // receives come from srq_ one at a time, as frames need them. The connection object
-    // holds the queue (the engine must not: a queue holds its domain, whose engine thread
-    // may not drop the last reference to it); close() forgets it.
-    tcp_srq* srq_ RDMX_GUARDED_BY(mu_);
+    // receives come from it one at a time, as frames need them (tcp_srq_claim.hpp). The
+    // connection object holds the queue (the engine must not: a queue holds its domain,
+    // whose engine thread may not drop the last reference to it); close() lets go of it.
+    srq_claim srq_ RDMX_GUARDED_BY(mu_);
     /// The slots its completions hold on its shared queues until polled; the queues'
     /// polls release them (and the shared receive queue's) without calling in here.
     queue_slots slots_;
-    std::vector<seg> srq_segs_ RDMX_GUARDED_BY(mu_); ///< the taken receive's SGEs (srq_->max_sge())
-    recv_queue::entry srq_recv_ RDMX_GUARDED_BY(mu_);
-    bool srq_taken_ RDMX_GUARDED_BY(mu_) = false; ///< srq_recv_ holds a receive not completed yet
 
     completion_ring cq_ RDMX_GUARDED_BY(mu_);
     notify_arm notify_ RDMX_GUARDED_BY(mu_);

@@ -179,7 +179,7 @@ std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, 
     if (posted)
         *posted = 0;
     engine_lock lk(mu_);
-    if (srq_)
+    if (srq_.shared())
         return errc::invalid_argument; // its receives are posted to the shared queue
     if (auto done =
             validate_or_flush(cq_side::recv, wrs, posted, [&](const recv_request& wr, std::uint64_t& total) {
@@ -245,8 +245,7 @@ std::size_t connection_engine::poll_own(std::span<completion> out, clock::time_p
         pump(); // requests that post() left to be coalesced, when rx_poll did not send
     std::size_t from_srq = 0;
     std::size_t n = cq_.pop(out, &from_srq);
-    if (from_srq)
-        srq_->retire(from_srq); // polled: their slots in the shared queue are free again
+    srq_.retire(from_srq); // polled: their slots in the shared queue are free again
     // A poll that moved little took a microsecond or so: it ends when it began, and a busy
     // poller reads the clock once per poll, not twice (poll_ownership::call_clock_bytes).
     end = poll_ownership::call_end(now, moved() - moved_before);
