@@ -108,12 +108,16 @@ int rpc_client(const std::string& addr, const std::string& server, int id, int c
         const rdmx::peer srv = e->insert(server);
         const auto start = steady_clock::now();
         const auto give_up = start + seconds(150);
-        // Each attempt that brought no echo, on stderr: what a failed run shows of its path.
+        // Each attempt that brought no echo, on stderr: what a failed run shows of its path,
+        // and where its one peer's connection stands (a dial under way or none).
         auto retry_note = [&](int k, std::uint64_t attempt, const char* what, const std::error_code& ec) {
-            std::fprintf(stderr, "rpc client %d: request %d attempt %llu at %.1f s: %s%s%s\n", id, k,
-                         static_cast<unsigned long long>(attempt),
-                         duration<double>(steady_clock::now() - start).count(), what, ec ? ": " : "",
-                         ec ? ec.message().c_str() : "");
+            const auto st = e->statistics();
+            std::fprintf(
+                stderr,
+                "rpc client %d: request %d attempt %llu at %.1f s: %s%s%s (%zu connected, %zu connecting)\n",
+                id, k, static_cast<unsigned long long>(attempt),
+                duration<double>(steady_clock::now() - start).count(), what, ec ? ": " : "",
+                ec ? ec.message().c_str() : "", st.connected, st.connecting);
         };
         rdmx::endpoint_completion out[16];
         for (int k = 0; k < count; ++k) {
