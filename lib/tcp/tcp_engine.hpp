@@ -32,6 +32,7 @@
 #include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_link.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
+#include "tcp/tcp_queue_membership.hpp"
 #include "tcp/tcp_recv_queue.hpp"
 #include "tcp/tcp_reliability.hpp"
 #include "tcp/tcp_response_queue.hpp"
@@ -512,7 +513,7 @@ private:
     /// `p`'s run took this engine from its pending list: it may be marked there again.
     void unmark(const domain_progress& p) noexcept RDMX_REQUIRES(mu_)
     {
-        pending_marked_[&p == progresses()[0] ? 0 : 1] = false;
+        membership_.unmark(&p == progresses()[0] ? 0 : 1);
     }
     /// A notification armed on one of them: its poller is going to sleep.
     bool queues_armed() const noexcept RDMX_REQUIRES(mu_);
@@ -608,27 +609,12 @@ private:
     const bool on_shared_cq_;
     /// Stood down for a shared queue's poller (stand_down, reclaim_rx): queue_sleeps() asks.
     std::atomic<bool> left_to_queue_{false};
-    std::uint64_t queue_polls_seen_ RDMX_GUARDED_BY(mu_) = 0; ///< sync_queue_polls()
-    /// Whether its socket is in the progress sets of its shared queues' domain, where their
-    /// polls and sleepers see it.
-    enum class queue_watch : std::uint8_t {
-        none,    ///< no side reports to a shared queue
-        watched, ///< in the sets (attach_queues, and back after a stall)
-        paused,  ///< out while reading stalls (pause_queue_watch, resume_queue_watch)
-        gone,    ///< out for good: reading ended, the socket closes, a set refused it (unwatch_queues)
-    };
-    queue_watch watch_ RDMX_GUARDED_BY(mu_);
-    /// The progress sets still know this socket (in them, or out for a stall only).
-    bool queues_reach() const noexcept RDMX_REQUIRES(mu_)
-    {
-        return watch_ == queue_watch::watched || watch_ == queue_watch::paused;
-    }
+    /// Its socket's place in the progress sets of its shared queues' domain, where their
+    /// polls and sleepers see it, its marks on their pending lists and the polls it counted.
+    queue_membership membership_ RDMX_GUARDED_BY(mu_);
     /// The read wake being served found a shared queue armed for a sleeper that watches
     /// the sockets (queues_watched), before the run's own completions fired that arming.
     bool wake_saw_sleeper_ RDMX_GUARDED_BY(mu_) = false;
-    /// on progresses()[i]'s pending list (mark_on_queues), whose run has not taken us from
-    /// there since: once per list, so that the list's reserved room always suffices
-    std::array<bool, 2> pending_marked_ RDMX_GUARDED_BY(mu_){};
     /// How long a shared queue's poller keeps an ACK waiting (queue_progress).
     ack_hold ack_hold_ RDMX_GUARDED_BY(mu_);
     const std::uint64_t context_; ///< connection_options::context, in every completion

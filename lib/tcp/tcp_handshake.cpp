@@ -138,7 +138,7 @@ bool connection_engine::redial(int& err) noexcept
         }
         // The reactor and the domain's progress set know the socket by number and by open
         // file: each lets the old one go before dup3 replaces it, and takes the new.
-        const bool queues = queues_reach() && !detached_;
+        const bool queues = membership_.reaches() && !detached_;
         if (queues)
             for (domain_progress* p : progresses())
                 if (p)
@@ -150,13 +150,13 @@ bool connection_engine::redial(int& err) noexcept
         if (rc < 0 || ec) {
             err = rc < 0 ? errno : ec.value();
             if (queues)
-                watch_ = queue_watch::gone;
+                membership_.refused();
             return false;
         }
         if (queues)
             for (domain_progress* p : progresses())
                 if (p && !p->watch(*this, fd_)) {
-                    err = errno; // the sets may hold it in part: close_socket unwatches (watch_ says so)
+                    err = errno; // the sets may hold it in part: close_socket unwatches (membership_ says so)
                     return false;
                 }
         return true;

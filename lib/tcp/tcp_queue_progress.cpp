@@ -42,9 +42,9 @@ void connection_engine::detach_queues() noexcept
 
 void connection_engine::rings_ready() noexcept
 {
-    if (!link_.uses_rings() || !queues_reach() || detached_)
+    if (!link_.uses_rings() || !membership_.reaches() || detached_)
         return;
-    if (watch_ == queue_watch::watched)
+    if (membership_.watched())
         ring_peek_.store(link_.rings(), std::memory_order_release);
     for (domain_progress* p : progresses())
         if (p)
@@ -53,9 +53,8 @@ void connection_engine::rings_ready() noexcept
 
 void connection_engine::unwatch_queues() noexcept
 {
-    if (!queues_reach() || detached_)
+    if (detached_ || !membership_.leave())
         return;
-    watch_ = queue_watch::gone;
     ring_peek_.store(nullptr, std::memory_order_relaxed);
     for (domain_progress* p : progresses())
         if (p)
@@ -64,9 +63,8 @@ void connection_engine::unwatch_queues() noexcept
 
 void connection_engine::pause_queue_watch() noexcept
 {
-    if (watch_ != queue_watch::watched || detached_)
+    if (detached_ || !membership_.pause())
         return;
-    watch_ = queue_watch::paused;
     ring_peek_.store(nullptr, std::memory_order_relaxed);
     for (domain_progress* p : progresses())
         if (p)
@@ -75,9 +73,8 @@ void connection_engine::pause_queue_watch() noexcept
 
 void connection_engine::resume_queue_watch() noexcept
 {
-    if (watch_ != queue_watch::paused)
+    if (!membership_.resume())
         return;
-    watch_ = queue_watch::watched;
     if (detached_ || closed_)
         return;
     for (domain_progress* p : progresses())
@@ -86,7 +83,7 @@ void connection_engine::resume_queue_watch() noexcept
             for (domain_progress* o : progresses())
                 if (o)
                     o->unwatch(fd_); // where it went back in (the rest say ENOENT)
-            watch_ = queue_watch::gone;
+            membership_.refused();
             log_limited("epoll_ctl(EPOLL_CTL_ADD) of a TCP domain's progress set after a stall: %s; "
                         "connection to error",
                         std::strerror(err));
@@ -145,15 +142,16 @@ clock::time_point connection_engine::queue_progress(domain_progress& p, queue_vi
 
 bool connection_engine::mark_on_queues() noexcept
 {
-    if (!queues_reach() || detached_)
+    if (!membership_.reaches() || detached_)
         return false;
     auto progs = progresses();
     bool marked = false;
     for (std::size_t i = 0; i < progs.size(); ++i)
-        if (progs[i] && !pending_marked_[i]) {
+        if (progs[i] && !membership_.marked(i)) {
             if (!progs[i]->mark_pending(*this))
                 return false;
-            pending_marked_[i] = marked = true;
+            membership_.mark(i);
+            marked = true;
         }
     if (marked) // a sleeper that watches the sockets would not see this work
         for (tcp_completion_queue* q : shared_queues())
@@ -192,10 +190,8 @@ void connection_engine::sync_queue_polls() noexcept
             polls += p->polls();
             latest = std::max(latest, p->last_poll());
         }
-    if (polls != queue_polls_seen_) {
-        queue_polls_seen_ = polls;
+    if (membership_.polls_moved(polls))
         ownership_.on_queue_poll(latest);
-    }
 }
 
 bool connection_engine::queues_armed() const noexcept
