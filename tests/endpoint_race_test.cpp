@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/child_process.hpp"
@@ -293,6 +295,24 @@ TEST_P(endpoint_race, a_server_that_never_comes_fails_the_operations_within_the_
     auto m = region(1 << 16);
     rdmx::peer to_b = a.ep->insert(address(b_, port));
     sge s{m.get(), 0, 32};
+    // The deadline's warning, which says what was tried: caught by a sink of our own.
+    std::mutex log_mutex;
+    std::vector<std::string> warnings;
+    const log_level level_before = get_log_level();
+    set_log_level(log_level::warn);
+    set_log_sink([&](log_level l, std::string_view text) {
+        std::lock_guard lock(log_mutex);
+        if (l == log_level::warn && text.find("connect deadline") != std::string_view::npos)
+            warnings.emplace_back(text);
+    });
+    struct restore_log {
+        log_level level;
+        ~restore_log()
+        {
+            set_log_sink({});
+            set_log_level(level);
+        }
+    } restore{level_before};
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
     ASSERT_FALSE(a.ep->write(to_b, {&s, 1}, m->remote(0, 32), 2));
@@ -313,6 +333,19 @@ TEST_P(endpoint_race, a_server_that_never_comes_fails_the_operations_within_the_
     EXPECT_GE(took, 1400ms);
     EXPECT_LT(took, 4s);
     EXPECT_LT(wakeups, 200) << "it spun";
+    {
+        // One warning for the deadline: the peer, how many dials, the cause the two got.
+        std::lock_guard lock(log_mutex);
+        ASSERT_EQ(warnings.size(), 1u);
+        const std::string& w = warnings[0];
+        EXPECT_NE(w.find(*a.ep->address_of(to_b) + " not reached within the connect deadline (1500 ms)"),
+                  std::string::npos)
+            << w;
+        EXPECT_EQ(w.find(" 0 dials"), std::string::npos) << w;
+        EXPECT_NE(w.find("2 queued operations fail with \"" + a.done[0].status.message() + "\""),
+                  std::string::npos)
+            << w;
+    }
     // The next operation starts over (and fails the same way).
     EXPECT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 3));
 }

@@ -497,6 +497,7 @@ void endpoint_impl::on_connected(std::uint32_t pi, connection* c) noexcept
     p.next_dial = clock::time_point::max();
     p.deadline = clock::time_point::max();
     p.last_cause.clear();
+    p.dials = p.duplicates = 0;
     p.tx = p.peer_delivered = p.told = 0;
     p.peer_credit = p.told_grant = initial_credit; // both sides' start on a new connection
     p.delivered_posted = p.nudge_due = false;
@@ -569,6 +570,7 @@ void endpoint_impl::start_dial(std::uint32_t pi) noexcept
     RDMX_LOG(trace, "endpoint %s: dialling %s", self_.text.c_str(), p.addr.text.c_str());
     try {
         const auto before = class_of(p);
+        ++p.dials;
         p.dial = dom_.start_connect(p.addr.text, o, pd);
         reclass(before, p);
     } catch (const rdmx::error& e) {
@@ -588,6 +590,7 @@ void endpoint_impl::on_dial_failed(std::uint32_t pi, std::error_code cause, reje
     if (p.chosen || p.accepted)
         return; // the peer's own connection is (being) set up: ours was the duplicate
     if (cause == errc::rejected && why == reject_reason::duplicate) {
+        ++p.duplicates;
         // The peer keeps its dial to us; wait (within the deadline) for it, and dial again
         // in case its connection was a stale one that it is about to lose.
         schedule_redial(pi);
@@ -638,6 +641,22 @@ void endpoint_impl::run_timers() noexcept
             // Not up within the connect deadline: the queued operations fail with the
             // last cause of a failed dial (timed_out while one was still under way).
             std::error_code cause = p.last_cause ? p.last_cause : std::error_code(errc::timed_out);
+            // Said once per deadline, with what was tried: a peer that cannot be reached is
+            // worth knowing about, and why (a client gone for good, a network that drops).
+            RDMX_LOG(
+                warn,
+                "endpoint %s: %s not reached within the connect deadline (%lld ms): %u dials, %u of them "
+                "refused as duplicates; %s%s; %u queued operations fail with \"%s\"",
+                self_.text.c_str(), p.addr.text.c_str(),
+                static_cast<long long>(opts_.connect_deadline.count()), p.dials, p.duplicates,
+                p.dial             ? "a dial still under way"
+                : !p.accepted      ? "no dial under way"
+                : p.accepted_up    ? "its connection to us established, nothing heard over it"
+                : p.accepted_heard ? "its connection to us heard from, its established event not seen"
+                                   : "its connection to us being accepted",
+                p.last_cause ? (", the last failed with " + p.last_cause.message()).c_str() : "",
+                p.queued.size, cause.message().c_str());
+            p.dials = p.duplicates = 0;
             if (p.dial)
                 drop_connection(pi, p.dial.get(), cause);
             if (p.accepted) // its dialler was never heard from: the next operation dials

@@ -137,6 +137,9 @@ struct peer_entry {
     clock::time_point next_dial = clock::time_point::max();
     std::chrono::milliseconds backoff = first_backoff;
     std::error_code last_cause;
+    /// Since the last connection or the last connect deadline: dials started, and of them
+    /// those the peer refused as duplicates (what the deadline's warning says).
+    std::uint32_t dials = 0, duplicates = 0;
     bool in_timers = false, in_kick = false;
     // Credits, and on iWARP delivery acknowledgements, of data messages (eager and rts;
     // docs/endpoints.md, "Flow control" and "Completion semantics"). Counts are per
