@@ -63,9 +63,8 @@ bool connection_engine::app_keeps_tx() noexcept
 
 void connection_engine::arm_tx_check() noexcept
 {
-    if (tx_check_armed_)
+    if (!work_.start(engine_work::kind::tx_check))
         return;
-    tx_check_armed_ = true;
     ownership_.tx_check_armed();
     tx_check_timer_.expires_after(takeover_check_);
     auto on_timer = [self = shared_from_this()](const boost::system::error_code& ec) {
@@ -73,7 +72,7 @@ void connection_engine::arm_tx_check() noexcept
             return;
         engine_lock lk(self->mu_);
         self->assert_on_engine();
-        self->tx_check_armed_ = false;
+        self->work_.ran(engine_work::kind::tx_check);
         if (self->closed_)
             return;
         if (self->ownership_.app_owns())
@@ -151,13 +150,12 @@ bool connection_engine::stand_down() noexcept
 
 void connection_engine::post_reclaim() noexcept
 {
-    if (!ownership_.app_owns() || reclaim_posted_)
+    if (!ownership_.app_owns() || !work_.start(engine_work::kind::reclaim))
         return;
-    reclaim_posted_ = true;
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
                    engine_lock lk(self->mu_);
                    self->assert_on_engine();
-                   self->reclaim_posted_ = false;
+                   self->work_.ran(engine_work::kind::reclaim);
                    if (!self->closed_)
                        self->reclaim_rx();
                }));
@@ -242,8 +240,8 @@ bool connection_engine::rx_read() noexcept
     // that two polling threads kept busy, a window's worth per few milliseconds, and one
     // connection of many on a shared queue starved (docs/performance.md, "a connection
     // left to its engine").
-    if (!(read_armed_ || rx_cont_posted_ || ownership_.app_owns()) || closed_ ||
-        rx_state_ != rx_state::reading || state() != connection_state::established)
+    if (!(work_.reading_soon() || ownership_.app_owns()) || closed_ || rx_state_ != rx_state::reading ||
+        state() != connection_state::established)
         return false;
     rx_short_ = false;
     rx_steps(false);           // the engine drains what follows a failure

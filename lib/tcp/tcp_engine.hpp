@@ -29,6 +29,7 @@
 #include "tcp/tcp_completion_queue.hpp"
 #include "tcp/tcp_connector.hpp"
 #include "tcp/tcp_domain.hpp"
+#include "tcp/tcp_engine_work.hpp"
 #include "tcp/tcp_handler_memory.hpp"
 #include "tcp/tcp_link.hpp"
 #include "tcp/tcp_poll_ownership.hpp"
@@ -393,7 +394,7 @@ private:
     /// below the mark, no wake comes, and the peer's requests wait until it declares us dead.
     void keep_rcvlowat_reachable() noexcept RDMX_REQUIRES(mu_)
     {
-        if (read_armed_ && link_.wake_mark() > 1)
+        if (work_.outstanding(engine_work::kind::read_wait) && link_.wake_mark() > 1)
             link_.keep_wake_mark_reachable(rx_to_come());
     }
 
@@ -690,7 +691,6 @@ private:
     rx_frame rx_ RDMX_GUARDED_BY(mu_);    ///< the frame being received, and where its payload goes
     /// a read in this receive run returned less than asked: drained
     bool rx_short_ RDMX_GUARDED_BY(mu_) = false;
-    bool rx_cont_posted_ RDMX_GUARDED_BY(mu_) = false; ///< continue_rx() is on its way
     /// Chunks that payload bound for staged memory is received into (rx_chunk), two so
     /// that one's copy to its place runs while the next recvmsg fills the other; held for
     /// one read run (rx_steps), their copies finished before a frame ends.
@@ -710,14 +710,14 @@ private:
     std::atomic<const byte_ring_pair*> ring_peek_{nullptr};
     /// link_'s rings in use: the domain's progress looks at them from now on (add_rings).
     void rings_ready() noexcept RDMX_REQUIRES(mu_);
-    bool read_armed_ RDMX_GUARDED_BY(mu_) = false;
+    /// The engine thread's work outstanding for it, each at most once (tcp_engine_work.hpp).
+    engine_work work_ RDMX_GUARDED_BY(mu_);
     std::uint64_t rx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes read from the socket (frames, not the drain)
     std::uint64_t tx_bytes_ RDMX_GUARDED_BY(mu_) = 0;  ///< bytes the socket took
     std::uint64_t cma_bytes_ RDMX_GUARDED_BY(mu_) = 0; ///< bytes the peer's CMA requests asked us to move
     /// What this side has moved so far, for poll_ownership::call_end: bytes read and sent,
     /// and CMA copies served.
     std::uint64_t moved() const noexcept RDMX_REQUIRES(mu_) { return rx_bytes_ + tx_bytes_ + cma_bytes_; }
-    bool reclaim_posted_ RDMX_GUARDED_BY(mu_) = false; ///< request_notify() asked the engine to take it back
     /// who reads and sends: the engine or a polling application
     poll_ownership ownership_ RDMX_GUARDED_BY(mu_);
     /// The receive side of the stream.
@@ -746,7 +746,6 @@ private:
     asio::steady_timer tx_check_timer_ RDMX_GUARDED_BY(mu_); ///< app_keeps_tx() outside a stand-down
     /// bounds start_linger() by progress_timeout_
     asio::steady_timer linger_timer_ RDMX_GUARDED_BY(engine_thread_);
-    bool tx_check_armed_ RDMX_GUARDED_BY(mu_) = false;
     asio::steady_timer ring_timer_ RDMX_GUARDED_BY(engine_thread_); ///< wait_ring_space
 
     /// ack_timeout * (retry_count + 1), at least 1 s: the dead-peer rule's bound (live_),

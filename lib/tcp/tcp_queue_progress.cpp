@@ -242,7 +242,7 @@ void connection_engine::queue_flush(domain_progress& p, queue_visit why) noexcep
     // readable socket is read while the engine's wait is armed too: a doorbell left there
     // (one the engine's wait did not wake for) would wake the sleeper at once, again and
     // again.
-    if (reads || (why == queue_visit::socket && read_armed_))
+    if (reads || (why == queue_visit::socket && work_.outstanding(engine_work::kind::read_wait)))
         rx_read();
     ack_hold_.sent();
     pump();

@@ -18,7 +18,7 @@ namespace rdmx::tcp
 
 void connection_engine::arm_read() noexcept
 {
-    if (read_armed_ || rx_state_ == rx_state::done || closed_)
+    if (work_.outstanding(engine_work::kind::read_wait) || rx_state_ == rx_state::done || closed_)
         return;
     if (ownership_.app_owns()) {
         reclaim_rx(); // the engine reads again (after a stall): the wait needs the socket
@@ -46,14 +46,14 @@ void connection_engine::arm_read() noexcept
         }
     }
     link_.set_wake_mark(stream_link::wake_mark_for(rx_to_come()));
-    read_armed_ = true;
+    work_.start(engine_work::kind::read_wait);
     desc_.async_wait(asio::posix::stream_descriptor::wait_read,
                      with_memory(hmem_, [self = shared_from_this()](const boost::system::error_code&) {
                          // The mutex held means the application is in a call (post, poll) right now.
                          bool app_in_call = false;
                          engine_lock lk(self->mu_, app_in_call);
                          self->assert_on_engine();
-                         self->read_armed_ = false;
+                         self->work_.ran(engine_work::kind::read_wait);
                          if (self->app_took_data(app_in_call) && self->stand_down())
                              return;
                          // Before this run's completions fire the arming (sleeper_takes_over).
@@ -73,13 +73,12 @@ std::uint64_t connection_engine::rx_to_come() const noexcept
 
 void connection_engine::continue_rx() noexcept
 {
-    if (rx_cont_posted_)
+    if (!work_.start(engine_work::kind::rx_continue))
         return;
-    rx_cont_posted_ = true;
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
                    engine_lock lk(self->mu_);
                    self->assert_on_engine();
-                   self->rx_cont_posted_ = false;
+                   self->work_.ran(engine_work::kind::rx_continue);
                    // Stood down for an application that polls this connection: its next
                    // poll() goes on itself. For a shared queue's poller, the engine does
                    // (and takes the socket back at the end of the run).
@@ -96,7 +95,7 @@ void connection_engine::resume_rx() noexcept
     asio::post(dom_.io(), with_memory(hmem_, [self = shared_from_this()] {
                    engine_lock lk(self->mu_);
                    self->assert_on_engine();
-                   if (!self->read_armed_)
+                   if (!self->work_.outstanding(engine_work::kind::read_wait))
                        self->rx_run();
                }));
 }
