@@ -46,6 +46,9 @@ namespace ep
 namespace
 {
 
+/// The connect deadline's warnings (run_timers): 20 at once, then 10 a second.
+constinit detail::log_rate_limit deadline_log_limit(10, 20);
+
 std::uint64_t draw_incarnation()
 {
     std::random_device rd;
@@ -643,19 +646,22 @@ void endpoint_impl::run_timers() noexcept
             std::error_code cause = p.last_cause ? p.last_cause : std::error_code(errc::timed_out);
             // Said once per deadline, with what was tried: a peer that cannot be reached is
             // worth knowing about, and why (a client gone for good, a network that drops).
-            RDMX_LOG(
-                warn,
-                "endpoint %s: %s not reached within the connect deadline (%lld ms): %u dials, %u of them "
-                "refused as duplicates; %s%s; %u queued operations fail with \"%s\"",
-                self_.text.c_str(), p.addr.text.c_str(),
-                static_cast<long long>(opts_.connect_deadline.count()), p.dials, p.duplicates,
-                p.dial             ? "a dial still under way"
-                : !p.accepted      ? "no dial under way"
-                : p.accepted_up    ? "its connection to us established, nothing heard over it"
-                : p.accepted_heard ? "its connection to us heard from, its established event not seen"
-                                   : "its connection to us being accepted",
-                p.last_cause ? (", the last failed with " + p.last_cause.message()).c_str() : "",
-                p.queued.size, cause.message().c_str());
+            // Rate limited, as everything a peer can provoke: a server whose thousand
+            // clients crashed with replies queued says so in a few lines, not a thousand.
+            if (detail::log_enabled(log_level::warn))
+                detail::log_limited(
+                    deadline_log_limit, log_level::warn,
+                    "endpoint %s: %s not reached within the connect deadline (%lld ms): %u dials, %u of them "
+                    "refused as duplicates; %s%s; %u queued operations fail with \"%s\"",
+                    self_.text.c_str(), p.addr.text.c_str(),
+                    static_cast<long long>(opts_.connect_deadline.count()), p.dials, p.duplicates,
+                    p.dial             ? "a dial still under way"
+                    : !p.accepted      ? "no dial under way"
+                    : p.accepted_up    ? "its connection to us established, nothing heard over it"
+                    : p.accepted_heard ? "its connection to us heard from, its established event not seen"
+                                       : "its connection to us being accepted",
+                    p.last_cause ? (", the last failed with " + p.last_cause.message()).c_str() : "",
+                    p.queued.size, cause.message().c_str());
             p.dials = p.duplicates = 0;
             if (p.dial)
                 drop_connection(pi, p.dial.get(), cause);
