@@ -12,11 +12,11 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/child_process.hpp"
+#include "common/log_lines.hpp"
 #include "common/endpoint_util.hpp"
 
 namespace rdmx::test
@@ -300,24 +300,7 @@ TEST_P(endpoint_race, deadlines_that_pass_together_are_warned_of_within_the_rate
     std::vector<rdmx::peer> peers;
     for (int i = 0; i < n; ++i)
         peers.push_back(a.ep->insert(address(b_, free_port())));
-    std::mutex log_mutex;
-    int warnings = 0;
-    const log_level level_before = get_log_level();
-    set_log_level(log_level::warn);
-    set_log_sink([&](log_level l, std::string_view text) {
-        std::lock_guard lock(log_mutex);
-        if (l == log_level::warn &&
-            text.find("not reached within the connect deadline") != std::string_view::npos)
-            ++warnings;
-    });
-    struct restore_log {
-        log_level level;
-        ~restore_log()
-        {
-            set_log_sink({});
-            set_log_level(level);
-        }
-    } restore{level_before};
+    log_lines log(log_level::warn);
     sge s{m.get(), 0, 8};
     for (int i = 0; i < n; ++i)
         ASSERT_FALSE(
@@ -326,7 +309,8 @@ TEST_P(endpoint_race, deadlines_that_pass_together_are_warned_of_within_the_rate
         {&a}, [&] { return a.done.size() == static_cast<std::size_t>(n); }, 10s));
     for (auto& x : a.done)
         EXPECT_TRUE(x.status) << "an operation to a peer that never came succeeded";
-    std::lock_guard lock(log_mutex);
+    const auto warnings =
+        static_cast<int>(log.matching(log_level::warn, "not reached within the connect deadline").size());
     EXPECT_GE(warnings, 10) << "the deadline's second refills at least 10";
     // A burst of 20, and 10 a second for the spread of the deadlines (the dials' set-up
     // between the sends: microseconds on TCP, milliseconds under emulation).
@@ -343,23 +327,7 @@ TEST_P(endpoint_race, a_server_that_never_comes_fails_the_operations_within_the_
     rdmx::peer to_b = a.ep->insert(address(b_, port));
     sge s{m.get(), 0, 32};
     // The deadline's warning, which says what was tried: caught by a sink of our own.
-    std::mutex log_mutex;
-    std::vector<std::string> warnings;
-    const log_level level_before = get_log_level();
-    set_log_level(log_level::warn);
-    set_log_sink([&](log_level l, std::string_view text) {
-        std::lock_guard lock(log_mutex);
-        if (l == log_level::warn && text.find("connect deadline") != std::string_view::npos)
-            warnings.emplace_back(text);
-    });
-    struct restore_log {
-        log_level level;
-        ~restore_log()
-        {
-            set_log_sink({});
-            set_log_level(level);
-        }
-    } restore{level_before};
+    log_lines log(log_level::warn);
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_FALSE(a.ep->send(to_b, 1, {&s, 1}, 1));
     ASSERT_FALSE(a.ep->write(to_b, {&s, 1}, m->remote(0, 32), 2));
@@ -382,7 +350,7 @@ TEST_P(endpoint_race, a_server_that_never_comes_fails_the_operations_within_the_
     EXPECT_LT(wakeups, 200) << "it spun";
     {
         // One warning for the deadline: the peer, how many dials, the cause the two got.
-        std::lock_guard lock(log_mutex);
+        const auto warnings = log.matching(log_level::warn, "connect deadline");
         ASSERT_EQ(warnings.size(), 1u);
         const std::string& w = warnings[0];
         EXPECT_NE(w.find(*a.ep->address_of(to_b) + " not reached within the connect deadline (1500 ms)"),

@@ -7,13 +7,13 @@
 #include <chrono>
 #include <cstring>
 #include <future>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <rdmx/log.hpp>
 #include <rdmx/rdmx.hpp>
 
+#include "common/log_lines.hpp"
 #include "common/test_util.hpp"
 #include "tcp/tcp_engine.hpp"
 
@@ -21,39 +21,6 @@ namespace rdmx::test
 {
 namespace
 {
-
-/// Records the library's log lines (info and up) while it lives.
-class log_lines
-{
-public:
-    log_lines() : saved_(get_log_level())
-    {
-        set_log_level(log_level::info);
-        set_log_sink([this](log_level, std::string_view text) {
-            std::lock_guard lk(mu_);
-            lines_.emplace_back(text);
-        });
-    }
-    ~log_lines()
-    {
-        set_log_sink({});
-        set_log_level(saved_);
-    }
-    /// Whether a line contains `part`.
-    bool has(const std::string& part)
-    {
-        std::lock_guard lk(mu_);
-        for (const auto& l : lines_)
-            if (l.find(part) != std::string::npos)
-                return true;
-        return false;
-    }
-
-private:
-    log_level saved_;
-    std::mutex mu_;
-    std::vector<std::string> lines_;
-};
 
 struct link {
     std::unique_ptr<connection> client, server;
