@@ -33,7 +33,10 @@ cm_connection::~cm_connection()
     // Destroying it is a disconnect, not a crash: the peer gets the goodbye first.
     say_goodbye();
     if (id_)
-        domain_.events().detach(id_.get());
+        domain_.events().detach(id_.get()); // after this no step() runs: call_ is final
+    // An rdma_connect still running on its thread (iWARP) reports its failure no more.
+    if (call_)
+        call_->abandon();
     if (qp()) {
         if (srq())
             await_last_wqe(); // an unanswered QP is in INIT still: no wait
@@ -41,17 +44,19 @@ cm_connection::~cm_connection()
     }
     bool unanswered;
     {
-        // No event loop or async handler reaches cm_ any more (so connect_unanswered is
-        // final); poll() is the caller's.
+        // No event loop, async handler or rdma_connect thread reaches cm_ any more (so
+        // connect_unanswered is final); poll() is the caller's.
         std::lock_guard lock(cm_.mutex);
         cm_.events.close();
         unanswered = cm_.connect_unanswered;
     }
     drop_completions(); // with a shared receive queue: frees the slots nobody will poll
-    if (unanswered) {
+    if (unanswered || call_) {
         // iWARP, the provider has not answered the connect or accept: destroying the QP
         // or the id would wait for it (siw: up to its 10 s MPA timer). The domain's
-        // reaper does that instead; this connection's other resources go now.
+        // reaper does that instead; this connection's other resources go now. An
+        // rdma_connect that has not returned even uses the id still: its thread hands
+        // them to the reaper when it does.
         std::unique_ptr<connection_remains> rest;
         try {
             rest = std::make_unique<connection_remains>();
@@ -59,15 +64,29 @@ cm_connection::~cm_connection()
         } catch (...) { // no memory: destroyed below, waiting
         }
         if (rest) {
-            RDMX_LOG(debug,
-                     "QP %u: the provider has not answered its connect; the domain's reaper destroys it",
-                     qp() ? qp()->qp_num : 0);
+            const std::uint32_t qpn = qp() ? qp()->qp_num : 0;
             rest->queues.emplace(take_queues());
             rest->id = std::move(id_);
             rest->retired_ids = std::move(retired_ids_);
-            domain_.reaper_thread().adopt(std::move(rest));
+            if (call_ && call_->hand_over(rest, domain_.reaper_thread())) {
+                RDMX_LOG(debug,
+                         "QP %u: its rdma_connect has not returned (the peer's host has not answered the "
+                         "stream); destroyed once it does",
+                         qpn);
+                return;
+            }
+            if (unanswered) {
+                RDMX_LOG(debug,
+                         "QP %u: the provider has not answered its connect; the domain's reaper destroys it",
+                         qpn);
+                domain_.reaper_thread().adopt(std::move(rest));
+                return;
+            }
+            rest.reset(); // the call has returned and the provider answered: nothing to wait for
             return;
         }
+        if (call_)
+            call_->wait();
     }
     destroy_queues(); // QP (off its shared CQs), CQ, completion channel
     id_.reset();      // waits until every event of the id was acknowledged

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cm/cm_handles.hpp"
+#include "cm/connect_call.hpp"
 #include "cm/event_loop.hpp"
 #include "resolve.hpp"
 #include "verbs/verbs_connection.hpp"
@@ -62,6 +63,8 @@ private:
     /// The event loop's call after each event of a connection started with start_connect:
     /// the next step of the flow, or the failure (thrown by a step) as the error event.
     void step() noexcept override;
+    /// Fails the flow (state `error` with `ec` and `what`, reported) unless it ended already.
+    void fail_flow(std::error_code ec, const char* what) noexcept;
     /// Posts `wrs` (initial_recvs) on the new QP; throws if not all fit or one is invalid.
     void post_initial(std::span<const recv_request> wrs);
     /// Starting (connect / start_connect / start_accept): state `connecting` with the first
@@ -115,7 +118,9 @@ private:
     std::size_t addr_next_ = 0;                 ///< the next of addrs_ to try
     /// Ids of addresses that failed to resolve: detached, destroyed with the connection.
     std::vector<cm_id_ptr> retired_ids_;
-    std::vector<std::byte> connect_private_;  ///< start_connect: sent with rdma_connect
+    std::vector<std::byte> connect_private_; ///< start_connect: sent with rdma_connect
+    /// iWARP: the rdma_connect running on its own thread (cm/connect_call.hpp), if started.
+    std::shared_ptr<connect_call> call_;
     std::vector<recv_request> initial_recvs_; ///< start_connect: posted once the QP exists
     std::vector<sge> initial_sges_;           ///< what initial_recvs_ point to
     /// [0]: this side's goodbye flag, which the peer writes; [1]: the nonzero value this

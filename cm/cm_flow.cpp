@@ -8,7 +8,9 @@
 // iWARP differs (the kernel's iw_cm, RFC 5044 MPA): the provider moves the QP to RTS itself
 // when the MPA exchange completes, on both sides, so we take the QP to INIT only; the
 // active side gets ESTABLISHED directly (no CONNECT_RESPONSE, no rdma_establish), carrying
-// the accept's private data.
+// the accept's private data. And siw makes the TCP connection inside rdma_connect,
+// blocking: there the call runs on a thread of its own (cm/connect_call.hpp), not on the
+// domain's event loop.
 // The QP is ours (ibv_create_qp), not rdma_cm's, so that its RNR and retry attributes are
 // the ones this side asked for (see cm_connection::modify_qp).
 // One flow for both calls: start_connect's steps run on the domain's event loop (step(),
@@ -23,6 +25,7 @@
 #include <cstring>
 
 #include "cm/cm_connection.hpp"
+#include "cm/connect_call.hpp"
 #include "cm/cm_domain.hpp"
 #include "cm/event_loop.hpp"
 #include "resolve.hpp"
@@ -33,23 +36,29 @@ namespace rdmx::cm
 namespace
 {
 
-[[noreturn]] void throw_cm(const char* verb, const uri& u)
+// The failure of `verb` on the way to `u` with `err` (an errno), as rdmx::error: the
+// failures a caller handles by kind get rdmx's codes, as the CM events do.
+error cm_error(const char* verb, const uri& u, int err)
 {
-    int err = errno < 0 ? -errno : errno;
+    err = err < 0 ? -err : err;
     std::string what = std::string(verb) + " " + u.to_string() + ": " +
                        (err ? std::strerror(err) : "failed without an errno");
     if (err == 0)
         err = EIO;
-    // The failures a caller handles by kind get rdmx's codes, as the CM events do.
     switch (err) {
     case ENETUNREACH:
     case EHOSTUNREACH:
     case EADDRNOTAVAIL:
-    case ENODEV: throw error(make_error_code(errc::unreachable), what);
-    case ETIMEDOUT: throw error(make_error_code(errc::timed_out), what);
-    case ECONNREFUSED: throw error(make_error_code(errc::connection_refused), what);
-    default: throw error(std::error_code(err, std::system_category()), what);
+    case ENODEV: return error(make_error_code(errc::unreachable), what);
+    case ETIMEDOUT: return error(make_error_code(errc::timed_out), what);
+    case ECONNREFUSED: return error(make_error_code(errc::connection_refused), what);
+    default: return error(std::error_code(err, std::system_category()), what);
     }
+}
+
+[[noreturn]] void throw_cm(const char* verb, const uri& u)
+{
+    throw cm_error(verb, u, errno);
 }
 
 } // namespace
@@ -275,13 +284,31 @@ void cm_connection::step() noexcept
             std::array<std::byte, connect_wire_size> wire;
             rdma_conn_param param = conn_param(connect_private_, wire);
             mark_unanswered(true);
+            if (domain_.iwarp()) {
+                // siw connects the TCP stream inside the call, blocking (cm/connect_call.hpp).
+                try {
+                    call_ = connect_call::start(id_.get(), param, [this](int err) noexcept {
+                        mark_unanswered(false); // iw_cm let go of the QP when it failed the call
+                        try {
+                            const error e = cm_error("rdma_connect", address_, err);
+                            fail_flow(e.code(), e.what());
+                        } catch (...) { // no memory for the message
+                            fail_flow(std::error_code(err, std::system_category()), "rdma_connect failed");
+                        }
+                    });
+                } catch (...) {
+                    mark_unanswered(false);
+                    throw;
+                }
+                return; // ESTABLISHED makes it established (handle())
+            }
             if (rdma_connect(id_.get(), &param)) {
                 const int err = errno;
                 mark_unanswered(false); // iw_cm let go of the QP when it failed the call
                 errno = err;
                 throw_cm("rdma_connect", address_);
             }
-            return; // iWARP: ESTABLISHED makes it established (handle())
+            return;
         }
         case flow_step::response:
             if (!responded || domain_.iwarp())
@@ -310,16 +337,25 @@ void cm_connection::step() noexcept
         std::error_code ec = make_error_code(errc::unreachable);
         if (auto* re = dynamic_cast<const std::system_error*>(&e))
             ec = re->code();
-        std::lock_guard lock(cm_.mutex);
-        if (cm_.state == connection_state::connecting) {
-            cm_.state = connection_state::error;
-            cm_.error = ec;
-            cm_.what = e.what();
-            verbs::flush_qp(cm_.qp);
-            cm_.report();
-            cm_.changed.notify_all();
-        }
+        fail_flow(ec, e.what());
     }
+}
+
+void cm_connection::fail_flow(std::error_code ec, const char* what) noexcept
+{
+    std::lock_guard lock(cm_.mutex);
+    if (cm_.state != connection_state::connecting)
+        return;
+    cm_.state = connection_state::error;
+    cm_.error = ec;
+    try {
+        cm_.what = what;
+    } catch (...) { // no memory: the code says it
+        cm_.what.clear();
+    }
+    verbs::flush_qp(cm_.qp);
+    cm_.report();
+    cm_.changed.notify_all();
 }
 
 namespace

@@ -24,8 +24,14 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <utility>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cm/connect_call.hpp"
 #include "cm/event_loop.hpp"
 #include "cm/private_data.hpp"
 #endif
@@ -195,6 +201,48 @@ void hold_after_poll()
     hook_changed.wait_for(lock, 10s, [] { return hook_release; });
 }
 
+// Connections to a closed port, each destroyed a little later than the one before: some
+// while their flow runs (verbs: resolving, or on iWARP while rdma_connect runs on its own
+// thread and fails), some after the refusal was reported. Nothing of a destroyed one may
+// run afterwards (a failing rdma_connect's report reached a destroyed connection once, when
+// the destructor raced the step that started the call), and the domain closes.
+TEST_P(cm_churn, connects_to_a_closed_port_destroyed_at_every_moment_of_their_flow)
+{
+    const backend b = GetParam();
+    std::unique_ptr<domain> dom;
+    bounded("domain::open", 30s, [&] { dom = domain::open(address(b, 0)); });
+    std::uint16_t port;
+    {
+        auto lst = dom->listen(address(b, 0));
+        port = lst->port();
+    } // closed: connects are refused
+    auto q = event_queue::create();
+    connection_options o;
+    o.events = q;
+    o.timeout = 5s;
+    int ended = 0, connecting = 0;
+    const auto stop = std::chrono::steady_clock::now() + 20s;
+    for (int i = 0; i < 240 && std::chrono::steady_clock::now() < stop; ++i) {
+        auto c = dom->start_connect(address(b, port), o);
+        std::this_thread::sleep_for(std::chrono::microseconds((i % 60) * 100)); // 0 to 6 ms
+        if (c->state() == connection_state::connecting) {
+            ++connecting;
+        } else {
+            ++ended;
+            EXPECT_EQ(c->state(), connection_state::error);
+            EXPECT_EQ(c->last_error(), errc::connection_refused) << c->last_error().message();
+        }
+        c.reset();
+        event evs[8];
+        while (q->poll(evs) != 0) {
+        }
+    }
+    std::printf("[ cm_churn ] %s: %d destroyed while connecting, %d after the refusal\n", to_string(b), connecting,
+                ended);
+    EXPECT_GT(ended, 0) << "none was refused in 6 ms";
+    bounded("closing the domain", 30s, [&] { dom.reset(); });
+}
+
 // The rdma_cm event loop is the verbs backend's: this suite exists only where verbs runs.
 class cm_event_loop : public cm_churn
 {
@@ -243,6 +291,98 @@ TEST_P(cm_event_loop, an_event_discarded_between_poll_and_read_does_not_stall_th
         bounded("~event_loop after a discarded event", 10s, [&] { loop.reset(); });
         EXPECT_EQ(st.resolved, cm::resolve_step::none) << "the discarded event was handled";
     }
+}
+
+// siw makes the TCP connection inside rdma_connect, blocking: to a host that never answers
+// the SYN, the call returns only when the kernel gives up (about 127 s). The domain's other
+// connections go on meanwhile, the unanswered one fails at its own deadline, and destroying
+// it returns at once; once the host answers (here: a reset), what the call held is freed.
+// In a guest only: it silences eth0's outgoing traffic for a while (the guest's own
+// connections go over lo, rxe's by its loopback) and gives an unused address a neighbour
+// entry, so that the SYN (rxe: the CM request) is sent and lost.
+TEST_P(cm_event_loop, a_host_that_never_answers_stalls_no_other_connection)
+{
+    const char* guest_ip = std::getenv("RDMX_GUEST_IP");
+    if (!guest_ip || ::geteuid() != 0)
+        GTEST_SKIP() << "needs a QEMU guest of tests/guest/ (RDMX_GUEST_IP, root), whose eth0 it may silence";
+    const std::string nobody = "192.168.77.99"; // in the guest's /24; nothing answers there
+    auto sh = [](const std::string& cmd) {
+        const int rc = std::system(cmd.c_str());
+        return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+    };
+    struct unsilence {
+        std::function<int(const std::string&)> sh;
+        bool on = true;
+        void off()
+        {
+            if (std::exchange(on, false))
+                sh("tc qdisc del dev eth0 root 2>/dev/null");
+        }
+        ~unsilence()
+        {
+            off();
+            sh("ip neigh del 192.168.77.99 dev eth0 2>/dev/null");
+        }
+    } silence{sh};
+    ASSERT_EQ(sh("ip neigh replace " + nobody + " lladdr 02:00:00:00:00:99 dev eth0 nud permanent"), 0);
+    ASSERT_EQ(sh("tc qdisc add dev eth0 root netem loss 100%"), 0);
+
+    auto dom = domain::open(address(backend::verbs, 0));
+    const bool iwarp = dom->native_context()->device->transport_type == IBV_TRANSPORT_IWARP;
+    auto lst = dom->listen(address(backend::verbs, 0));
+    auto q = event_queue::create();
+    connection_options o;
+    o.events = q;
+    o.timeout = 2s;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto stuck = dom->start_connect(address(backend::verbs, nobody, 4791), o);
+    std::this_thread::sleep_for(300ms); // its rdma_connect sits in the kernel by now (siw)
+    if (iwarp) {
+        EXPECT_GE(cm::connect_call::in_flight(), 1u) << "rdma_connect returned: the SYN was answered";
+    }
+
+    // Another connection of the same domain, to its own listener, meanwhile.
+    std::unique_ptr<connection> served;
+    std::thread server([&] {
+        if (auto req = lst->get_request(20s))
+            served = req->accept({});
+    });
+    std::unique_ptr<connection> live;
+    try {
+        connection_options lo;
+        lo.timeout = 10s;
+        live = dom->connect(address(backend::verbs, lst->port()), lo);
+    } catch (const error& e) {
+        ADD_FAILURE() << "the other connection: " << e.what();
+    }
+    server.join();
+    ASSERT_TRUE(live && served);
+    EXPECT_EQ(live->state(), connection_state::established);
+    EXPECT_EQ(stuck->state(), connection_state::connecting) << "the lost SYN ended before its deadline";
+
+    // The unanswered one fails by its deadline (not the kernel's ~127 s) and goes at once.
+    event ev;
+    ASSERT_EQ(q->wait({&ev, 1}, 20s), 1u) << "no event for the unanswered connection";
+    EXPECT_EQ(ev.type, event_type::error);
+    EXPECT_EQ(ev.cause, errc::timed_out) << ev.cause.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 15s);
+    if (iwarp) {
+        EXPECT_GE(cm::connect_call::in_flight(), 1u) << "rdma_connect returned: the SYN was answered";
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    stuck.reset();
+    EXPECT_LT(std::chrono::steady_clock::now() - t1, 5s);
+    live.reset();
+    served.reset();
+
+    // The host answers the next SYN (QEMU's restricted network: a reset): the call returns
+    // and the reaper destroys what the connection left.
+    silence.off();
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (cm::connect_call::in_flight() != 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(cm::connect_call::in_flight(), 0u) << "rdma_connect still waits after the host answered";
+    bounded("closing the domain", 30s, [&] { dom.reset(); });
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, cm_event_loop, testing::ValuesIn(verbs_if_selected()), param_name);

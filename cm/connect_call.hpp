@@ -1,0 +1,73 @@
+// rdma_connect on iWARP, on a thread of its own. siw makes the TCP connection inside the
+// call, blocking (siw_cm.c: kernel_connect without O_NONBLOCK): to a host that never
+// answers the SYN, the call returns only when the kernel gives up (net.ipv4.tcp_syn_retries,
+// about 127 s by default). On the domain's event loop that would stall every other
+// connection's set-up and tear-down of the domain for as long, past
+// connection_options::timeout. RoCE and InfiniBand send a CM request and return: they call
+// it on the loop as before.
+//
+// The connection's deadline fails it meanwhile as any unanswered connect; what the call
+// uses (the cm_id, the QP the kernel holds) stays until it returns: a connection destroyed
+// before then hands its remains to the call, whose thread gives them to the domain's reaper
+// when the kernel lets go.
+#pragma once
+
+#include <rdma/rdma_cma.h>
+
+#include <array>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "cm/private_data.hpp"
+#include "cm/reaper.hpp"
+
+namespace rdmx::cm
+{
+
+class connect_call
+{
+public:
+    /// At most this many calls wait in the kernel at once, process-wide (a thread each):
+    /// beyond it, start() refuses with errc::no_resources.
+    static constexpr unsigned max_in_flight = 256;
+
+    /// Calls rdma_connect(id, param) on a new thread; `param`'s private data is copied first.
+    /// `failed` runs on that thread (the call's lock held) when the call fails, with its
+    /// errno, unless abandon() came first. Throws rdmx::error (no_resources, or the thread's
+    /// creation failing).
+    static std::shared_ptr<connect_call> start(rdma_cm_id* id, const rdma_conn_param& param,
+                                               std::function<void(int err)> failed);
+
+    connect_call(const connect_call&) = delete;
+    connect_call& operator=(const connect_call&) = delete;
+
+    /// The owner is going: `failed` does not run after this returns.
+    void abandon() noexcept;
+    /// If the call has not returned, takes `rest` (true): its thread hands it to `to` once
+    /// the call returns (`rest` keeps the domain, and so `to`, alive). false: the call has
+    /// returned, `rest` stays the caller's.
+    bool hand_over(std::unique_ptr<connection_remains>& rest, reaper& to) noexcept;
+    /// Waits until the call has returned.
+    void wait() noexcept;
+
+    /// Calls waiting in the kernel now, process-wide (for tests and logs).
+    static unsigned in_flight() noexcept;
+
+private:
+    connect_call() = default;
+    static void run(std::shared_ptr<connect_call> self) noexcept;
+
+    rdma_cm_id* id_ = nullptr;
+    rdma_conn_param param_{};
+    std::array<std::byte, connect_wire_size> private_{};
+    std::mutex mutex_;
+    std::condition_variable returned_;
+    std::function<void(int)> failed_;             ///< emptied by abandon()
+    bool done_ = false;                           ///< rdma_connect returned
+    std::unique_ptr<connection_remains> remains_; ///< handed over before it returned
+    reaper* reaper_ = nullptr;                    ///< where remains_ go
+};
+
+} // namespace rdmx::cm
