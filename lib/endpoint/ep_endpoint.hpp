@@ -1,6 +1,7 @@
 // The endpoint's state: address vector, the peers' connection state machine, the pools of
 // operations and receives, and the shared queues behind them (docs/endpoints.md).
-// ep_connect.cpp drives connections (requests, events, redials, deadlines); ep_datapath.cpp
+// ep_connect.cpp drives connections (requests, events, dials), ep_timers.cpp their
+// redials, deadlines and nudges; ep_datapath.cpp
 // posts and takes completions, ep_receive.cpp delivers (matching, rendezvous reads, acks),
 // ep_progress.cpp is poll(). One thread calls it all
 // (the endpoint is thread-compatible, rdmx/endpoint.hpp).
@@ -220,6 +221,7 @@ private:
     void on_dial_failed(std::uint32_t pi, std::error_code cause, reject_reason why) noexcept;
     /// Ends `c` (one of the peer's): fails what was posted on it with `cause`, drops it.
     void drop_connection(std::uint32_t pi, connection* c, std::error_code cause) noexcept;
+    // (timers: ep_timers.cpp)
     void schedule_redial(std::uint32_t pi) noexcept;
     void need_timers(std::uint32_t pi) noexcept;
     void run_timers() noexcept;
