@@ -32,8 +32,8 @@ cm_connection::~cm_connection()
 {
     // Destroying it is a disconnect, not a crash: the peer gets the goodbye first.
     say_goodbye();
-    if (id_)
-        domain_.events().detach(id_.get()); // after this no step() runs: call_ is final
+    // After this no step() runs: id_ and call_ are final.
+    domain_.events().detach_current(id_);
     // An rdma_connect still running on its thread (iWARP) reports its failure no more.
     if (call_)
         call_->abandon();

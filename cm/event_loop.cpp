@@ -96,6 +96,13 @@ void event_loop::attach(rdma_cm_id* id, cm_state* state)
     ids_[id] = state;
 }
 
+void event_loop::detach_current(const cm_id_ptr& owner)
+{
+    std::lock_guard lock(mutex_);
+    if (owner)
+        ids_.erase(owner.get());
+}
+
 void event_loop::detach(rdma_cm_id* id)
 {
     std::lock_guard lock(mutex_);

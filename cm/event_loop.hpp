@@ -179,6 +179,10 @@ public:
     /// Stops routing; waits for a handler running on `id` to finish. Events that arrive
     /// afterwards are acknowledged and dropped, so rdma_destroy_id cannot block forever.
     void detach(rdma_cm_id* id);
+    /// detach() of the id that `owner` holds now, read under the loop's lock: a driver's
+    /// step (on the loop thread, with that lock) may replace it by a fresh id meanwhile
+    /// (cm_connection::resolve_address). After it no step of that driver runs.
+    void detach_current(const cm_id_ptr& owner);
     /// For a driver's step on the loop thread (which holds the loop's lock already): the
     /// id's events go to `state` from now on, instead of to the id's previous state.
     void attach_from_loop(rdma_cm_id* id, cm_state* state) { ids_[id] = state; }

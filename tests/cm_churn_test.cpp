@@ -237,8 +237,8 @@ TEST_P(cm_churn, connects_to_a_closed_port_destroyed_at_every_moment_of_their_fl
         while (q->poll(evs) != 0) {
         }
     }
-    std::printf("[ cm_churn ] %s: %d destroyed while connecting, %d after the refusal\n", to_string(b), connecting,
-                ended);
+    std::printf("[ cm_churn ] %s: %d destroyed while connecting, %d after the refusal\n", to_string(b),
+                connecting, ended);
     EXPECT_GT(ended, 0) << "none was refused in 6 ms";
     bounded("closing the domain", 30s, [&] { dom.reset(); });
 }
