@@ -13,6 +13,7 @@
 
 #include "common/child_process.hpp"
 #include "common/endpoint_util.hpp"
+#include "common/guest_state.hpp"
 #include "samples/asio_ep_service.hpp" // the service under test is the sample's
 
 namespace rdmx::test
@@ -82,6 +83,11 @@ TEST_P(asio_endpoint_service, one_thread_serves_clients_that_die_a_flooder_and_i
     int downs_before_restart = 0;
     const auto deadline = std::chrono::steady_clock::now() + 240s;
     auto all_done = [&] { return std::all_of(finished.begin(), finished.end(), [](bool f) { return f; }); };
+    // The siw flake of docs/endpoints.md ("Dials refused for good after a restart"): a
+    // client that makes no progress for this long gets the kernel's view printed, once.
+    int last_total = -1;
+    auto last_progress = std::chrono::steady_clock::now();
+    bool stall_printed = false;
     while (!all_done() && std::chrono::steady_clock::now() < deadline) {
         run(2ms); // short slices: the kills and the restart must land while clients run
         int total = 0;
@@ -90,6 +96,15 @@ TEST_P(asio_endpoint_service, one_thread_serves_clients_that_die_a_flooder_and_i
             read_progress(*good[static_cast<std::size_t>(i)], progress[static_cast<std::size_t>(i)], &d);
             finished[static_cast<std::size_t>(i)] = d;
             total += progress[static_cast<std::size_t>(i)];
+        }
+        if (total != last_total) {
+            last_total = total;
+            last_progress = std::chrono::steady_clock::now();
+        } else if (!stall_printed && std::chrono::steady_clock::now() - last_progress > 30s) {
+            stall_printed = true;
+            std::printf("[ service  ] %s: no client progressed for 30 s; %s\n", to_string(b_),
+                        svc->describe().c_str());
+            print_guest_state("clients stalled");
         }
         for (int v = 0; v < 2; ++v)
             read_progress(*victims[static_cast<std::size_t>(v)], victim_progress[static_cast<std::size_t>(v)],
