@@ -3,7 +3,8 @@
 // (or rdma_accept) until the provider answers: ibv_destroy_qp and rdma_destroy_id wait for
 // that (siw: its MPA timer, 10 s, when the peer accepted the stream but never the
 // connection). A connection destroyed in that window hands its QP, CQ and cm_id here
-// instead, and its destructor returns at once.
+// instead, and its destructor returns at once (to its rdma_connect's thread while that
+// call has not even returned, which hands them here when it does: cm/connect_call.hpp).
 #pragma once
 
 #include <condition_variable>

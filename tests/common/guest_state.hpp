@@ -18,9 +18,10 @@ inline void print_guest_state(const char* why)
         return;
     std::printf("[ guest    ] %s: the kernel's connections follow\n", why);
     std::fflush(stdout);
-    [[maybe_unused]] int rc = std::system("echo '--- ss -tanoi'; ss -tanoi 2>&1; echo '--- rdma res show cm_id'; "
-                                          "rdma res show cm_id 2>&1; echo '--- rdma res show qp'; rdma res show "
-                                          "qp 2>&1; echo '--- end'");
+    [[maybe_unused]] int rc =
+        std::system("echo '--- ss -tanoi'; ss -tanoi 2>&1; echo '--- rdma res show cm_id'; "
+                    "rdma res show cm_id 2>&1; echo '--- rdma res show qp'; rdma res show "
+                    "qp 2>&1; echo '--- end'");
     std::fflush(stdout);
 }
 
