@@ -29,6 +29,12 @@ public:
     /// completions come from elsewhere (verbs). A sleeper that watches it beside fd()
     /// arms with request_notify_watching().
     virtual int progress_fd() const noexcept { return -1; }
+    /// progress_fd() for a sleeper that puts it into an epoll set of its own, counted: -1
+    /// also when too many sets nest it already (TCP: domain_progress::add_nesting); the
+    /// sleeper then arms with request_notify(). unnest_progress_fd() after its set is
+    /// closed, for each descriptor it got.
+    virtual int nest_progress_fd() noexcept { return -1; }
+    virtual void unnest_progress_fd() noexcept {}
     /// request_notify() for a sleeper that also watches progress_fd(): data that arrives
     /// wakes it through that descriptor, so the queue's connections need not be read for
     /// it meanwhile (TCP: their engine threads leave the sockets to its polls).

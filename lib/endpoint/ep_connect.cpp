@@ -162,14 +162,23 @@ endpoint_impl::endpoint_impl(domain& d, std::string_view address, const endpoint
         add_fd(epoll_fd_, cq_->fd());
         // TCP: a sleeper on fd() wakes for data on the connections' sockets and reads it
         // in its poll(), so their engine threads need not wake for it as well (arm_cq).
-        if (cqb_ && cqb_->progress_fd() >= 0)
-            add_fd(epoll_fd_, cqb_->progress_fd());
+        // Not when many endpoints of the domain do so already (nest_progress_fd): then
+        // the engines read for this one's sleeper.
+        if (cqb_) {
+            const int pfd = cqb_->nest_progress_fd();
+            if (pfd >= 0) {
+                progress_nested_ = true;
+                add_fd(epoll_fd_, pfd);
+            }
+        }
         add_fd(epoll_fd_, timer_fd_);
         add_fd(epoll_fd_, wake_fd_);
     } catch (...) {
         ::close(epoll_fd_);
         ::close(timer_fd_);
         ::close(wake_fd_);
+        if (progress_nested_)
+            cqb_->unnest_progress_fd();
         throw;
     }
     arm_cq();
@@ -190,6 +199,8 @@ endpoint_impl::~endpoint_impl()
     ::close(epoll_fd_);
     ::close(timer_fd_);
     ::close(wake_fd_);
+    if (progress_nested_)
+        cqb_->unnest_progress_fd();
 }
 
 // --- address vector ---

@@ -412,9 +412,11 @@ private:
     // these members, the listener, the regions, their memory and the queues.
     std::shared_ptr<event_queue> events_;
     std::shared_ptr<completion_queue> cq_;
-    /// cq_ as every backend's shared queue is: its progress_fd() is in fd()'s set where
-    /// it has one (TCP), and arm_cq() arms for a sleeper that watches it.
+    /// cq_ as every backend's shared queue is (TCP: its progress descriptor, below).
     detail::completion_queue_base* cqb_ = nullptr;
+    /// cq_'s progress_fd() is in fd()'s set (nest_progress_fd gave it): arm_cq() arms
+    /// for a sleeper that watches it.
+    bool progress_nested_ = false;
     std::shared_ptr<shared_receive_queue> srq_;
     std::vector<std::byte> recv_mem_, ctrl_mem_;
     std::unique_ptr<memory_region> recv_mr_, ctrl_mr_;

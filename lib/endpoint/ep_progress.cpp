@@ -129,7 +129,7 @@ void endpoint_impl::arm_cq() noexcept
 {
     // A failed arming (a verbs ibv_req_notify_cq error) leaves the sleeper to its timeout
     // and the next poll, as before.
-    if (cqb_)
+    if (progress_nested_)
         cqb_->request_notify_watching();
     else
         cq_->request_notify();

@@ -76,6 +76,8 @@ public:
     /// The epoll set of the sockets of the domain's connections on shared queues
     /// (level-triggered): its polls read them.
     int progress_fd() const noexcept override { return progress_->fd(); }
+    int nest_progress_fd() noexcept override { return progress_->add_nesting() ? progress_->fd() : -1; }
+    void unnest_progress_fd() noexcept override { progress_->remove_nesting(); }
     /// Arms for a sleeper that watches progress_fd() too: the engines keep standing down
     /// (and stand down at their next read wake), and what they would leave for the next
     /// poll (mark_pending) fires the arming instead. Runs the domain's pending list first,

@@ -84,6 +84,24 @@ public:
 
     /// The epoll set (level-triggered), for a sleeper that watches it (progress_fd()).
     int fd() const noexcept { return epfd_.get(); }
+    /// A sleeper's epoll set is about to nest fd() (true), unless max_nesting sets do
+    /// already: the kernel bounds the wakeup paths from a watched file through nested sets
+    /// (fs/eventpoll.c, path_limits: 500 sets nesting the one that holds it, 100 one level
+    /// further, as when a reactor nests an endpoint's fd), and past that every EPOLL_CTL_ADD
+    /// of a socket to this set fails EINVAL. Such a sleeper arms with request_notify()
+    /// instead, its queue's engines reading for it. remove_nesting() once its set is closed.
+    bool add_nesting() noexcept
+    {
+        unsigned n = nesting_.load(std::memory_order_relaxed);
+        do {
+            if (n >= max_nesting)
+                return false;
+        } while (!nesting_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+        return true;
+    }
+    void remove_nesting() noexcept { nesting_.fetch_sub(1, std::memory_order_relaxed); }
+    /// Below the kernel's 100 two-level paths, so that each nesting set may be nested once more.
+    static constexpr unsigned max_nesting = 64;
 
     // --- the engines it progresses (lock order: reg_mu_, then an engine's mutex, then
     // pending_mu_) ---
@@ -161,6 +179,7 @@ private:
     bool busy_ RDMX_GUARDED_BY(reg_mu_) = false;
     unique_fd epfd_; ///< the attached engines' sockets, level-triggered, data = the engine
     std::atomic<std::uint64_t> polls_{0};
+    std::atomic<unsigned> nesting_{0}; ///< epoll sets that nest epfd_ (add_nesting)
     poll_activity activity_;
 };
 
