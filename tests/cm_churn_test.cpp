@@ -24,11 +24,9 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <functional>
 #include <mutex>
 #include <utility>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cm/connect_call.hpp"
@@ -306,12 +304,8 @@ TEST_P(cm_event_loop, a_host_that_never_answers_stalls_no_other_connection)
     if (!guest_ip || ::geteuid() != 0)
         GTEST_SKIP() << "needs a QEMU guest of tests/guest/ (RDMX_GUEST_IP, root), whose eth0 it may silence";
     const std::string nobody = "192.168.77.99"; // in the guest's /24; nothing answers there
-    auto sh = [](const std::string& cmd) {
-        const int rc = std::system(cmd.c_str());
-        return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    };
     struct unsilence {
-        std::function<int(const std::string&)> sh;
+        const std::string& nobody;
         bool on = true;
         void off()
         {
@@ -321,9 +315,9 @@ TEST_P(cm_event_loop, a_host_that_never_answers_stalls_no_other_connection)
         ~unsilence()
         {
             off();
-            sh("ip neigh del 192.168.77.99 dev eth0 2>/dev/null");
+            sh("ip neigh del " + nobody + " dev eth0 2>/dev/null");
         }
-    } silence{sh};
+    } silence{nobody};
     ASSERT_EQ(sh("ip neigh replace " + nobody + " lladdr 02:00:00:00:00:99 dev eth0 nud permanent"), 0);
     ASSERT_EQ(sh("tc qdisc add dev eth0 root netem loss 100%"), 0);
 

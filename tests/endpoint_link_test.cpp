@@ -63,12 +63,6 @@ std::string set_link(const std::string& dev, bool up)
     return why;
 }
 
-int sh(const std::string& cmd)
-{
-    int rc = std::system(cmd.c_str());
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
-
 /// A connection's failure, as the endpoint reports it for an operation it could not finish.
 bool is_connection_failure(std::error_code ec)
 {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -42,6 +43,13 @@ inline std::vector<backend> selected_backends()
 inline bool tcp_engine(backend b)
 {
     return b == backend::tcp || b == backend::shm;
+}
+
+/// Runs `cmd` with /bin/sh; its exit status (nonzero also when it did not exit).
+inline int sh(const std::string& cmd)
+{
+    const int rc = std::system(cmd.c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
 inline std::string host_for(backend b)

@@ -34,12 +34,6 @@ std::string env(const char* name)
     return v ? v : "";
 }
 
-int sh(const std::string& cmd)
-{
-    int rc = std::system(cmd.c_str());
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 class fault : public testing::TestWithParam<backend>
 {
 protected:
