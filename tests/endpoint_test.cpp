@@ -1066,8 +1066,7 @@ INSTANTIATE_TEST_SUITE_P(backends, endpoint_fixture, testing::ValuesIn(selected_
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(endpoint_fixture);
 
 // Endpoints of one TCP domain (tcp://, shm://) whose fd() sets nest the domain's socket set:
-// this suite exists only where those backends run (verbs endpoints nest nothing, and siw
-// and rxe make a few dozen CQs per process).
+// this suite exists only where those backends run (verbs endpoints nest nothing).
 class endpoint_many : public endpoint_fixture
 {
 };

@@ -63,11 +63,11 @@ TEST_P(soak, many_connections_move_checksummed_data)
     // 256 on both: rxe in the 1 GiB test guest takes 256 connections (512 QPs) in its
     // stride; set-up then takes about 8 s under emulation.
     std::size_t n = env_or("RDMX_SOAK_CONNECTIONS", 256);
-    // siw's ibv_create_cq fails (EINVAL, or no errno at all) after a few dozen
-    // connections in one process: a provider limit, see docs/failure-semantics.md.
+    // siw: 64, past the 144 pages of queues where libsiw failed them before the guard
+    // (verbs/siw_mmap_guard.hpp; 256 take 26 s there, 64 keep the suite's time).
     const bool iwarp = server_dom_->limits().iwarp;
     if (iwarp)
-        n = std::min<std::size_t>(n, 16);
+        n = std::min<std::size_t>(n, 64);
     // iWARP has no write with immediate: the lanes cycle through the other three.
     const std::size_t phases = iwarp ? 3 : 4;
     const auto duration = std::chrono::seconds(env_or("RDMX_SOAK_SECONDS", 8));

@@ -30,6 +30,7 @@ completion_queue::completion_queue(const protection_domain& pd, std::shared_ptr<
     int fl = fcntl(channel_->fd, F_GETFL);
     if (fl < 0 || fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK) < 0)
         throw_errno(errno, "fcntl(completion channel, O_NONBLOCK)");
+    errno = 0; // providers may fail without one (throw_errno says so)
     cq_.reset(ibv_create_cq(pd.native_context(), static_cast<int>(this->depth()), this, channel_.get(), 0));
     if (!cq_)
         throw_errno(errno, "ibv_create_cq");

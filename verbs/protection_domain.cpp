@@ -8,6 +8,7 @@
 
 #include "cuda_driver.hpp"
 #include "log.hpp"
+#include "verbs/siw_mmap_guard.hpp"
 #include "verbs/verbs_memory.hpp"
 
 namespace rdmx::verbs
@@ -49,6 +50,8 @@ protection_domain::protection_domain(ibv_context* ctx, std::uint8_t port_num)
         wc_with_inv_ |= 1u << 2; // see wc_with_inv()
         max_retry_count_ = 6;    // see max_retry_count()
     }
+    if (siw_)
+        siw_guard_ = guard_siw_mmap_offsets(ctx_); // before any queue of ours
     probe_max_inline();
 }
 
@@ -56,6 +59,7 @@ void protection_domain::probe_max_inline()
 {
     // Devices report no max inline size; the only portable way is to ask for a QP with a
     // given size and read back what the driver granted (drivers round up).
+    errno = 0; // providers may fail without one (throw_errno says so)
     cq_ptr cq(ibv_create_cq(ctx_, 1, nullptr, nullptr, 0));
     if (!cq)
         throw_errno(errno, "ibv_create_cq");
@@ -66,6 +70,7 @@ void protection_domain::probe_max_inline()
         init.cap.max_send_wr = init.cap.max_recv_wr = 1;
         init.cap.max_send_sge = init.cap.max_recv_sge = 1;
         init.cap.max_inline_data = want;
+        errno = 0;
         qp_ptr qp(ibv_create_qp(pd_.get(), &init));
         if (qp) {
             limits_.max_inline = init.cap.max_inline_data;

@@ -5,6 +5,7 @@
 
 #include <rdmx/connection.hpp>
 
+#include <memory>
 #include <mutex>
 
 #include "verbs/handles.hpp"
@@ -76,6 +77,8 @@ private:
     mr_ptr register_device_memory(void* addr, std::size_t length, int flags, int device) const;
 
     ibv_context* ctx_;
+    /// siw: the guard of the context's mmap offsets (verbs/siw_mmap_guard.hpp).
+    std::shared_ptr<const void> siw_guard_;
     pd_ptr pd_;
     device_limits limits_;
     bool iwarp_ = false;

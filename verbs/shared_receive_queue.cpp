@@ -42,6 +42,7 @@ shared_receive_queue::shared_receive_queue(const protection_domain& pd, std::sha
     init.srq_context = this;
     init.attr.max_wr = depth_;
     init.attr.max_sge = max_sge_;
+    errno = 0; // providers may fail without one (throw_errno says so)
     srq_.reset(ibv_create_srq(pd.native_pd(), &init));
     if (!srq_)
         throw_errno(errno, "ibv_create_srq");

@@ -65,6 +65,7 @@ verbs_connection::verbs_connection(const protection_domain& pd, std::shared_ptr<
     // With a shared receive queue, recv_queue_depth is its depth: no more of its receives
     // can be outstanding, whichever connections consume them.
     int cqe = static_cast<int>(own);
+    errno = 0; // providers may fail without one (throw_errno says so)
     cq_.reset(ibv_create_cq(pd.native_context(), cqe, this, channel_.get(), 0));
     if (!cq_)
         throw_errno(errno, "ibv_create_cq");
@@ -134,6 +135,7 @@ void verbs_connection::create_qp()
         init.cap.max_recv_sge = limits_.max_recv_sge;
     }
     init.cap.max_inline_data = limits_.max_inline;
+    errno = 0; // siw may fail without one (verbs/siw_mmap_guard.hpp)
     qp_.reset(ibv_create_qp(pd_.native_pd(), &init));
     if (!qp_)
         throw_errno(errno, "ibv_create_qp");
