@@ -28,6 +28,7 @@
 #include "cm/connect_call.hpp"
 #include "cm/cm_domain.hpp"
 #include "cm/event_loop.hpp"
+#include "log.hpp"
 #include "resolve.hpp"
 #include "validate.hpp"
 
@@ -346,6 +347,7 @@ void cm_connection::fail_flow(std::error_code ec, const char* what) noexcept
     std::lock_guard lock(cm_.mutex);
     if (cm_.state != connection_state::connecting)
         return;
+    RDMX_LOG(debug, "connect to %s:%u failed: %s", address_.host.c_str(), unsigned{address_.port}, what);
     cm_.state = connection_state::error;
     cm_.error = ec;
     try {

@@ -10,11 +10,17 @@
 // uses (the cm_id, the QP the kernel holds) stays until it returns: a connection destroyed
 // before then hands its remains to the call, whose thread gives them to the domain's reaper
 // when the kernel lets go.
+//
+// The threads are a process-wide pool: started when a call finds none idle, ended after
+// `idle_timeout` without a call, so that a burst of connects does not start a thread each
+// (a thread's start cost siw's connection rate about a seventh in the guest:
+// docs/performance.md). A forked child starts with an empty pool.
 #pragma once
 
 #include <rdma/rdma_cma.h>
 
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -29,13 +35,15 @@ namespace rdmx::cm
 class connect_call
 {
 public:
-    /// At most this many calls wait in the kernel at once, process-wide (a thread each):
-    /// beyond it, start() refuses with errc::no_resources.
-    static constexpr unsigned max_in_flight = 256;
+    /// At most this many calls wait in the kernel at once, process-wide (a thread each), by
+    /// default: beyond it, start() refuses with errc::no_resources.
+    static constexpr unsigned default_max_in_flight = 256;
+    /// How long a pool thread waits for the next call before it ends.
+    static constexpr std::chrono::seconds idle_timeout{5};
 
-    /// Calls rdma_connect(id, param) on a new thread; `param`'s private data is copied first.
+    /// Calls rdma_connect(id, param) on a pool thread; `param`'s private data is copied first.
     /// `failed` runs on that thread (the call's lock held) when the call fails, with its
-    /// errno, unless abandon() came first. Throws rdmx::error (no_resources, or the thread's
+    /// errno, unless abandon() came first. Throws rdmx::error (no_resources, or a thread's
     /// creation failing).
     static std::shared_ptr<connect_call> start(rdma_cm_id* id, const rdma_conn_param& param,
                                                std::function<void(int err)> failed);
@@ -52,12 +60,17 @@ public:
     /// Waits until the call has returned.
     void wait() noexcept;
 
-    /// Calls waiting in the kernel now, process-wide (for tests and logs).
+    /// Calls started and not returned, process-wide (for tests and logs).
     static unsigned in_flight() noexcept;
+    /// The pool's threads now, busy or idle (for tests).
+    static unsigned threads() noexcept;
+    /// Sets the bound on in_flight() (tests; default_max_in_flight otherwise).
+    static void set_max_in_flight(unsigned n) noexcept;
 
 private:
     connect_call() = default;
-    static void run(std::shared_ptr<connect_call> self) noexcept;
+    void run() noexcept;
+    static void serve() noexcept; ///< a pool thread's life
 
     rdma_cm_id* id_ = nullptr;
     rdma_conn_param param_{};

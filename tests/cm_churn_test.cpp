@@ -298,28 +298,50 @@ TEST_P(cm_event_loop, an_event_discarded_between_poll_and_read_does_not_stall_th
 // In a guest only: it silences eth0's outgoing traffic for a while (the guest's own
 // connections go over lo, rxe's by its loopback) and gives an unused address a neighbour
 // entry, so that the SYN (rxe: the CM request) is sent and lost.
+// An address in the guest's /24 that nothing answers, given a neighbour entry so that the
+// SYN (rxe: the CM request) is sent, and eth0 silenced (netem drops everything it sends; the
+// guest's own connections go over lo, rxe's by its loopback) until off() or destruction.
+struct silenced_host {
+    const std::string nobody = "192.168.77.99";
+    bool on = false;
+    bool start()
+    {
+        on = sh("ip neigh replace " + nobody + " lladdr 02:00:00:00:00:99 dev eth0 nud permanent") == 0 &&
+             sh("tc qdisc add dev eth0 root netem loss 100%") == 0;
+        return on;
+    }
+    void off()
+    {
+        if (std::exchange(on, false))
+            sh("tc qdisc del dev eth0 root 2>/dev/null");
+    }
+    ~silenced_host()
+    {
+        off();
+        sh("ip neigh del " + nobody + " dev eth0 2>/dev/null");
+    }
+};
+
+bool in_a_guest_as_root()
+{
+    return std::getenv("RDMX_GUEST_IP") && ::geteuid() == 0;
+}
+
+/// Waits (up to 60 s) until no rdma_connect waits in the kernel.
+void wait_until_no_connect_call()
+{
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (cm::connect_call::in_flight() != 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(50ms);
+}
+
 TEST_P(cm_event_loop, a_host_that_never_answers_stalls_no_other_connection)
 {
-    const char* guest_ip = std::getenv("RDMX_GUEST_IP");
-    if (!guest_ip || ::geteuid() != 0)
+    if (!in_a_guest_as_root())
         GTEST_SKIP() << "needs a QEMU guest of tests/guest/ (RDMX_GUEST_IP, root), whose eth0 it may silence";
-    const std::string nobody = "192.168.77.99"; // in the guest's /24; nothing answers there
-    struct unsilence {
-        const std::string& nobody;
-        bool on = true;
-        void off()
-        {
-            if (std::exchange(on, false))
-                sh("tc qdisc del dev eth0 root 2>/dev/null");
-        }
-        ~unsilence()
-        {
-            off();
-            sh("ip neigh del " + nobody + " dev eth0 2>/dev/null");
-        }
-    } silence{nobody};
-    ASSERT_EQ(sh("ip neigh replace " + nobody + " lladdr 02:00:00:00:00:99 dev eth0 nud permanent"), 0);
-    ASSERT_EQ(sh("tc qdisc add dev eth0 root netem loss 100%"), 0);
+    silenced_host silence;
+    const std::string& nobody = silence.nobody;
+    ASSERT_TRUE(silence.start());
 
     auto dom = domain::open(address(backend::verbs, 0));
     const bool iwarp = dom->native_context()->device->transport_type == IBV_TRANSPORT_IWARP;
@@ -372,10 +394,85 @@ TEST_P(cm_event_loop, a_host_that_never_answers_stalls_no_other_connection)
     // The host answers the next SYN (QEMU's restricted network: a reset): the call returns
     // and the reaper destroys what the connection left.
     silence.off();
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (cm::connect_call::in_flight() != 0 && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(50ms);
+    wait_until_no_connect_call();
     EXPECT_EQ(cm::connect_call::in_flight(), 0u) << "rdma_connect still waits after the host answered";
+    bounded("closing the domain", 30s, [&] { dom.reset(); });
+}
+
+// iWARP: at most connect_call's bound of rdma_connect calls wait in the kernel at once (a
+// thread each); one more fails no_resources rather than starting a thread without end. The
+// threads that made the calls serve the next ones instead of new threads.
+TEST_P(cm_event_loop, iwarp_connects_past_the_bound_fail_and_their_threads_serve_the_next)
+{
+    if (!in_a_guest_as_root())
+        GTEST_SKIP() << "needs a QEMU guest of tests/guest/ (RDMX_GUEST_IP, root), whose eth0 it may silence";
+    auto dom = domain::open(address(backend::verbs, 0));
+    if (dom->native_context()->device->transport_type != IBV_TRANSPORT_IWARP)
+        GTEST_SKIP()
+            << "RoCE and InfiniBand call rdma_connect on the event loop (it does not block): no bound";
+    wait_until_no_connect_call(); // an earlier test's call
+    ASSERT_EQ(cm::connect_call::in_flight(), 0u);
+    struct restore_bound {
+        ~restore_bound() { cm::connect_call::set_max_in_flight(cm::connect_call::default_max_in_flight); }
+    } restore;
+    cm::connect_call::set_max_in_flight(2);
+    silenced_host silence;
+    ASSERT_TRUE(silence.start());
+
+    auto q = event_queue::create();
+    connection_options o;
+    o.events = q;
+    o.timeout = 30s;
+    auto a = dom->start_connect(address(backend::verbs, silence.nobody, 4791), o);
+    auto b = dom->start_connect(address(backend::verbs, silence.nobody, 4792), o);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (cm::connect_call::in_flight() < 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(10ms);
+    ASSERT_EQ(cm::connect_call::in_flight(), 2u)
+        << "the two connects to a silent host are not both in the kernel";
+    EXPECT_GE(cm::connect_call::threads(), 2u);
+
+    auto c = dom->start_connect(address(backend::verbs, silence.nobody, 4793), o);
+    event ev;
+    ASSERT_EQ(q->wait({&ev, 1}, 10s), 1u) << "the third connect neither failed nor waited in the kernel";
+    EXPECT_EQ(ev.conn, c.get());
+    EXPECT_EQ(ev.type, event_type::error);
+    EXPECT_EQ(ev.cause, errc::no_resources) << ev.cause.message();
+    EXPECT_EQ(c->state(), connection_state::error);
+    EXPECT_EQ(a->state(), connection_state::connecting);
+    EXPECT_EQ(b->state(), connection_state::connecting);
+    EXPECT_EQ(cm::connect_call::in_flight(), 2u);
+    a.reset();
+    b.reset();
+    c.reset();
+
+    // The host answers the next SYN: both calls return, their threads wait for more.
+    silence.off();
+    wait_until_no_connect_call();
+    ASSERT_EQ(cm::connect_call::in_flight(), 0u) << "rdma_connect still waits after the host answered";
+    const unsigned idle = cm::connect_call::threads();
+    EXPECT_GE(idle, 1u) << "the call threads ended at once (they wait connect_call::idle_timeout)";
+    auto lst = dom->listen(address(backend::verbs, 0));
+    std::unique_ptr<connection> served;
+    std::thread server([&] {
+        if (auto req = lst->get_request(20s))
+            served = req->accept({});
+    });
+    std::unique_ptr<connection> live;
+    try {
+        connection_options lo;
+        lo.timeout = 10s;
+        live = dom->connect(address(backend::verbs, lst->port()), lo);
+    } catch (const error& e) {
+        ADD_FAILURE() << "after the silent host: " << e.what();
+    }
+    server.join();
+    ASSERT_TRUE(live && served);
+    EXPECT_EQ(live->state(), connection_state::established);
+    // Its rdma_connect ran on a thread that was waiting (one may have ended meanwhile).
+    EXPECT_LE(cm::connect_call::threads(), idle) << "a new thread while " << idle << " waited";
+    live.reset();
+    served.reset();
     bounded("closing the domain", 30s, [&] { dom.reset(); });
 }
 
