@@ -8,6 +8,9 @@
 #                            fabtests' fi_rdm_tagged_pingpong, ucx_perftest tag_lat
 #   64 B message rate        rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw, fi_rdm_tagged_bw
 #   rendezvous 1 MiB, 4 MiB  rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw (UCX's rendezvous),
+#                            also with -1 (every message from and into one buffer, as the
+#                            peer tools do) and UCX on lo only (by default it stripes over
+#                            every interface: docs/performance.md),
 #                            fi_rdm_tagged_bw -p "tcp;ofi_rxm" (rxm's rendezvous), and
 #                            fi_rma_bw -o read at 1 MiB (rxm's RMA read: what rdmx's rendezvous
 #                            does underneath)
@@ -96,10 +99,10 @@ fi_pp() { # label mode
 ucx() { # label test size iters
     label=$1
     command -v ucx_perftest >/dev/null || { echo "$label skipped: no ucx_perftest"; return; }
-    UCX_TLS=tcp,self taskset -c 0 timeout 60 ucx_perftest -p 13340 >/dev/null 2>&1 &
+    UCX_TLS=tcp,self taskset -c 0 timeout 60 env ${UCXENV:-} ucx_perftest -p 13340 >/dev/null 2>&1 &
     spid=$!
     sleep 0.5
-    out=$(UCX_TLS=tcp,self timeout 60 taskset -c 1 ucx_perftest -p 13340 -t "$2" -s "$3" -n "$4" 127.0.0.1 2>&1 |
+    out=$(UCX_TLS=tcp,self timeout 60 taskset -c 1 env ${UCXENV:-} ucx_perftest -p 13340 -t "$2" -s "$3" -n "$4" 127.0.0.1 2>&1 |
         grep -A2 'Final:' | tr -s ' ' | tr '\n' ' ')
     wait $spid 2>/dev/null
     echo "$label ${out:-failed}"
@@ -117,9 +120,13 @@ for r in $(seq 1 "$rounds"); do
     SRV=-F rdmx tag_rate_64B_fd -t tag_bw -s 64 -n 200000 -W 64 -F
     ucx ucx_tag_rate_64B tag_bw 64 200000
     rdmx tag_bw_1M -t tag_bw -s 1M -n 2000 -W 16
+    SRV=-1 rdmx tag_bw_1M_one_buffer -t tag_bw -s 1M -n 2000 -W 16 -1
     ucx ucx_tag_bw_1M tag_bw 1048576 2000
+    UCXENV=UCX_NET_DEVICES=lo ucx ucx_tag_bw_1M_lo tag_bw 1048576 2000
     rdmx tag_bw_4M -t tag_bw -s 4M -n 500 -W 8
+    SRV=-1 rdmx tag_bw_4M_one_buffer -t tag_bw -s 4M -n 500 -W 8 -1
     ucx ucx_tag_bw_4M tag_bw 4194304 500
+    UCXENV=UCX_NET_DEVICES=lo ucx ucx_tag_bw_4M_lo tag_bw 4194304 500
     rdmx first_msg -t first_msg -n 50
     fab fi_rdm_tagged_pingpong_8B fi_rdm_tagged_pingpong -S 8 -I 20000 -w 1000
     fab fi_rdm_tagged_bw_64B fi_rdm_tagged_bw -S 64 -I 200000 -W 64
