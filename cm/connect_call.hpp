@@ -12,9 +12,9 @@
 // when the kernel lets go.
 //
 // The threads are a process-wide pool: started when a call finds none idle, ended after
-// `idle_timeout` without a call, so that a burst of connects does not start a thread each
-// (a thread's start cost siw's connection rate about a seventh in the guest:
-// docs/performance.md). A forked child starts with an empty pool.
+// `idle_timeout` without a call, so that a burst of connects does not start and end a thread
+// each (siw's connection rate measured at parity with a thread per call, and with calls on
+// the loop: docs/performance.md). A forked child starts with an empty pool.
 #pragma once
 
 #include <rdma/rdma_cma.h>

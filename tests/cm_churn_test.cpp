@@ -291,13 +291,6 @@ TEST_P(cm_event_loop, an_event_discarded_between_poll_and_read_does_not_stall_th
     }
 }
 
-// siw makes the TCP connection inside rdma_connect, blocking: to a host that never answers
-// the SYN, the call returns only when the kernel gives up (about 127 s). The domain's other
-// connections go on meanwhile, the unanswered one fails at its own deadline, and destroying
-// it returns at once; once the host answers (here: a reset), what the call held is freed.
-// In a guest only: it silences eth0's outgoing traffic for a while (the guest's own
-// connections go over lo, rxe's by its loopback) and gives an unused address a neighbour
-// entry, so that the SYN (rxe: the CM request) is sent and lost.
 // An address in the guest's /24 that nothing answers, given a neighbour entry so that the
 // SYN (rxe: the CM request) is sent, and eth0 silenced (netem drops everything it sends; the
 // guest's own connections go over lo, rxe's by its loopback) until off() or destruction.
@@ -335,6 +328,13 @@ void wait_until_no_connect_call()
         std::this_thread::sleep_for(50ms);
 }
 
+// siw makes the TCP connection inside rdma_connect, blocking: to a host that never answers
+// the SYN, the call returns only when the kernel gives up (about 127 s). The domain's other
+// connections go on meanwhile, the unanswered one fails at its own deadline, and destroying
+// it returns at once; once the host answers (here: a reset), what the call held is freed.
+// In a guest only: it silences eth0's outgoing traffic for a while (the guest's own
+// connections go over lo, rxe's by its loopback) and gives an unused address a neighbour
+// entry, so that the SYN (rxe: the CM request) is sent and lost.
 TEST_P(cm_event_loop, a_host_that_never_answers_stalls_no_other_connection)
 {
     if (!in_a_guest_as_root())
