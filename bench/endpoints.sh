@@ -27,7 +27,10 @@
 # Server pinned to CPU 0, client to CPU 1 (in the guest too), as bench/compare.sh; every run
 # bounded by timeout. The load average is printed with each round (in the guest: the
 # guest's own; the host's before and after the boot).
-# Usage: bench/endpoints.sh BUILD_DIR [ROUNDS] [GUEST_ROUNDS|--no-guest] > results.txt
+# With CC=NAME in the environment the TCP rows run under that congestion control on every
+# socket of every program (tcp_congestion_shim.c, LD_PRELOADed; this host's default is BBR,
+# which paces even on loopback: docs/performance.md), the guest rows as they are.
+# Usage: [CC=cubic] bench/endpoints.sh BUILD_DIR [ROUNDS] [GUEST_ROUNDS|--no-guest] > results.txt
 #        (inside the guest: bench/endpoints.sh --guest BUILD_DIR ROUNDS)
 set -u
 guest=0
@@ -42,6 +45,11 @@ if [ $guest = 1 ]; then
     scheme=rdma host=$RDMX_GUEST_IP fiprov="verbs;ofi_rxm" settle=2 limit=300
     export FI_UNIVERSE_SIZE=32
     ulimit -Hn 65536 && ulimit -n 65536
+elif [ -n "${CC:-}" ]; then
+    shim=$build/tcp_congestion_shim.so
+    cc -O2 -shared -fPIC -o "$shim" "$(dirname "$0")/tcp_congestion_shim.c" -ldl || exit 1
+    export LD_PRELOAD=$shim RDMX_BENCH_CC=$CC
+    echo "# every TCP socket under $CC ($(sysctl -n net.ipv4.tcp_congestion_control) is the host's default)"
 fi
 
 rdmx() { # label args...; SRV="..." adds server options
@@ -137,6 +145,7 @@ for r in $(seq 1 "$rounds"); do
 done
 
 [ "$guest_rounds" = --no-guest ] && exit 0
+unset LD_PRELOAD RDMX_BENCH_CC
 root=$(cd "$(dirname "$0")/.." && pwd)
 echo "# guest: one rxe boot, $guest_rounds rounds; host load before $(cut -d' ' -f1 /proc/loadavg)"
 "$root/tests/guest/rxe-guest.sh" --cache "${RDMX_GUEST_CACHE:-$build/guest-cache}" --share "$(realpath "$build")" \
