@@ -3,7 +3,8 @@
 # row once, then round 2 ...) so that each ratio compares rows measured side by side.
 # On TCP loopback:
 #   8 B tagged ping-pong     rdmx_ep_perf tag_lat (and with -B, endpoint_options::busy_poll;
-#                            with -F, fd() taken: the queue kept armed for a sleeper)
+#                            with -F, fd() taken: the queue kept armed for a sleeper; with
+#                            -e, both sides sleep on fd() between messages: event mode)
 #                            vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -m tagged (and -m msg),
 #                            fabtests' fi_rdm_tagged_pingpong, ucx_perftest tag_lat
 #   64 B message rate        rdmx_ep_perf tag_bw   vs  ucx_perftest tag_bw, fi_rdm_tagged_bw
@@ -121,6 +122,7 @@ for r in $(seq 1 "$rounds"); do
     rdmx tag_lat_8B -t tag_lat -s 8 -n 20000 -w 1000
     SRV=-B rdmx tag_lat_8B_busy -t tag_lat -s 8 -n 20000 -w 1000 -B
     SRV=-F rdmx tag_lat_8B_fd -t tag_lat -s 8 -n 20000 -w 1000 -F
+    SRV=-e rdmx tag_lat_8B_event -t tag_lat -s 8 -n 20000 -w 1000 -e
     fi_pp fi_rxm_tagged_lat_8B tagged
     fi_pp fi_rxm_msg_lat_8B msg
     ucx ucx_tag_lat_8B tag_lat 8 20000
