@@ -27,6 +27,7 @@
 #include <mutex>
 #include <utility>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cm/connect_call.hpp"
@@ -471,6 +472,18 @@ TEST_P(cm_event_loop, iwarp_connects_past_the_bound_fail_and_their_threads_serve
     EXPECT_EQ(live->state(), connection_state::established);
     // Its rdma_connect ran on a thread that was waiting (one may have ended meanwhile).
     EXPECT_LE(cm::connect_call::threads(), idle) << "a new thread while " << idle << " waited";
+    // A forked child has none of those threads: its pool starts empty (a call there would
+    // otherwise wait for a thread that does not exist).
+    const unsigned parents = cm::connect_call::threads();
+    EXPECT_GE(parents, 1u);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0) << std::strerror(errno);
+    if (child == 0)
+        ::_exit(cm::connect_call::threads() == 0 ? 0 : 1);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "the child counts the parent's " << parents << " pool threads as its own";
     live.reset();
     served.reset();
     bounded("closing the domain", 30s, [&] { dom.reset(); });
