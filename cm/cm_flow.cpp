@@ -9,7 +9,7 @@
 // when the MPA exchange completes, on both sides, so we take the QP to INIT only; the
 // active side gets ESTABLISHED directly (no CONNECT_RESPONSE, no rdma_establish), carrying
 // the accept's private data. And siw makes the TCP connection inside rdma_connect,
-// blocking: there the call runs on a thread of its own (cm/connect_call.hpp), not on the
+// blocking: there the call runs on a thread of a pool (cm/connect_call.hpp), not on the
 // domain's event loop.
 // The QP is ours (ibv_create_qp), not rdma_cm's, so that its RNR and retry attributes are
 // the ones this side asked for (see cm_connection::modify_qp).

@@ -1,4 +1,4 @@
-// rdma_connect on iWARP, on a thread of its own. siw makes the TCP connection inside the
+// rdma_connect on iWARP, on a thread of a pool. siw makes the TCP connection inside the
 // call, blocking (siw_cm.c: kernel_connect without O_NONBLOCK): to a host that never
 // answers the SYN, the call returns only when the kernel gives up (net.ipv4.tcp_syn_retries,
 // about 127 s by default). On the domain's event loop that would stall every other
