@@ -321,6 +321,29 @@ bool in_a_guest_as_root()
     return std::getenv("RDMX_GUEST_IP") && ::geteuid() == 0;
 }
 
+/// Both ends of a connection from `dom` to its own listener `lst` (accepted on a thread,
+/// 10 s to connect); a failure to connect is reported as `what` and leaves `live` empty.
+struct own_pair {
+    std::unique_ptr<connection> live, served;
+};
+own_pair connect_to_own_listener(domain& dom, listener& lst, const char* what)
+{
+    own_pair p;
+    std::thread server([&] {
+        if (auto req = lst.get_request(20s))
+            p.served = req->accept({});
+    });
+    try {
+        connection_options o;
+        o.timeout = 10s;
+        p.live = dom.connect(address(backend::verbs, lst.port()), o);
+    } catch (const error& e) {
+        ADD_FAILURE() << what << ": " << e.what();
+    }
+    server.join();
+    return p;
+}
+
 /// Waits (up to 60 s) until no rdma_connect waits in the kernel.
 void wait_until_no_connect_call()
 {
@@ -359,20 +382,7 @@ TEST_P(cm_event_loop, a_host_that_never_answers_stalls_no_other_connection)
     }
 
     // Another connection of the same domain, to its own listener, meanwhile.
-    std::unique_ptr<connection> served;
-    std::thread server([&] {
-        if (auto req = lst->get_request(20s))
-            served = req->accept({});
-    });
-    std::unique_ptr<connection> live;
-    try {
-        connection_options lo;
-        lo.timeout = 10s;
-        live = dom->connect(address(backend::verbs, lst->port()), lo);
-    } catch (const error& e) {
-        ADD_FAILURE() << "the other connection: " << e.what();
-    }
-    server.join();
+    auto [live, served] = connect_to_own_listener(*dom, *lst, "the other connection");
     ASSERT_TRUE(live && served);
     EXPECT_EQ(live->state(), connection_state::established);
     EXPECT_EQ(stuck->state(), connection_state::connecting) << "the lost SYN ended before its deadline";
@@ -454,20 +464,7 @@ TEST_P(cm_event_loop, iwarp_connects_past_the_bound_fail_and_their_threads_serve
     const unsigned idle = cm::connect_call::threads();
     EXPECT_GE(idle, 1u) << "the call threads ended at once (they wait connect_call::idle_timeout)";
     auto lst = dom->listen(address(backend::verbs, 0));
-    std::unique_ptr<connection> served;
-    std::thread server([&] {
-        if (auto req = lst->get_request(20s))
-            served = req->accept({});
-    });
-    std::unique_ptr<connection> live;
-    try {
-        connection_options lo;
-        lo.timeout = 10s;
-        live = dom->connect(address(backend::verbs, lst->port()), lo);
-    } catch (const error& e) {
-        ADD_FAILURE() << "after the silent host: " << e.what();
-    }
-    server.join();
+    auto [live, served] = connect_to_own_listener(*dom, *lst, "after the silent host");
     ASSERT_TRUE(live && served);
     EXPECT_EQ(live->state(), connection_state::established);
     // Its rdma_connect ran on a thread that was waiting (one may have ended meanwhile).
