@@ -3,7 +3,8 @@
 # shm provider and UCX" rows, UCX's half): per round rdmx_perf over shm://, then
 # ucx_perftest with UCX_TLS=posix,cma (the issue's configuration) and UCX_TLS=sm: 8 B
 # latency (send_lat / tag_lat) and write / read bandwidth (write_bw / ucp_put_bw, read_bw /
-# ucp_get) at 64 KiB, 1 MiB and 4 MiB. Server on CPU 0, client on CPU 1.
+# ucp_get) at 64 KiB, 1 MiB and 4 MiB, rdmx's with registered buffers (CMA) and with
+# --allocate (the peer's region mapped). Server on CPU 0, client on CPU 1.
 # Usage: sh bench/shm_vs_ucx.sh BUILD_DIR [ROUNDS]   (ucx-utils installed: ucx_perftest)
 # rdmx rows: send_lat: size iters t_min t_typical t_99 t_max (us); bandwidth: size iters
 # MB/s Mmsg/s us-per-message. UCX rows: "TEST SIZE: typical-latency-us MB/s".
@@ -34,6 +35,11 @@ for r in $(seq "$rounds"); do
     rdmx send_lat -s 8 -n 20000 -w 1000
     rdmx write_bw -s 64K -s 1M -s 4M -n 2000
     rdmx read_bw -s 64K -s 1M -s 4M -n 2000
+    # Buffers from domain::allocate_memory: the client maps the server's and copies itself,
+    # as UCX's puts and gets copy into memory ucx_perftest allocated through UCX.
+    echo "== round $r rdmx shm:// (allocated regions)"
+    rdmx write_bw -s 64K -s 1M -s 4M -n 2000 --allocate
+    rdmx read_bw -s 64K -s 1M -s 4M -n 2000 --allocate
     for tls in posix,cma sm; do
         echo "== round $r UCX_TLS=$tls"
         ucx $tls tag_lat 8 20000

@@ -8,6 +8,7 @@
 #include "backends.hpp"
 #include "cuda_driver.hpp"
 #include "log.hpp"
+#include "shared_memory.hpp"
 
 namespace rdmx
 {
@@ -28,6 +29,11 @@ public:
                                                    rdmx::memory_type type, int device) override
     {
         return backend_->register_placed(addr, length, rights, type, device);
+    }
+    std::unique_ptr<memory_region> register_allocated(detail::shared_memory& mem,
+                                                      rdmx::access rights) override
+    {
+        return backend_->register_allocated(mem, rights);
     }
     std::unique_ptr<memory_window> allocate_window() override { return backend_->allocate_window(); }
     std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override
@@ -82,6 +88,19 @@ std::unique_ptr<memory_region> domain::register_memory(void* addr, std::size_t l
 {
     detail::memory_placement p = detail::place_memory(addr, length, type, "register_memory");
     return register_placed(addr, length, rights, p.type, p.device);
+}
+
+std::unique_ptr<memory_region> domain::allocate_memory(std::size_t length, rdmx::access rights)
+{
+    auto mem = std::make_shared<detail::shared_memory>(length);
+    std::unique_ptr<memory_region> r = register_allocated(*mem, rights);
+    r->owned_ = std::move(mem); // freed after the region's deregistration (memory_region)
+    return r;
+}
+
+std::unique_ptr<memory_region> domain::register_allocated(detail::shared_memory& mem, rdmx::access rights)
+{
+    return register_placed(mem.data(), mem.size(), rights, memory_type::host, -1);
 }
 
 std::unique_ptr<domain> domain::open(std::string_view address, std::chrono::milliseconds timeout)

@@ -241,6 +241,7 @@ struct options {
     std::uint32_t qps = 1;                  ///< measured connections (-q)
     bool shared_cq = false;                 ///< -q N: one completion queue for all of them
     bool cuda = false;                      ///< this side's buffer in CUDA device memory
+    bool allocate = false;                  ///< this side's buffer from domain::allocate_memory
 };
 
 /// --cuda with a test that would touch the buffer with the CPU: refused, naming why.
@@ -396,9 +397,11 @@ struct session {
         std::size_t size() const { return n; }
     };
     page_buffer buf;
+    std::byte* base = nullptr; ///< buf's bytes, or the region's own (allocate)
     /// --cuda: the buffer in device memory instead (buf then stays empty).
     std::unique_ptr<rdmx::gpu::device_buffer> device_buf;
     bool cuda = false;
+    bool allocate = false; ///< the buffer is domain::allocate_memory's (--allocate)
     std::vector<std::byte> ctl_buf;
     std::unique_ptr<rdmx::memory_region> mr, ctl_mr;
     rdmx::remote_buffer peer{}; ///< the first half of the peer's buffer
@@ -411,8 +414,8 @@ struct session {
     /// client knows it holds between tests (it starts at 0 and only the client changes it).
     std::uint64_t counter = 0;
 
-    std::byte* target() { return buf.data(); } // host memory only (not with --cuda)
-    std::byte* source() { return buf.data() + half; }
+    std::byte* target() { return base; } // host memory only (not with --cuda)
+    std::byte* source() { return base + half; }
 
     /// `atomics`: the peer may target the buffer with atomics too (only then: a device
     /// without atomics may refuse the right).
@@ -430,7 +433,14 @@ struct session {
             mr = dom->register_memory(device_buf->data(), 2 * half, rights, rdmx::memory_type::cuda);
             return;
         }
+        if (allocate) {
+            // Memory the domain allocates: over shm:// the peer maps it and copies itself.
+            mr = dom->allocate_memory(2 * half, rights);
+            base = mr->data();
+            return;
+        }
         buf.assign(2 * half);
+        base = buf.data();
         mr = dom->register_memory(buf.data(), buf.size(), rights);
     }
     void setup_control()
@@ -706,7 +716,7 @@ void run_bw_receiver(session& s, test t, std::size_t size, std::uint64_t total, 
 std::uint64_t old_value(const session& s, std::size_t offset)
 {
     std::uint64_t v = 0;
-    std::memcpy(&v, s.buf.data() + s.half + offset, sizeof v);
+    std::memcpy(&v, s.base + s.half + offset, sizeof v);
     return v;
 }
 
@@ -919,7 +929,7 @@ std::vector<double> run_object_client(session& s, test t, std::size_t size, std:
             d = r->remote(0, size);
         }
         auto bytes = d.serialize();
-        std::memcpy(s.buf.data() + request_offset, bytes.data(), bytes.size());
+        std::memcpy(s.base + request_offset, bytes.data(), bytes.size());
         check(s.data->post_send({&req, 1}, i), "post_send");
         bool sent = false, answered = false;
         while (!sent || !answered)
@@ -968,8 +978,8 @@ void run_object_server(session& s, test t, std::uint64_t total, bool event)
                 ++sends_done;
                 continue;
             }
-            auto d = rdmx::remote_buffer::parse(
-                {s.buf.data() + request_offset, sizeof(rdmx::remote_buffer::bytes)});
+            auto d =
+                rdmx::remote_buffer::parse({s.base + request_offset, sizeof(rdmx::remote_buffer::bytes)});
             if (!d)
                 throw std::runtime_error(std::string(name_of(t)) + ": the request holds no descriptor");
             if (++answered < total)
@@ -1300,6 +1310,7 @@ int run_server(const options& o)
 {
     session s;
     s.cuda = o.cuda;
+    s.allocate = o.allocate;
     s.timeout = std::chrono::milliseconds(o.timeout_ms);
     s.dom = rdmx::domain::open(o.address);
     auto lst = s.dom->listen(o.address);
@@ -1390,6 +1401,7 @@ int run_client(const options& o)
     check_cuda(o, o.t);
     session s;
     s.cuda = o.cuda;
+    s.allocate = o.allocate;
     s.timeout = std::chrono::milliseconds(o.timeout_ms);
     s.dom = rdmx::domain::open(o.address);
     if (is_atomic(o.t) && !s.dom->limits().atomics) // siw: atomic_cap is IBV_ATOMIC_NONE
@@ -1522,6 +1534,9 @@ int main(int argc, char** argv)
                  "atomics: the server busy-polls its connection while they run (as ucx_perftest's "
                  "responder; on TCP its thread then serves them; default: it sleeps, as perftest's)");
     app.add_option("--cpu", o.cpus, "pin to these CPUs (taskset list: 0 | 0,1 | 0-1)");
+    app.add_flag(
+        "--allocate", o.allocate,
+        "this side's buffer from domain::allocate_memory (shm://: the peer maps it and copies itself)");
     app.add_flag("--cuda", o.cuda,
                  "this side's buffer in CUDA device memory (device 0; the bandwidth tests only)");
     app.add_flag("--json", o.json, "print one JSON document instead of the table");

@@ -307,6 +307,46 @@ TEST_P(conformance, write_then_send_notification)
     EXPECT_EQ(p.client->poll(extra), 0u);
 }
 
+// domain::allocate_memory: zeroed, page-aligned memory the region owns, written, read and
+// notified about as registered memory is, on every backend (on shm:// the client's own
+// copies: tests/tcp/shared_map_test.cpp).
+TEST_P(conformance, allocated_memory_is_written_and_read_as_registered_memory_is)
+{
+    auto p = connect_pair();
+    constexpr std::size_t size = 100 * 1000;
+    auto target = server_dom_->allocate_memory(size, access::remote_write | access::remote_read);
+    ASSERT_TRUE(target->owns_memory());
+    ASSERT_EQ(target->size(), size);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(target->data()) % 4096, 0u);
+    EXPECT_TRUE(
+        std::all_of(target->data(), target->data() + size, [](std::byte b) { return b == std::byte{0}; }));
+    auto src = pattern(size, 11);
+    std::vector<std::byte> back(size), note(8), inbox(8);
+    auto smr = client_dom_->register_memory(src.data(), size, access::none);
+    auto bmr = client_dom_->register_memory(back.data(), size, access::local_write);
+    auto nmr = client_dom_->register_memory(note.data(), note.size(), access::none);
+    auto imr = server_dom_->register_memory(inbox.data(), inbox.size(), access::local_write);
+    sge in{imr.get(), 0, inbox.size()};
+    ASSERT_FALSE(p.server->post_recv({&in, 1}, 9));
+    auto rb = remote_buffer::parse(target->remote().serialize());
+    ASSERT_TRUE(rb);
+    sge w{smr.get(), 0, size}, n{nmr.get(), 0, note.size()};
+    ASSERT_FALSE(p.client->post_write({&w, 1}, *rb, 1, send_flags::none)); // unsignaled
+    ASSERT_FALSE(p.client->post_send({&n, 1}, 2));
+    auto sc = expect_ok(*p.client, 1);
+    ASSERT_EQ(sc.size(), 1u);
+    EXPECT_EQ(sc[0].wr_id, 2u);
+    expect_ok(*p.server, 1);
+    // RC's order: the notification came after the write had landed.
+    EXPECT_EQ(std::memcmp(target->data(), src.data(), size), 0);
+    sge r{bmr.get(), 0, size - 3};
+    ASSERT_FALSE(p.client->post_read({&r, 1}, *rb->slice(3, size - 3), 3));
+    auto rc = expect_ok(*p.client, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].byte_len, size - 3);
+    EXPECT_EQ(std::memcmp(back.data(), src.data() + 3, size - 3), 0);
+}
+
 TEST_P(conformance, write_with_immediate_consumes_a_receive)
 {
     auto p = connect_pair();

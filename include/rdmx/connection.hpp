@@ -31,6 +31,10 @@ class shared_receive_queue;
 class event_queue;
 struct completion_queue_options;
 struct shared_receive_queue_options;
+namespace detail
+{
+class shared_memory;
+}
 
 /// Operation of a work request or completion.
 enum class opcode : std::uint8_t {
@@ -582,6 +586,13 @@ public:
     /// for now. docs/gpu.md.
     std::unique_ptr<memory_region> register_memory(void* addr, std::size_t length, rdmx::access rights,
                                                    rdmx::memory_type type = memory_type::detect);
+    /// Allocates `length` bytes of zeroed, page-aligned host memory and registers them with
+    /// `rights`; the region owns the memory (freed once it is deregistered, when the region
+    /// is destroyed). A region like any other on every backend; over shm:// (and auto://
+    /// connections that took it) a peer on this host maps its pages and moves its RDMA
+    /// writes and reads with a copy of its own, no system call and no work for this
+    /// process (docs/shm.md, "Allocated regions"). Throws rdmx::error.
+    std::unique_ptr<memory_region> allocate_memory(std::size_t length, rdmx::access rights);
     /// An unbound memory window (rdmx/memory.hpp). Throws rdmx::error: not_supported
     /// without device_limits::memory_windows, or the verb's errno.
     virtual std::unique_ptr<memory_window> allocate_window() = 0;
@@ -628,6 +639,10 @@ public:
     virtual std::unique_ptr<memory_region> register_placed(void* addr, std::size_t length,
                                                            rdmx::access rights, rdmx::memory_type type,
                                                            int device) = 0;
+    /// allocate_memory's backend part: registers `mem`'s data (host memory); the default
+    /// is register_placed's. Call allocate_memory.
+    virtual std::unique_ptr<memory_region> register_allocated(detail::shared_memory& mem,
+                                                              rdmx::access rights);
 
 protected:
     domain() = default;

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -111,6 +112,9 @@ public:
     virtual ibv_mr* native() const noexcept { return nullptr; }
     /// Identifies the domain that registered it (checked when posting).
     const void* owner() const noexcept { return owner_; }
+    /// Whether the region owns its memory (domain::allocate_memory): freed after it is
+    /// deregistered.
+    bool owns_memory() const noexcept { return owned_ != nullptr; }
 
 protected:
     memory_region(const void* owner, rdmx::backend b, std::byte* data, std::size_t size, rdmx::access acc,
@@ -131,6 +135,10 @@ private:
     rdmx::access access_;
     std::uint32_t lkey_;
     std::uint64_t rkey_;
+    /// domain::allocate_memory's memory: destroyed after the derived destructor has
+    /// deregistered the region.
+    std::shared_ptr<void> owned_;
+    friend class domain;
 };
 
 /// A memory window (type 2, as verbs `ibv_alloc_mw(IBV_MW_TYPE_2)`): a key of its own over

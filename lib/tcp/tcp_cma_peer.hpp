@@ -42,6 +42,8 @@ public:
     /// The peer refused a CMA request: nothing of this connection goes by CMA any more.
     void refused() noexcept { send_ = sending::refused; }
     lookup looked_up() const noexcept { return lookup_; }
+    /// The peer process's pidfd once pid() found it (-1 before, or without one).
+    int pidfd() const noexcept { return pidfd_ ? pidfd_->get() : -1; }
 
     /// The peer's process for process_vm_*v: its pid while the pidfd says it has not
     /// exited (so that the pid names it, not a later process); 0 otherwise. Looked up on

@@ -174,6 +174,22 @@ std::unique_ptr<memory_region> tcp_domain::register_placed(void* addr, std::size
                                                            rdmx::access rights, rdmx::memory_type type,
                                                            int device)
 {
+    return register_region(addr, length, rights, type, device, nullptr);
+}
+
+std::unique_ptr<memory_region> tcp_domain::register_allocated(detail::shared_memory& mem, rdmx::access rights)
+{
+    // Peers on this host reach it by mapping the memfd where this domain serves them (shm://,
+    // or auto:// with local peers) and the descriptor fits in the key.
+    const bool share = (backend_ == backend::shm || local_peers_) && mem.fd() >= 0 &&
+                       static_cast<std::uint64_t>(mem.fd()) <= shared_key_fd_mask;
+    return register_region(mem.data(), mem.size(), rights, memory_type::host, -1, share ? &mem : nullptr);
+}
+
+std::unique_ptr<memory_region> tcp_domain::register_region(void* addr, std::size_t length,
+                                                           rdmx::access rights, rdmx::memory_type type,
+                                                           int device, detail::shared_memory* shared)
+{
     // The engine reads and writes registered memory with the CPU (recv, send, memcpy);
     // device memory it reaches through host chunks and the driver's copies (staging). An
     // atomic there could not be atomic: the target would read, change and write the value
@@ -198,9 +214,13 @@ std::unique_ptr<memory_region> tcp_domain::register_placed(void* addr, std::size
         bounce_.prepare(stage, device);
     std::lock_guard lk(regions_mu_);
     std::uint64_t key;
-    do
-        key = random_key();
-    while (key == 0 || keys_.count(key) != 0);
+    // The key of a region peers may map names its memfd (tcp_shared_map.hpp); no other key
+    // has shared_key_bit, so a peer tries to map only those.
+    do {
+        key = random_key() & ~shared_key_bit;
+        if (shared)
+            key = (key & ~shared_key_fd_mask) | shared_key_bit | static_cast<std::uint64_t>(shared->fd());
+    } while (key == 0 || keys_.count(key) != 0);
     region_state* st;
     if (!free_regions_.empty()) {
         st = free_regions_.back();
@@ -222,6 +242,8 @@ std::unique_ptr<memory_region> tcp_domain::register_placed(void* addr, std::size
         auto r = std::make_unique<tcp_region>(shared_from_this(), st, static_cast<std::byte*>(addr), length,
                                               rights, key, type, device);
         ++key_slots_;
+        if (shared)
+            shared->publish(key, static_cast<std::uint64_t>(rights));
         if (stage == staging::cuda)
             RDMX_LOG(info,
                      "register_memory: %zu bytes of CUDA device %d memory at %p registered on tcp, staged "

@@ -129,6 +129,8 @@ public:
     std::unique_ptr<memory_window> allocate_window() override;
     std::unique_ptr<memory_region> register_placed(void* addr, std::size_t length, rdmx::access rights,
                                                    rdmx::memory_type type, int device) override;
+    std::unique_ptr<memory_region> register_allocated(detail::shared_memory& mem,
+                                                      rdmx::access rights) override;
     std::unique_ptr<listener> listen(std::string_view address, const listen_options& opts) override;
     std::unique_ptr<connection> connect(std::string_view address, const connection_options& opts,
                                         std::span<const std::byte> private_data,
@@ -205,6 +207,11 @@ public:
     std::shared_ptr<const unique_fd> peer_process(pid_t pid);
 
 private:
+    /// register_placed and register_allocated: `shared` (null for memory not allocated by
+    /// this domain) gets a key that names its memfd, and publishes it (tcp_shared_map.hpp).
+    std::unique_ptr<memory_region> register_region(void* addr, std::size_t length, rdmx::access rights,
+                                                   rdmx::memory_type type, int device,
+                                                   detail::shared_memory* shared);
     /// connect() and start_connect()'s common start, all before the peer hears of us: the
     /// address and options checked, room reserved on shared completion queues, the HELLO
     /// encoded into `buf`. `verb` names the call in errors.

@@ -40,6 +40,7 @@
 #include "tcp/tcp_ring.hpp"
 #include "tcp/tcp_rx_frame.hpp"
 #include "tcp/tcp_send_queue.hpp"
+#include "tcp/tcp_shared_map.hpp"
 #include "tcp/tcp_socket.hpp"
 #include "tcp/tcp_srq.hpp"
 #include "tcp/tcp_srq_claim.hpp"
@@ -443,6 +444,15 @@ private:
     void settle_transport() noexcept RDMX_REQUIRES(mu_);
     /// READ_CMA_RESP for the read at the head: complete it.
     void finish_read_cma(const frame_header& h) noexcept RDMX_REQUIRES(mu_);
+    /// False if RDMX_SHM_MAP is "off" or "0" (read once): peers' allocated regions are then
+    /// never mapped (for comparison runs).
+    static bool map_allowed() noexcept;
+    /// A write or read `wr` (checked) into a peer's allocated region, made by this side's own
+    /// copy into its mapping (tcp_shared_map.hpp) and completed at once: true if so. Only
+    /// on a local connection with nothing of its send queue outstanding (so that it is
+    /// ordered after everything posted before it, and its completion too); false, nothing
+    /// done, where the usual way must take it (any doubt: the target then checks and answers).
+    bool post_mapped(const work_request& wr) noexcept RDMX_REQUIRES(mu_);
     /// NAK CMA_REFUSED of the head: no CMA request again; the head and what follows go again.
     void on_cma_refused(std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
     void finish_frame() noexcept RDMX_REQUIRES(mu_); ///< its payload is in: carry it out
@@ -702,6 +712,10 @@ private:
     /// shm://: whether this side sends CMA requests, and the peer's process that it serves
     /// the peer's in (tcp_cma_peer.hpp).
     cma_peer cma_ RDMX_GUARDED_BY(mu_);
+    /// shm://: the peer's allocated regions this side has mapped (post_mapped).
+    shared_map_cache mapped_ RDMX_GUARDED_BY(mu_);
+    /// When post_mapped last saw the peer's end of the socket open.
+    clock::time_point mapped_checked_ RDMX_GUARDED_BY(mu_){};
     /// The byte stream: the socket, or (shm://) the rings it takes with use_rings or the
     /// client's ACCEPT.
     stream_link link_ RDMX_GUARDED_BY(mu_);

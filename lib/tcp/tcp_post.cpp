@@ -2,11 +2,14 @@
 // any application thread, under mu_; what they leave to the engine goes by asio::post.
 #include "tcp/tcp_engine.hpp"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 
@@ -104,6 +107,8 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             }
             continue;
         }
+        if (wr.remote.key & shared_key_bit && post_mapped(wr))
+            continue;
         send_queue::entry& e = sq_.at(sq_.tail());
         e.wr_id = wr.wr_id;
         e.op = wr.opcode;
@@ -172,6 +177,105 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
     if (i < wrs.size())
         return errc::would_block;
     return {};
+}
+
+bool connection_engine::map_allowed() noexcept
+{
+    static const bool allowed = [] {
+        const char* v = std::getenv("RDMX_SHM_MAP");
+        return !(v && (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0));
+    }();
+    return allowed;
+}
+
+bool connection_engine::post_mapped(const work_request& wr) noexcept
+{
+    // Only where nothing posted before it is outstanding: the copy places the data now, so
+    // it must not overtake a write or send still queued (RC's order), and its completion
+    // comes after theirs. Fences hold trivially then.
+    if ((wr.opcode != opcode::write && wr.opcode != opcode::read) || !sq_.empty() || !local() ||
+        !map_allowed() || state() != connection_state::established)
+        return false;
+    const bool write = wr.opcode == opcode::write;
+    std::uint64_t total = 0;
+    for (const sge& s : wr.local)
+        total += s.length;
+    if (total == 0 || wr.local.size() > max_cma_descriptors)
+        return false;
+    // A shared queue's room for the completion (post() counts taken slots by held_in_cq).
+    const bool signaled = has(wr.flags, send_flags::signaled);
+    if (signaled && (send_cq_ ? shared_room(cq_side::send) == 0 : cq_.full()))
+        return false;
+    // The peer's pidfd: settle_transport looked it up for a local connection (cma_peer_pid,
+    // not called here: it asks the kernel whether the process exited, a system call).
+    const shared_map_cache::region* r = mapped_.find(wr.remote.key, cma_.pidfd());
+    if (!r)
+        return false;
+    const auto need = static_cast<std::uint64_t>(write ? access::remote_write : access::remote_read);
+    const std::uint64_t addr = wr.remote.addr;
+    // Rights and bounds as the target checks them (tcp_domain::find_remote), overflow-safe.
+    if ((r->rights & need) == 0 || addr < r->base || addr - r->base > r->size ||
+        total > r->size - (addr - r->base))
+        return false;
+    if (detail::live_of(*r->control) != 1) {
+        mapped_.drop(r); // deregistered: the target says so (NAK REMOTE_ACCESS)
+        return false;
+    }
+    // Host memory of registrations still registered (pinned for the copy, as a socket
+    // call pins it); device memory and anything else go the usual way.
+    seg segs[max_cma_descriptors];
+    std::size_t n = 0;
+    bool ok = true;
+    for (const sge& s : wr.local) {
+        if (s.length == 0)
+            continue;
+        segs[n] = region_seg(*s.region, s.offset, s.length);
+        if (!segs[n].st || segs[n].st->stage != staging::none || !pin(segs[n].st, segs[n].tag)) {
+            ok = false;
+            break;
+        }
+        ++n;
+    }
+    if (ok) {
+        std::byte* at = r->data + (addr - r->base);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (write)
+                std::memcpy(at, segs[i].ptr, segs[i].len);
+            else
+                std::memcpy(segs[i].ptr, at, segs[i].len);
+            at += segs[i].len;
+        }
+    }
+    for (std::size_t i = 0; i < n; ++i)
+        unpin(segs[i].st);
+    if (!ok)
+        return false;
+    // Still registered after the copy: it was all the while (the owner clears the word
+    // before it unmaps). Otherwise the region went during the copy: the usual way says so,
+    // as the target sees it now (the bytes went to pages nobody holds but this mapping).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (detail::live_of(*r->control) != 1) {
+        mapped_.drop(r);
+        return false;
+    }
+    // The peer still there: its end of the socket closes when it disconnects or dies. A
+    // look every 20 us at most (a system call costs about a microsecond here): a copy that
+    // ends within 20 us after the peer went may complete, as one just before it would
+    // have; the connection's error follows. Otherwise the usual way fails it.
+    const clock::time_point now = clock::now();
+    if (now - mapped_checked_ > std::chrono::microseconds(20)) {
+        pollfd p{.fd = fd_, .events = POLLRDHUP, .revents = 0};
+        if (::poll(&p, 1, 0) != 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0)
+            return false;
+        mapped_checked_ = now;
+    }
+    note_mapped_copy();
+    if (signaled)
+        push_cq(cq_side::send, {.wr_id = wr.wr_id,
+                                .opcode = wr.opcode,
+                                .status = {},
+                                .byte_len = static_cast<std::uint32_t>(total)});
+    return true;
 }
 
 std::error_code connection_engine::post_recv(std::span<const recv_request> wrs, std::size_t* posted) noexcept

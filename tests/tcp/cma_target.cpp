@@ -1,7 +1,7 @@
 // cma_target: the target process of tests/tcp/cma_test.cpp, so that cross-memory attach
 // runs between two processes as it does in use (within one process it always may).
 //
-//   cma_target ADDRESS reach|unreachable
+//   cma_target ADDRESS reach|unreachable|allocated
 //
 // Listens on ADDRESS (shm://), writes one byte to stdout once it listens, accepts one
 // connection with private data = its 1 MiB region's remote_buffer (remote read and write)
@@ -9,13 +9,15 @@
 // disconnected. `unreachable` first makes this process one that
 // may not reach its peer's memory: as root it becomes nobody (another user), otherwise
 // the test process makes itself not dumpable; either way the kernel refuses this
-// process's process_vm_readv / process_vm_writev of the peer (EPERM).
+// process's process_vm_readv / process_vm_writev of the peer (EPERM). `allocated`: as
+// `reach`, the region from domain::allocate_memory (the peer maps it: shared_map_test.cpp).
 #include <grp.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,7 +27,7 @@
 int main(int argc, char** argv)
 {
     if (argc != 3) {
-        std::fprintf(stderr, "usage: cma_target ADDRESS reach|unreachable\n");
+        std::fprintf(stderr, "usage: cma_target ADDRESS reach|unreachable|allocated\n");
         return 2;
     }
     const std::string mode = argv[2];
@@ -40,10 +42,16 @@ int main(int argc, char** argv)
         using namespace std::chrono_literals;
         auto d = rdmx::domain::open(argv[1]);
         auto l = d->listen(argv[1]);
-        std::vector<std::byte> mem(1 << 20);
-        auto mr = d->register_memory(mem.data(), mem.size(),
-                                     rdmx::access::local_write | rdmx::access::remote_write |
-                                         rdmx::access::remote_read);
+        const auto rights =
+            rdmx::access::local_write | rdmx::access::remote_write | rdmx::access::remote_read;
+        std::vector<std::byte> mem;
+        std::unique_ptr<rdmx::memory_region> mr;
+        if (mode == "allocated") {
+            mr = d->allocate_memory(1 << 20, rights);
+        } else {
+            mem.resize(1 << 20);
+            mr = d->register_memory(mem.data(), mem.size(), rights);
+        }
         char one = 1;
         if (::write(1, &one, 1) != 1)
             return 1;
