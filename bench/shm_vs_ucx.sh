@@ -4,7 +4,8 @@
 # ucx_perftest with UCX_TLS=posix,cma (the issue's configuration) and UCX_TLS=sm: 8 B
 # latency (send_lat / tag_lat) and write / read bandwidth (write_bw / ucp_put_bw, read_bw /
 # ucp_get) at 64 KiB, 1 MiB and 4 MiB, rdmx's with registered buffers (CMA) and with
-# --allocate (the peer's region mapped). Server on CPU 0, client on CPU 1.
+# --allocate (the peer's region mapped), and one core's memcpy of those sizes
+# (bench/memcpy_bw.c, CPU 1). Server on CPU 0, client on CPU 1.
 # Usage: sh bench/shm_vs_ucx.sh BUILD_DIR [ROUNDS]   (ucx-utils installed: ucx_perftest)
 # rdmx rows: send_lat: size iters t_min t_typical t_99 t_max (us); bandwidth: size iters
 # MB/s Mmsg/s us-per-message. UCX rows: "TEST SIZE: typical-latency-us MB/s".
@@ -14,7 +15,9 @@ rounds=${2:-3}
 perf=$build/samples/rdmx_perf
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 1; }
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+mc=$(mktemp)
+trap 'rm -f "$log" "$mc"' EXIT
+cc -O2 -o "$mc" "$(dirname "$0")/memcpy_bw.c"
 port=13500
 
 . "$(dirname "$0")/lib.sh"
@@ -46,4 +49,6 @@ for r in $(seq "$rounds"); do
         for s in 65536 1048576 4194304; do ucx $tls ucp_put_bw $s 2000; done
         for s in 65536 1048576 4194304; do ucx $tls ucp_get $s 2000; done
     done
+    echo "== round $r memcpy (size iterations MB/s)"
+    for s in 65536 1048576 4194304; do taskset -c 1 "$mc" $s 2000; done
 done

@@ -384,10 +384,11 @@ std::error_code tcp_domain::bind_window(memory_window& window, const memory_regi
     // refuses it too: rxe would fail the QP). One whose region was destroyed is free.
     if (ws->live())
         return make_error_code(errc::invalid_argument);
-    do
+    do {
         if (int err = try_random_key(key))
             return {err, std::system_category()};
-    while (key == 0 || keys_.count(key) != 0);
+        key &= ~shared_key_bit; // a window's key is never one that peers may map
+    } while (key == 0 || keys_.count(key) != 0);
     if (ws->bound) // its region is gone: the old key leaves the table now
         ws->node = keys_.extract(ws->key);
     ws->region = r.state();

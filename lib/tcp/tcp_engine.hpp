@@ -714,6 +714,8 @@ private:
     cma_peer cma_ RDMX_GUARDED_BY(mu_);
     /// shm://: the peer's allocated regions this side has mapped (post_mapped).
     shared_map_cache mapped_ RDMX_GUARDED_BY(mu_);
+    /// How often post_mapped looks at the peer's end of the socket at most.
+    static constexpr std::chrono::microseconds mapped_peer_check{100};
     /// When post_mapped last saw the peer's end of the socket open.
     clock::time_point mapped_checked_ RDMX_GUARDED_BY(mu_){};
     /// The byte stream: the socket, or (shm://) the rings it takes with use_rings or the
