@@ -72,6 +72,7 @@ struct options {
     bool busy_poll = false;  ///< endpoint_options::busy_poll
     bool take_fd = false;    ///< ask for fd() at once, as an application that sleeps on it does
     bool one_buffer = false; ///< tag_bw: every send from, every receive into, the same bytes
+    bool allocate = false;   ///< tag_bw: the sender's buffers from domain::allocate_memory
     bool json = false;
     int timeout_ms = 20000;
     std::uint32_t peers = 0;                ///< server: size the completion queue for this many peers
@@ -495,11 +496,19 @@ row run_bw(const options& o, std::size_t size)
 {
     auto dom = rdmx::domain::open(o.address);
     auto ep = open_endpoint(*dom, own_address(o.address), ep_options(o, size), o);
-    std::vector<std::byte> mem(o.window * size + 16);
-    for (std::size_t i = 0; i < mem.size(); ++i)
-        mem[i] = static_cast<std::byte>(i * 13);
-    auto mr =
-        dom->register_memory(mem.data(), mem.size(), rdmx::access::local_write | rdmx::access::remote_read);
+    std::vector<std::byte> mem;
+    std::unique_ptr<rdmx::memory_region> mr;
+    const auto rights = rdmx::access::local_write | rdmx::access::remote_read;
+    if (o.allocate) {
+        // From domain::allocate_memory: over shm:// the receiver's rendezvous reads are
+        // copies it makes itself from its mapping of this memory.
+        mr = dom->allocate_memory(o.window * size + 16, rights);
+    } else {
+        mem.resize(o.window * size + 16);
+        mr = dom->register_memory(mem.data(), mem.size(), rights);
+    }
+    for (std::size_t i = 0; i < mr->size(); ++i)
+        mr->data()[i] = static_cast<std::byte>(i * 13);
     rdmx::peer server = ep->insert(o.address);
     auto burst = [&](std::uint64_t n) {
         std::uint64_t sent = 0, done = 0;
@@ -515,7 +524,7 @@ row run_bw(const options& o, std::size_t size)
             next(*ep, o);
             ++done;
         }
-        std::memcpy(mem.data() + o.window * size, &n, sizeof n);
+        std::memcpy(mr->data() + o.window * size, &n, sizeof n);
         rdmx::sge fin{mr.get(), o.window * size, 8}, ack{mr.get(), o.window * size + 8, 8};
         check(ep->recv(server, tag_fin_ack, 0, {&ack, 1}, 1ull << 41), "recv (fin ack)");
         check(ep->send(server, tag_fin, {&fin, 1}, 1ull << 42), "send (fin)");
@@ -556,6 +565,9 @@ int main(int argc, char** argv)
     app.add_flag("-F,--take-fd", o.take_fd,
                  "ask for the endpoint's fd() at once (as an application that sleeps on it): poll() keeps "
                  "the queue armed");
+    app.add_flag("--allocate", o.allocate,
+                 "tag_bw: the sender's buffers from domain::allocate_memory (shm://: the receiver "
+                 "copies the rendezvous data itself)");
     app.add_flag("-1,--one-buffer", o.one_buffer,
                  "tag_bw (give it to both sides): every send from, every receive into, the same bytes, as "
                  "fi_rdm_tagged_bw and ucx_perftest do");

@@ -193,6 +193,73 @@ TEST_F(shared_map, a_peer_that_went_gets_no_write_completed_into_its_region)
     EXPECT_EQ(tcp::mapped_copies(), mapped0);
 }
 
+TEST_F(shared_map, copies_complete_on_a_shared_queue_and_wake_its_sleeper)
+{
+    // A service's shape: the client's connections report to one shared queue that a thread
+    // sleeps on (wait: arm, poll, sleep on fd()); copies made by another thread's post()
+    // complete there, each with its connection and context, and wake it.
+    auto cq = client_dom_->create_completion_queue({.depth = 1024});
+    connection_options co;
+    co.send_cq = cq;
+    constexpr std::size_t n = 128 * 1024;
+    auto target = server_dom_->allocate_memory(2 * n, rw);
+    auto src = pattern(n, 31);
+    std::vector<pair> pairs;
+    for (std::uint64_t k = 0; k < 2; ++k) {
+        co.context = 100 + k;
+        pairs.push_back(connect_pair(co, {}));
+    }
+    auto sm = client_dom_->register_memory(src.data(), n, access::none);
+    const std::uint64_t mapped0 = tcp::mapped_copies();
+    std::vector<completion> got;
+    std::thread sleeper([&] {
+        completion c[4];
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (got.size() < 2 && std::chrono::steady_clock::now() < deadline)
+            for (std::size_t i = 0, k = cq->wait(c, 1s); i < k; ++i)
+                got.push_back(c[i]);
+    });
+    std::this_thread::sleep_for(20ms); // asleep on fd() by now, most likely
+    sge s{sm.get(), 0, n};
+    for (std::uint64_t k = 0; k < 2; ++k)
+        ASSERT_FALSE(pairs[k].client->post_write({&s, 1}, *target->remote().slice(k * n, n), 7 + k));
+    sleeper.join();
+    ASSERT_EQ(got.size(), 2u);
+    for (std::uint64_t k = 0; k < 2; ++k) {
+        EXPECT_FALSE(got[k].status);
+        EXPECT_EQ(got[k].wr_id, 7 + k);
+        EXPECT_EQ(got[k].context, 100 + k);
+        EXPECT_EQ(got[k].conn, pairs[k].client.get());
+        EXPECT_EQ(std::memcmp(target->data() + k * n, src.data(), n), 0);
+    }
+    EXPECT_EQ(tcp::mapped_copies() - mapped0, 2u);
+}
+
+TEST_F(shared_map, a_control_page_changed_after_the_mapping_changes_nothing_the_peer_checks)
+{
+    // The owner's side may write its control page at any time (a hostile or broken peer):
+    // the initiator keeps what it checked when it mapped the region and never trusts more.
+    auto p = connect_pair();
+    constexpr std::size_t n = 8192;
+    auto target = server_dom_->allocate_memory(n, rw);
+    std::vector<std::byte> buf(4 * n, std::byte{6});
+    auto bm = client_dom_->register_memory(buf.data(), buf.size(), access::local_write);
+    sge s{bm.get(), 0, n};
+    ASSERT_FALSE(p.client->post_write({&s, 1}, target->remote(), 1));
+    expect_ok(*p.client, 1);
+    auto* control =
+        reinterpret_cast<detail::shared_control*>(target->data() - detail::shared_memory::page_size());
+    ASSERT_EQ(control->key, target->remote().key);
+    control->size = 1ull << 40;
+    control->base -= 4096;
+    control->rights = ~std::uint64_t{0};
+    remote_buffer past = target->remote();
+    past.length = 3 * n;
+    sge big{bm.get(), 0, 3 * n};
+    ASSERT_FALSE(p.client->post_write({&big, 1}, past, 2));
+    EXPECT_EQ(status_of_next(*p.client), errc::remote_access) << "a write past the region succeeded";
+}
+
 TEST(shared_map_process, another_process_s_allocated_region_is_written_by_this_process_s_copy)
 {
     // Two processes, as in use: cma_target's region from allocate_memory. A 1 MiB write
