@@ -11,7 +11,9 @@
 namespace rdmx::detail
 {
 
-/// The first page of the memfd, written by its owner only (a peer maps it read-only).
+/// The first page of the memfd. Its owner writes it; a peer that maps the region only reads
+/// it (its mapping is writable where the region takes remote writes, this page included),
+/// and keeps what it checked at the mapping (tcp_shared_map.cpp).
 struct shared_control {
     std::uint64_t magic;  ///< shared_magic once published
     std::uint64_t key;    ///< the region's key

@@ -591,7 +591,8 @@ public:
     /// is destroyed). A region like any other on every backend; over shm:// (and auto://
     /// connections that took it) a peer on this host maps its pages and moves its RDMA
     /// writes and reads with a copy of its own, no system call and no work for this
-    /// process (docs/shm.md, "Allocated regions"). Throws rdmx::error.
+    /// process (docs/shm.md, "Allocated regions"). The memory is a shared mapping: a forked
+    /// child shares it rather than copying it. Throws rdmx::error.
     std::unique_ptr<memory_region> allocate_memory(std::size_t length, rdmx::access rights);
     /// An unbound memory window (rdmx/memory.hpp). Throws rdmx::error: not_supported
     /// without device_limits::memory_windows, or the verb's errno.

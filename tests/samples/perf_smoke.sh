@@ -11,8 +11,12 @@
 #            region's descriptor covers the object, every window_send reply revoked exactly
 #            the window its request named (with_invalidate, invalidated_key), no other
 #            test's reply revoked one.
-# Usage: perf_smoke.sh BUILD_DIR tcp|rdma atomics|windows
+#   allocated (shm only): write_bw and read_bw with --allocate, the buffers from
+#            domain::allocate_memory, so that the client copies into the server's mapped
+#            region itself; the rates reported.
+# Usage: perf_smoke.sh BUILD_DIR tcp|shm|rdma atomics|windows|allocated
 #   tcp:  on this host, over tcp://127.0.0.1
+#   shm:  on this host, over shm://perf-smoke
 #   rdma: inside the test guest, over rdma://$RDMX_GUEST_IP, server vCPU 0, client vCPU 1;
 #         a device without the feature (siw) is a skip (exit 77) once rdmx_perf says so
 #         (windows: after the region tests, which siw runs)
@@ -26,10 +30,13 @@ fail() { echo "$me: FAIL: $*"; for f in "$out"/*.log; do echo "--- $(basename "$
 case $what in
 atomics) server_args="-o 32"; lacks="has no atomics"; port0=7490 ;;
 windows) server_args=""; lacks="has no memory windows"; port0=7590 ;;
-*) echo "usage: perf_smoke.sh BUILD_DIR tcp|rdma atomics|windows" >&2; exit 2 ;;
+allocated) server_args="--allocate"; lacks="(never skipped: every backend allocates)"; port0=7690 ;;
+*) echo "usage: perf_smoke.sh BUILD_DIR tcp|shm|rdma atomics|windows|allocated" >&2; exit 2 ;;
 esac
 if [ "$kind" = rdma ]; then
     base="rdma://${RDMX_GUEST_IP:?not in the test guest}"; pin_s="taskset -c 0"; pin_c="taskset -c 1"; port=$port0
+elif [ "$kind" = shm ]; then
+    base="shm://perf-smoke"; pin_s=""; pin_c=""; port=0
 else
     base="tcp://127.0.0.1"; pin_s=""; pin_c=""; port=0
 fi
@@ -61,7 +68,7 @@ run() { # test args...
     return 0
 }
 
-# Checks $out/client.log: TEST ITERS SIZES (comma-separated bytes) lat|lat+rate|rate
+# Checks $out/client.log: TEST ITERS SIZES (comma-separated bytes) lat|lat+rate|rate|bw
 report() {
     python3 - "$out/client.log" "$me" "$@" <<'PY' || fail "$1: bad report"
 import json, sys
@@ -78,6 +85,9 @@ for r in rs:
             assert r["ops_per_s"] > 0, r
             rate = f", {r['ops_per_s']:.0f} ops/s"
         print(f"{me}: {test} {r['size']} B: median {r['median_us']:.2f} us{rate} over {doc['backend']}")
+    elif kind == "bw":
+        assert r["mb_per_s"] > 0 and r["iterations"] == iters, r
+        print(f"{me}: {test} {r['size']} B: {r['mb_per_s']:.0f} MB/s over {doc['backend']}")
     else:
         assert r["msg_per_s"] > 0 and doc["depth"] == 64 and 1 <= doc["outs"] <= 32, (r, doc)
         print(f"{me}: {test}: {r['msg_per_s']:.0f} atomics/s, outs {doc['outs']}, over {doc['backend']}")
@@ -101,6 +111,11 @@ if [ "$what" = atomics ]; then
     if "$perf" "$base:1" -t fetch_add_lat -s 16 >"$out/size.log" 2>&1; then fail "-s 16 accepted"; fi
     grep -q "atomics are 8 bytes" "$out/size.log" || fail "unclear size error: $(cat "$out/size.log")"
     echo "$me: $kind: -s 16 -> $(cat "$out/size.log")"
+elif [ "$what" = allocated ]; then
+    for t in write_bw read_bw; do
+        run $t -s 64K -s 1M -n 200 -w 20 --allocate
+        report $t 200 65536,1048576 bw
+    done
 else
     for t in register register_send register_send_bind window_bind window_send window_send_local; do
         run $t -s 4K -s 1M -n 60 -w 6

@@ -132,6 +132,38 @@ TEST(auto_local, a_tcp_client_of_an_auto_listener_is_served_by_tcp)
     moves_data(*cd, *sd, k, false);
 }
 
+TEST(auto_local, an_allocated_region_is_copied_into_by_a_local_peer_and_served_to_a_remote_one)
+{
+    // One region of an auto:// domain, two clients: the one on this host (over the UNIX
+    // socket) maps it and copies; the tcp:// one has its write served by the target.
+    auto sd = domain::open("auto://127.0.0.1:0");
+    REQUIRE_AUTO_TCP(*sd);
+    auto l = sd->listen("auto://127.0.0.1:0");
+    constexpr std::size_t n = 256 * 1024;
+    auto target = sd->allocate_memory(2 * n, access::remote_write | access::remote_read);
+    ASSERT_NE(target->remote().key & tcp::shared_key_bit, 0u)
+        << "an auto:// domain's allocated key is not mappable";
+    std::vector<std::byte> src(n);
+    for (std::size_t i = 0; i < n; ++i)
+        src[i] = static_cast<std::byte>((i * 29) & 0xff);
+    for (const char* scheme : {"auto", "tcp"}) {
+        SCOPED_TRACE(scheme);
+        const bool local = std::strcmp(scheme, "auto") == 0;
+        auto cd = domain::open(std::string(scheme) + "://127.0.0.1:0");
+        auto k = connect_through(*cd, *l, std::string(scheme) + "://127.0.0.1:" + std::to_string(l->port()));
+        ASSERT_TRUE(k.server);
+        EXPECT_EQ(k.client->backend(), local ? backend::shm : backend::tcp);
+        auto sm = cd->register_memory(src.data(), n, access::none);
+        const std::uint64_t mapped0 = tcp::mapped_copies();
+        sge w{sm.get(), 0, n};
+        const std::size_t at = local ? 0 : n;
+        ASSERT_FALSE(k.client->post_write({&w, 1}, *target->remote().slice(at, n), 1));
+        expect_ok(*k.client, 1);
+        EXPECT_EQ(std::memcmp(target->data() + at, src.data(), n), 0);
+        EXPECT_EQ(tcp::mapped_copies() - mapped0, local ? 1u : 0u);
+    }
+}
+
 TEST(auto_local, endpoints_opened_with_auto_reach_each_other_over_shm)
 {
     // An endpoint opened with auto:// dials its peers by auto:// too: on this host that is
