@@ -452,7 +452,8 @@ private:
     /// on a local connection with nothing of its send queue outstanding (so that it is
     /// ordered after everything posted before it, and its completion too); false, nothing
     /// done, where the usual way must take it (any doubt: the target then checks and answers).
-    bool post_mapped(const work_request& wr) noexcept RDMX_REQUIRES(mu_);
+    /// `now`: post()'s clock reading.
+    bool post_mapped(const work_request& wr, clock::time_point now) noexcept RDMX_REQUIRES(mu_);
     /// NAK CMA_REFUSED of the head: no CMA request again; the head and what follows go again.
     void on_cma_refused(std::uint64_t seq) noexcept RDMX_REQUIRES(mu_);
     void finish_frame() noexcept RDMX_REQUIRES(mu_); ///< its payload is in: carry it out

@@ -107,7 +107,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
             }
             continue;
         }
-        if (wr.remote.key & shared_key_bit && post_mapped(wr))
+        if (wr.remote.key & shared_key_bit && post_mapped(wr, entry))
             continue;
         send_queue::entry& e = sq_.at(sq_.tail());
         e.wr_id = wr.wr_id;
@@ -188,7 +188,7 @@ bool connection_engine::map_allowed() noexcept
     return allowed;
 }
 
-bool connection_engine::post_mapped(const work_request& wr) noexcept
+bool connection_engine::post_mapped(const work_request& wr, clock::time_point now) noexcept
 {
     // Only where nothing posted before it is outstanding: the copy places the data now, so
     // it must not overtake a write or send still queued (RC's order), and its completion
@@ -264,8 +264,7 @@ bool connection_engine::post_mapped(const work_request& wr) noexcept
     // runs). So a copy that ends within 100 us after the peer went may complete, as one
     // just before it would have; the connection's error follows. Otherwise the usual way
     // fails it.
-    const clock::time_point now = clock::now();
-    if (now - mapped_checked_ > mapped_peer_check) {
+    if (now - mapped_checked_ > mapped_peer_check) { // now: post()'s entry (one clock read less)
         pollfd p{.fd = fd_, .events = POLLRDHUP, .revents = 0};
         if (::poll(&p, 1, 0) != 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0)
             return false;
