@@ -18,11 +18,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include "log.hpp"
 #include "tcp/tcp_log.hpp"
+#include "tcp/tcp_env_switch.hpp"
 
 namespace rdmx::tcp
 {
@@ -77,10 +77,7 @@ bool connection_engine::cma_allowed() noexcept
 {
     // RDMX_SHM_CMA=off (or 0): every payload through the socket, as before CMA (for
     // comparison runs, and for a host whose policy forbids process_vm_*v).
-    static const bool allowed = [] {
-        const char* v = std::getenv("RDMX_SHM_CMA");
-        return !(v && (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0));
-    }();
+    static const bool allowed = env_switch_on("RDMX_SHM_CMA");
     return allowed;
 }
 

@@ -9,12 +9,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 
 #include <boost/asio/post.hpp>
 
+#include "tcp/tcp_env_switch.hpp"
 #include "validate.hpp"
 
 namespace rdmx::tcp
@@ -181,10 +181,7 @@ std::error_code connection_engine::post(std::span<const work_request> wrs, std::
 
 bool connection_engine::map_allowed() noexcept
 {
-    static const bool allowed = [] {
-        const char* v = std::getenv("RDMX_SHM_MAP");
-        return !(v && (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0));
-    }();
+    static const bool allowed = env_switch_on("RDMX_SHM_MAP");
     return allowed;
 }
 

@@ -8,8 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
+
+#include "tcp/tcp_env_switch.hpp"
 
 // ThreadSanitizer does not see the rings' ordering: a test's two ends are one process with
 // two mappings of the memfd, so the tail a reader acquires lives at another address than the
@@ -113,10 +114,7 @@ byte_ring_pair::~byte_ring_pair()
 
 bool byte_ring_pair::enabled() noexcept
 {
-    static const bool on = [] {
-        const char* v = std::getenv("RDMX_SHM_RING");
-        return !(v && (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0));
-    }();
+    static const bool on = env_switch_on("RDMX_SHM_RING");
     return on;
 }
 
