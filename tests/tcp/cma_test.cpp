@@ -12,8 +12,8 @@
 
 #include <rdmx/rdmx.hpp>
 
-#include "common/child_process.hpp"
 #include "common/test_util.hpp"
+#include "tcp/cma_target_link.hpp"
 #include "tcp/tcp_engine.hpp"
 
 namespace rdmx::test
@@ -40,43 +40,35 @@ struct cma_counts {
 /// receive it posted over the region's start, read back; every byte checked.
 void write_and_read_back(const std::string& mode, cma_counts& seen)
 {
-    const std::string program = sibling_program("cma_target");
-    ASSERT_EQ(::access(program.c_str(), X_OK), 0) << program << ": " << std::strerror(errno);
-    const std::string addr = target_address();
-    child_process child(program, {addr, mode});
-    char ready = 0;
-    ASSERT_TRUE(child.read_exact(&ready, 1, 10s)) << "cma_target did not start listening";
-    auto d = domain::open(addr);
-    auto c = d->connect(addr);
-    auto rb = remote_buffer::parse(c->peer_private_data());
-    ASSERT_TRUE(rb);
-    ASSERT_EQ(rb->length, mib);
+    cma_target_link t;
+    ASSERT_NO_FATAL_FAILURE(open_cma_target(target_address(), mode, t));
+    ASSERT_EQ(t.region.length, mib);
 
     std::vector<std::byte> src(mib), back(mib, std::byte{0});
     for (std::size_t i = 0; i < mib; ++i)
         src[i] = static_cast<std::byte>((i * 7 + i / 4096) & 0xff);
-    auto ms = d->register_memory(src.data(), src.size(), access::local_write);
-    auto mb = d->register_memory(back.data(), back.size(), access::local_write);
+    auto ms = t.dom->register_memory(src.data(), src.size(), access::local_write);
+    auto mb = t.dom->register_memory(back.data(), back.size(), access::local_write);
     const std::uint64_t done0 = tcp::cma_requests_completed();
     const std::uint64_t refused0 = tcp::cma_refusals();
 
     const sge w[3] = {{ms.get(), 0, 100000}, {ms.get(), 100000, 500000}, {ms.get(), 600000, mib - 600000}};
-    ASSERT_FALSE(c->post_write(w, *rb, 1));
-    expect_ok(*c, 1);
+    ASSERT_FALSE(t.conn->post_write(w, t.region, 1));
+    expect_ok(*t.conn, 1);
     const sge r[2] = {{mb.get(), 0, 300000}, {mb.get(), 300000, mib - 300000}};
-    ASSERT_FALSE(c->post_read(r, *rb, 2));
-    expect_ok(*c, 1);
+    ASSERT_FALSE(t.conn->post_read(r, t.region, 2));
+    expect_ok(*t.conn, 1);
     EXPECT_EQ(std::memcmp(src.data(), back.data(), mib), 0) << "the 1 MiB read back differs from the write";
 
     // Below the CMA size: in the frames, whatever the peer can reach.
     std::memset(back.data(), 0, 4096);
     const std::uint64_t done1 = tcp::cma_requests_completed();
     const sge small{ms.get(), mib - 4096, 4096};
-    ASSERT_FALSE(c->post_write({&small, 1}, *rb, 3));
-    expect_ok(*c, 1);
+    ASSERT_FALSE(t.conn->post_write({&small, 1}, t.region, 3));
+    expect_ok(*t.conn, 1);
     const sge small_back{mb.get(), 0, 4096};
-    ASSERT_FALSE(c->post_read({&small_back, 1}, *rb->slice(0, 4096), 4));
-    expect_ok(*c, 1);
+    ASSERT_FALSE(t.conn->post_read({&small_back, 1}, *t.region.slice(0, 4096), 4));
+    expect_ok(*t.conn, 1);
     EXPECT_EQ(std::memcmp(src.data() + mib - 4096, back.data(), 4096), 0);
     EXPECT_EQ(tcp::cma_requests_completed(), done1) << "a 4 KiB request went by CMA";
 
@@ -84,17 +76,17 @@ void write_and_read_back(const std::string& mode, cma_counts& seen)
     for (std::size_t i = 0; i < msg; ++i)
         src[i] = static_cast<std::byte>((i * 11 + 3) & 0xff);
     const sge m[2] = {{ms.get(), 0, 1000}, {ms.get(), 1000, msg - 1000}};
-    ASSERT_FALSE(c->post_send(m, 5));
-    expect_ok(*c, 1);
+    ASSERT_FALSE(t.conn->post_send(m, 5));
+    expect_ok(*t.conn, 1);
     std::memset(back.data(), 0, msg);
     const sge mback{mb.get(), 0, msg};
-    ASSERT_FALSE(c->post_read({&mback, 1}, *rb->slice(0, msg), 6));
-    expect_ok(*c, 1);
+    ASSERT_FALSE(t.conn->post_read({&mback, 1}, *t.region.slice(0, msg), 6));
+    expect_ok(*t.conn, 1);
     EXPECT_EQ(std::memcmp(src.data(), back.data(), msg), 0) << "the 256 KiB send did not land in the receive";
 
     seen = {tcp::cma_requests_completed() - done0, tcp::cma_refusals() - refused0};
-    c->disconnect();
-    EXPECT_EQ(child.wait(), 0) << "cma_target did not see a clean disconnect";
+    t.conn->disconnect();
+    EXPECT_EQ(t.child->wait(), 0) << "cma_target did not see a clean disconnect";
 }
 
 TEST(cma, a_peer_that_can_reach_this_process_moves_the_data_itself)

@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/child_process.hpp"
 #include "common/test_data.hpp"
 #include "common/test_util.hpp"
+#include "tcp/cma_target_link.hpp"
 #include "shared_memory.hpp"
 #include "tcp/raw_peer.hpp"
 #include "tcp/tcp_engine.hpp"
@@ -266,28 +266,21 @@ TEST(shared_map_process, another_process_s_allocated_region_is_written_by_this_p
     // is this process's copy into its mapping; what the target then serves the usual way
     // (a read posted behind a send, by its own process_vm_writev) shows the bytes in its
     // memory.
-    const std::string program = sibling_program("cma_target");
-    ASSERT_EQ(::access(program.c_str(), X_OK), 0) << program << ": " << std::strerror(errno);
-    const std::string addr = "shm://map-" + std::to_string(::getpid()) + ":7100";
-    child_process child(program, {addr, "allocated"});
-    char ready = 0;
-    ASSERT_TRUE(child.read_exact(&ready, 1, 10s)) << "cma_target did not start listening";
-    auto d = domain::open(addr);
-    auto c = d->connect(addr);
-    auto rb = remote_buffer::parse(c->peer_private_data());
-    ASSERT_TRUE(rb);
+    cma_target_link t;
+    ASSERT_NO_FATAL_FAILURE(
+        open_cma_target("shm://map-" + std::to_string(::getpid()) + ":7100", "allocated", t));
     constexpr std::size_t n = 1 << 20;
-    ASSERT_EQ(rb->length, n);
-    ASSERT_NE(rb->key & tcp::shared_key_bit, 0u);
+    ASSERT_EQ(t.region.length, n);
+    ASSERT_NE(t.region.key & tcp::shared_key_bit, 0u);
     auto src = pattern(n, 21);
     std::vector<std::byte> back(n), note(1000, std::byte{0x77});
-    auto sm = d->register_memory(src.data(), n, access::none);
-    auto bm = d->register_memory(back.data(), n, access::local_write);
-    auto nm = d->register_memory(note.data(), note.size(), access::none);
+    auto sm = t.dom->register_memory(src.data(), n, access::none);
+    auto bm = t.dom->register_memory(back.data(), n, access::local_write);
+    auto nm = t.dom->register_memory(note.data(), note.size(), access::none);
     const std::uint64_t mapped0 = tcp::mapped_copies(), cma0 = tcp::cma_requests_completed();
     const sge w[2] = {{sm.get(), 0, 4096}, {sm.get(), 4096, n - 4096}};
-    ASSERT_FALSE(c->post_write(w, *rb, 1));
-    expect_ok(*c, 1);
+    ASSERT_FALSE(t.conn->post_write(w, t.region, 1));
+    expect_ok(*t.conn, 1);
     EXPECT_EQ(tcp::mapped_copies() - mapped0, 1u) << "the write was not this process's copy";
     // The send lands in the receive the target posted over its region's first 256 KiB.
     sge s{nm.get(), 0, note.size()}, r{bm.get(), 0, n};
@@ -298,17 +291,17 @@ TEST(shared_map_process, another_process_s_allocated_region_is_written_by_this_p
     wrs[1].opcode = opcode::read;
     wrs[1].wr_id = 3;
     wrs[1].local = {&r, 1};
-    wrs[1].remote = *rb;
-    ASSERT_FALSE(c->post(wrs));
-    expect_ok(*c, 2);
+    wrs[1].remote = t.region;
+    ASSERT_FALSE(t.conn->post(wrs));
+    expect_ok(*t.conn, 2);
     EXPECT_EQ(tcp::mapped_copies() - mapped0, 1u) << "the read behind the send was a copy";
     EXPECT_EQ(tcp::cma_requests_completed() - cma0, 1u) << "the read was not served by the target";
     EXPECT_EQ(std::memcmp(back.data(), note.data(), note.size()), 0)
         << "the send is not in the target's region";
     EXPECT_EQ(std::memcmp(back.data() + note.size(), src.data() + note.size(), n - note.size()), 0)
         << "the target's memory does not hold what the write copied";
-    c->disconnect();
-    EXPECT_EQ(child.wait(), 0) << "cma_target did not see a clean disconnect";
+    t.conn->disconnect();
+    EXPECT_EQ(t.child->wait(), 0) << "cma_target did not see a clean disconnect";
 }
 
 TEST(shared_map_cache, keys_that_do_not_name_an_allocated_region_are_never_mapped)
